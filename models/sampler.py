@@ -1,0 +1,200 @@
+"""Jitted batched sampling with a KV cache, and token log-probabilities for training.
+
+Prompts of different lengths share one batch by left padding: every row then writes its next
+token into the same cache slot, so a decode step is one dense ``dynamic_update_slice``. RoPE
+positions count real tokens only, so padding never shifts a row's positions.
+
+Returned log-probabilities are those of the unmodified model distribution (temperature 1, no
+top-p), i.e. exactly what :func:`token_logprobs` recomputes for the PPO ratio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.config import ModelConfig
+from models.stops import stop_tables
+from models.tokenizer import Tokenizer
+from models.transformer import KVCache, Params, forward, unembed
+
+FINISH_REASONS = ("length", "eos", "stop")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. temperature 0 means greedy."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """Sampled continuations. tokens/logprobs are [B, N], valid up to lengths[b] (inclusive of
+    the EOS or stop-completing token); finish is one of FINISH_REASONS per row."""
+
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    lengths: np.ndarray
+    finish: tuple[str, ...]
+    texts: tuple[str, ...]
+
+    def token_lists(self) -> list[list[int]]:
+        return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
+
+
+def _bucket(n: int, size: int) -> int:
+    return max(size, -(-n // size) * size)
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
+             bucket: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pad token lists to a common length rounded up to `bucket` (fewer recompiles)."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    width = _bucket(max(len(p) for p in prompts), bucket)
+    tokens = np.full((len(prompts), width), pad_id, np.int32)
+    mask = np.zeros((len(prompts), width), bool)
+    for i, p in enumerate(prompts):
+        tokens[i, width - len(p):] = p
+        mask[i, width - len(p):] = True
+    return tokens, mask
+
+
+def _sample(logits: jax.Array, key: jax.Array, temperature: float, top_p: float) -> jax.Array:
+    if temperature == 0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logits = logits / temperature
+    if top_p < 1.0:
+        # keep the smallest set of tokens whose probability mass reaches top_p
+        probs = jax.nn.softmax(logits, axis=-1)
+        sorted_probs = -jnp.sort(-probs, axis=-1)
+        keep = (jnp.cumsum(sorted_probs, axis=-1) - sorted_probs) < top_p
+        threshold = jnp.min(jnp.where(keep, sorted_probs, 1.0), axis=-1, keepdims=True)
+        logits = jnp.where(probs >= threshold, logits, -jnp.inf)
+    return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "temperature", "top_p",
+                                             "cache_len"))
+def _generate(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array,
+              key: jax.Array, max_new_per_row: jax.Array, eos_ids: jax.Array,
+              stop_next: jax.Array, stop_hit: jax.Array, pad_id: jax.Array, *,
+              max_new: int, temperature: float, top_p: float, cache_len: int):
+    b, p = tokens.shape
+    dtype = params["embed"].dtype
+    cache = KVCache.zeros(cfg, b, cache_len, dtype)
+    hidden, cache = forward(cfg, params, tokens, mask, cache=cache, cache_index=0,
+                            return_hidden=True)
+    logits = unembed(cfg, params, hidden[:, -1])
+    prompt_len = jnp.sum(mask, axis=1).astype(jnp.int32)
+
+    init = dict(
+        step=jnp.zeros((), jnp.int32), logits=logits, cache=cache,
+        out=jnp.full((b, max_new), pad_id, jnp.int32), logp=jnp.zeros((b, max_new), jnp.float32),
+        done=jnp.zeros((b,), bool), finish=jnp.zeros((b,), jnp.int32),
+        length=jnp.zeros((b,), jnp.int32), stop_state=jnp.zeros((b,), jnp.int32),
+    )
+
+    def cond(s: dict) -> jax.Array:
+        return (s["step"] < max_new) & ~jnp.all(s["done"])
+
+    def body(s: dict) -> dict:
+        step, done = s["step"], s["done"]
+        tok = _sample(s["logits"], jax.random.fold_in(key, step), temperature, top_p)
+        logp = jnp.take_along_axis(jax.nn.log_softmax(s["logits"], axis=-1), tok[:, None],
+                                   axis=-1)[:, 0]
+        tok = jnp.where(done, pad_id, tok)
+        logp = jnp.where(done, 0.0, logp)
+        out = s["out"].at[:, step].set(tok)
+        logps = s["logp"].at[:, step].set(logp)
+        hit = stop_hit[s["stop_state"], tok]
+        stop_state = stop_next[s["stop_state"], tok]
+        is_eos = jnp.any(tok[:, None] == eos_ids[None, :], axis=-1)
+        at_limit = step + 1 >= max_new_per_row
+        reason = jnp.where(is_eos, 1, jnp.where(hit, 2, 0))
+        newly_done = ~done & (is_eos | hit | at_limit)
+        finish = jnp.where(newly_done, reason, s["finish"])
+        length = jnp.where(done, s["length"], step + 1)
+        positions = (prompt_len + step)[:, None]
+        hidden, cache = forward(cfg, params, tok[:, None], jnp.ones((b, 1), bool),
+                                positions=positions, cache=s["cache"], cache_index=p + step,
+                                return_hidden=True)
+        return dict(step=step + 1, logits=unembed(cfg, params, hidden[:, 0]), cache=cache,
+                    out=out, logp=logps, done=done | newly_done, finish=finish, length=length,
+                    stop_state=stop_state)
+
+    s = jax.lax.while_loop(cond, body, init)
+    return s["out"], s["logp"], s["length"], s["finish"]
+
+
+def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
+             prompts: Sequence[Sequence[int]], sampling: SamplingParams = SamplingParams(),
+             seed: int | jax.Array = 0, max_new_per_row: Sequence[int] | None = None,
+             decode_text: bool = True) -> Generation:
+    """Sample continuations of token-id prompts (apply chat templates beforehand).
+
+    Generation of a row ends at an EOS token, right after the token that completes a stop
+    string, or after `max_new_per_row[b]` (default `sampling.max_new_tokens`) tokens.
+    Same seed and inputs give the same samples.
+    """
+    tokens, mask = left_pad(prompts, tokenizer.pad_id)
+    n = sampling.max_new_tokens
+    limits = np.full(len(prompts), n, np.int32)
+    if max_new_per_row is not None:
+        limits = np.minimum(np.asarray(max_new_per_row, np.int32), n)
+    if sampling.stop:
+        stop_next, stop_hit = stop_tables(tokenizer.token_bytes, sampling.stop)
+    else:
+        stop_next = np.zeros((1, cfg.vocab_size), np.int32)
+        stop_hit = np.zeros((1, cfg.vocab_size), bool)
+    eos = np.asarray(tokenizer.eos_ids or cfg.eos_token_ids or (-1,), np.int32)
+    key = jax.random.key(seed) if isinstance(seed, int) else seed
+    out, logp, length, finish = _generate(
+        cfg, params, jnp.asarray(tokens), jnp.asarray(mask), key, jnp.asarray(limits),
+        jnp.asarray(eos), jnp.asarray(stop_next), jnp.asarray(stop_hit),
+        jnp.asarray(tokenizer.pad_id, jnp.int32), max_new=n,
+        temperature=float(sampling.temperature), top_p=float(sampling.top_p),
+        cache_len=tokens.shape[1] + _bucket(n, 16))
+    out, logp, length, finish = jax.device_get((out, logp, length, finish))
+    lists = [row[:k].tolist() for row, k in zip(out, length)]
+    texts = tuple(tokenizer.decode_batch(lists)) if decode_text else ()
+    return Generation(tokens=np.asarray(out), logprobs=np.asarray(logp), lengths=np.asarray(length),
+                      finish=tuple(FINISH_REASONS[int(f)] for f in finish), texts=texts)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "remat", "with_entropy"))
+def token_logprobs(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array,
+                   remat: bool = False, with_entropy: bool = False) -> Any:
+    """log p(tokens[:, t] | tokens[:, <t]) for t >= 1, shape [B, T]; position 0 gets 0.
+
+    mask [B, T] marks real tokens (left or right padding both work). With `with_entropy`,
+    also returns the policy entropy at each position's prediction, aligned the same way.
+    """
+    hidden, _ = forward(cfg, params, tokens, mask, remat=remat, return_hidden=True)
+    logits = unembed(cfg, params, hidden[:, :-1])
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
+    logp = jnp.pad(picked - logz, ((0, 0), (1, 0)))
+    if not with_entropy:
+        return logp
+    probs = jnp.exp(logits - logz[..., None])
+    ent = logz - jnp.sum(probs * logits, axis=-1)
+    return logp, jnp.pad(ent, ((0, 0), (1, 0)))

@@ -1,0 +1,148 @@
+"""Logical axes -> a device mesh: the same code on one CPU, one GPU or a multi-host TPU pod.
+
+Every parameter dimension has a logical name ("vocab", "embed", "heads", "mlp", ...); rules map
+logical names to mesh axes ("data", "fsdp", "tensor"). jit then propagates the shardings of
+parameters and batch through the whole step (GSPMD), so model code carries no device logic.
+A dimension that a mesh axis does not divide evenly stays replicated rather than failing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from models.transformer import Params
+
+log = logging.getLogger(__name__)
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical axis -> mesh axis (or tuple of mesh axes, or None = replicated)
+DEFAULT_RULES: dict[str, Any] = {
+    "batch": ("data", "fsdp"),
+    "vocab": "tensor",
+    "embed": "fsdp",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "layers": None,
+    "norm": None,
+}
+
+LAYER_AXES = {
+    "attn_norm": ("layers", "norm"),
+    "mlp_norm": ("layers", "norm"),
+    "q_norm": ("layers", "norm"),
+    "k_norm": ("layers", "norm"),
+    "wq": ("layers", "embed", "heads"),
+    "wk": ("layers", "embed", "kv_heads"),
+    "wv": ("layers", "embed", "kv_heads"),
+    "bq": ("layers", "heads"),
+    "bk": ("layers", "kv_heads"),
+    "bv": ("layers", "kv_heads"),
+    "wo": ("layers", "heads", "embed"),
+    "w_gate": ("layers", "embed", "mlp"),
+    "w_up": ("layers", "embed", "mlp"),
+    "w_down": ("layers", "mlp", "embed"),
+}
+
+
+def logical_axes(params: Params) -> Params:
+    """The logical axis names of every parameter, as a pytree shaped like `params`."""
+    axes: Params = {"embed": ("vocab", "embed"), "final_norm": ("norm",),
+                    "layers": {k: LAYER_AXES[k] for k in params["layers"]}}
+    if "lm_head" in params:
+        axes["lm_head"] = ("embed", "vocab")
+    return axes
+
+
+def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None) -> None:
+    """Join a multi-host job (TPU pods, multi-node GPU) when configured; a no-op otherwise.
+
+    Driven by arguments (from the `mesh` config) or the standard JAX environment variables.
+    On TPU pods `jax.distributed.initialize()` discovers everything by itself.
+    """
+    coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if coordinator is None and os.environ.get("TPU_WORKER_HOSTNAMES") is None:
+        return
+    kw: dict[str, Any] = {}
+    if coordinator:
+        kw["coordinator_address"] = coordinator
+    if num_processes is not None:
+        kw["num_processes"] = num_processes
+    if process_id is not None:
+        kw["process_id"] = process_id
+    jax.distributed.initialize(**kw)
+    log.info("jax.distributed: process %d of %d", jax.process_index(), jax.process_count())
+
+
+def make_mesh(shape: Mapping[str, int] | None = None, devices: list | None = None) -> Mesh:
+    """A mesh over (data, fsdp, tensor). One axis may be -1: it takes the remaining devices."""
+    devices = devices if devices is not None else jax.devices()
+    shape = dict(shape or {"data": -1})
+    unknown = set(shape) - set(MESH_AXES)
+    if unknown:
+        raise ValueError(f"mesh: unknown axes {sorted(unknown)}; use {MESH_AXES}")
+    sizes = {a: int(shape.get(a, 1)) for a in MESH_AXES}
+    free = [a for a, s in sizes.items() if s == -1]
+    if len(free) > 1:
+        raise ValueError(f"mesh: at most one axis may be -1, got {free}")
+    known = math.prod(s for s in sizes.values() if s != -1)
+    if free:
+        if len(devices) % known:
+            raise ValueError(f"mesh: {len(devices)} devices not divisible by {known}")
+        sizes[free[0]] = len(devices) // known
+    if math.prod(sizes.values()) != len(devices):
+        raise ValueError(f"mesh: shape {sizes} needs {math.prod(sizes.values())} devices, "
+                         f"have {len(devices)}")
+    grid = np.asarray(devices).reshape([sizes[a] for a in MESH_AXES])
+    return Mesh(grid, MESH_AXES)
+
+
+def _spec(shape: tuple[int, ...], names: tuple[str | None, ...], mesh: Mesh,
+          rules: Mapping[str, Any]) -> PartitionSpec:
+    parts = []
+    used: set[str] = set()
+    for dim, name in zip(shape, names):
+        target = rules.get(name) if name else None
+        axes = (target,) if isinstance(target, str) else tuple(target or ())
+        axes = tuple(a for a in axes if a not in used and mesh.shape[a] > 1)
+        size = math.prod(mesh.shape[a] for a in axes)
+        if not axes or dim % size:
+            parts.append(None)
+            continue
+        used.update(axes)
+        parts.append(axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*parts)
+
+
+def param_shardings(params: Params, mesh: Mesh,
+                    rules: Mapping[str, Any] = DEFAULT_RULES) -> Params:
+    """NamedSharding for every parameter, from its logical axes and the rules."""
+    axes = logical_axes(params)
+    return jax.tree.map(lambda x, names: NamedSharding(mesh, _spec(x.shape, names, mesh, rules)),
+                        params, axes, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2, batch_size: int | None = None,
+                   rules: Mapping[str, Any] = DEFAULT_RULES) -> NamedSharding:
+    """Shard the leading (batch) axis over the data-parallel mesh axes."""
+    shape = (batch_size if batch_size is not None else 0,) + (1,) * (ndim - 1)
+    names = ("batch",) + (None,) * (ndim - 1)
+    if batch_size is None:  # caller promises divisibility
+        rule = rules["batch"]
+        axes = tuple(a for a in ((rule,) if isinstance(rule, str) else rule) if mesh.shape[a] > 1)
+        return NamedSharding(mesh, PartitionSpec(axes or None))
+    return NamedSharding(mesh, _spec(shape, names, mesh, rules))
+
+
+def shard(tree: Any, shardings: Any) -> Any:
+    return jax.tree.map(jax.device_put, tree, shardings)

@@ -1,0 +1,172 @@
+"""Torch-free tokenizer with chat templates, from an HF folder or from GGUF metadata.
+
+We hold a fast ``tokenizers.Tokenizer`` and render chat templates with jinja2 ourselves, so the
+library needs neither torch nor a particular transformers tokenizer class.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.sandbox
+import tokenizers
+
+from models.config import ModelLoadError
+
+Message = dict[str, str]
+
+
+def _raise(msg: str) -> None:
+    raise jinja2.TemplateError(msg)
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode: the printable char standing for each byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+class Tokenizer:
+    """Text <-> token ids, special tokens and chat template."""
+
+    def __init__(self, backend: tokenizers.Tokenizer, *, chat_template: str | None,
+                 bos_token: str | None, eos_token: str | None, pad_token: str | None = None,
+                 add_bos: bool = False, extra_eos: tuple[str, ...] = (), source: str = "?"):
+        self.backend = backend
+        self.chat_template = chat_template
+        self.bos_token, self.eos_token = bos_token, eos_token
+        self.add_bos = add_bos
+        self.source = source
+        self.bos_id = self._id(bos_token)
+        eos = [self._id(t) for t in (eos_token, *extra_eos)]
+        self.eos_ids = tuple(dict.fromkeys(i for i in eos if i is not None))
+        self.pad_id = self._id(pad_token) if pad_token else (self.eos_ids or (0,))[0]
+
+    def _id(self, token: str | None) -> int | None:
+        return None if token is None else self.backend.token_to_id(token)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos and self.bos_id is not None:
+            ids = [self.bos_id, *ids]
+        return ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(list(map(int, ids)), skip_special_tokens=skip_special_tokens)
+
+    def decode_batch(self, batch: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return self.backend.decode_batch([list(map(int, x)) for x in batch],
+                                         skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[Message], add_generation_prompt: bool = True,
+                            **kw: Any) -> str:
+        """Render messages with the model's chat template (a plain fallback if it has none)."""
+        if not self.chat_template:
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+            return text + ("assistant: " if add_generation_prompt else "")
+        return _compile(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kw)
+
+    def encode_chat(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt))
+
+    @functools.cached_property
+    def token_bytes(self) -> list[bytes]:
+        """The exact bytes each token id stands for (used to match stop strings inside jit)."""
+        vocab = self.backend.get_vocab(with_added_tokens=True)
+        out = [b""] * max(self.vocab_size, max(vocab.values()) + 1)
+        special = {t.content for t in self.backend.get_added_tokens_decoder().values()}
+        decoder = _byte_decoder()
+        byte_level = "ByteLevel" in type(self.backend.decoder).__name__ or "ByteLevel" in str(
+            self.backend.decoder)
+        for piece, idx in vocab.items():
+            if piece in special:
+                out[idx] = piece.encode()
+            elif byte_level:
+                out[idx] = bytes(decoder.get(c, 0) for c in piece) if all(
+                    c in decoder for c in piece) else piece.encode()
+            elif piece.startswith("<0x") and piece.endswith(">") and len(piece) == 6:
+                out[idx] = bytes([int(piece[3:5], 16)])
+            else:  # sentencepiece: "▁" is a space
+                out[idx] = piece.replace("\u2581", " ").encode()
+        return out
+
+
+@functools.lru_cache(maxsize=8)
+def _compile(template: str) -> jinja2.Template:
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                       extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = _raise
+    env.filters["tojson"] = lambda x, **kw: json.dumps(x, **kw)
+    return env.from_string(template)
+
+
+def _token_content(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def load_hf_tokenizer(folder: str | Path) -> Tokenizer:
+    folder = Path(folder)
+    path = folder / "tokenizer.json"
+    if not path.exists():
+        raise ModelLoadError(f"{path}: not found (the HF folder needs a fast tokenizer.json)")
+    try:
+        backend = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception on bad files
+        raise ModelLoadError(f"{path}: cannot read tokenizer ({e})") from None
+    cfg: dict[str, Any] = {}
+    if (folder / "tokenizer_config.json").exists():
+        cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    template = cfg.get("chat_template")
+    if (folder / "chat_template.jinja").exists():
+        template = (folder / "chat_template.jinja").read_text()
+    extra_eos: tuple[str, ...] = ()
+    gen_cfg = folder / "generation_config.json"
+    if gen_cfg.exists():
+        eos = json.loads(gen_cfg.read_text()).get("eos_token_id")
+        ids = [eos] if isinstance(eos, int) else (eos or [])
+        extra_eos = tuple(backend.id_to_token(i) for i in ids if backend.id_to_token(i))
+    return Tokenizer(backend, chat_template=template,
+                     bos_token=_token_content(cfg.get("bos_token")),
+                     eos_token=_token_content(cfg.get("eos_token")),
+                     pad_token=_token_content(cfg.get("pad_token")),
+                     add_bos=bool(cfg.get("add_bos_token", False)), extra_eos=extra_eos,
+                     source=str(folder))
+
+
+def load_gguf_tokenizer(path: str | Path) -> Tokenizer:
+    """Build the fast tokenizer from GGUF metadata (transformers' ``convert_gguf_tokenizer``)."""
+    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+
+    try:
+        arch, tok_dict, tok_cfg = get_gguf_tokenizer(str(path))
+        backend, _ = convert_gguf_tokenizer(arch, tok_dict)
+    except Exception as e:
+        raise ModelLoadError(f"{path}: cannot build a tokenizer from GGUF metadata ({e})") from None
+    add_bos = str(tok_cfg.get("add_bos_token", "False")).lower() == "true"
+    return Tokenizer(backend, chat_template=tok_cfg.get("chat_template"),
+                     bos_token=tok_cfg.get("bos_token"), eos_token=tok_cfg.get("eos_token"),
+                     pad_token=tok_cfg.get("pad_token"), add_bos=add_bos, source=str(path))

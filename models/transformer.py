@@ -1,0 +1,269 @@
+"""Decoder-only transformer (Llama / Qwen2 / Qwen3) as a Flax NNX module over pure functions.
+
+Layer weights are stacked on a leading ``layers`` axis and the stack is run with
+``jax.lax.scan``: one layer is traced and compiled once, whatever the depth, and per-layer
+rematerialisation is a single ``jax.checkpoint`` around the scanned body.
+
+The module holds parameters; the compute is the pure function :func:`forward` over a plain dict
+of arrays, which is what the sampler, the train step and the sharding code use.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models.config import ModelConfig
+
+Params = dict[str, Any]
+NEG_INF = -1e30  # finite, so a fully masked row (left padding) gives a uniform softmax, not NaN
+
+LAYER_KEYS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
+
+
+def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Per-layer parameter shapes (without the leading layers axis). Matmuls are x @ W."""
+    d, f, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    shapes = {
+        "attn_norm": (d,),
+        "wq": (d, cfg.num_heads * hd),
+        "wk": (d, cfg.num_kv_heads * hd),
+        "wv": (d, cfg.num_kv_heads * hd),
+        "wo": (cfg.num_heads * hd, d),
+        "mlp_norm": (d,),
+        "w_gate": (d, f),
+        "w_up": (d, f),
+        "w_down": (f, d),
+    }
+    if cfg.qkv_bias:
+        shapes |= {"bq": (cfg.num_heads * hd,), "bk": (cfg.num_kv_heads * hd,),
+                   "bv": (cfg.num_kv_heads * hd,)}
+    if cfg.qk_norm:
+        shapes |= {"q_norm": (hd,), "k_norm": (hd,)}
+    return shapes
+
+
+def param_shapes(cfg: ModelConfig) -> Params:
+    shapes: Params = {
+        "embed": (cfg.vocab_size, cfg.hidden_size),
+        "layers": {k: (cfg.num_layers, *s) for k, s in layer_shapes(cfg).items()},
+        "final_norm": (cfg.hidden_size,),
+    }
+    if not cfg.tie_embeddings:
+        shapes["lm_head"] = (cfg.hidden_size, cfg.vocab_size)
+    return shapes
+
+
+def init_params(cfg: ModelConfig, key: jax.Array, dtype: Any = jnp.float32,
+                std: float = 0.02) -> Params:
+    """Random parameters (normal(0, std) matrices, unit norms, zero biases)."""
+    shapes = param_shapes(cfg)
+    leaves, treedef = jax.tree.flatten(shapes, is_leaf=lambda x: isinstance(x, tuple))
+    paths = [jax.tree_util.keystr(p) for p, _ in
+             jax.tree.flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))[0]]
+    keys = jax.random.split(key, len(leaves))
+    out = []
+    for path, shape, k in zip(paths, leaves, keys):
+        if "norm" in path:
+            out.append(jnp.ones(shape, dtype))
+        elif path.endswith("['bq']") or path.endswith("['bk']") or path.endswith("['bv']"):
+            out.append(jnp.zeros(shape, dtype))
+        else:
+            out.append((std * jax.random.normal(k, shape)).astype(dtype))
+    return jax.tree.unflatten(treedef, out)
+
+
+# ----------------------------------------------------------------------------- building blocks
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """y = x / sqrt(mean(x^2) + eps) * w, computed in float32."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * w.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+    inv = 1.0 / cfg.rope_theta ** (np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
+    if cfg.rope_freq_factors is not None:
+        inv = inv / np.asarray(cfg.rope_freq_factors, dtype=np.float64)
+    return inv.astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotary embedding in the rotate-half convention (HF): x [B,T,H,hd], positions [B,T]."""
+    ang = positions[..., None].astype(jnp.float32) * inv_freq  # [B,T,hd/2]
+    cos = jnp.concatenate([jnp.cos(ang)] * 2, -1)[:, :, None, :]
+    sin = jnp.concatenate([jnp.sin(ang)] * 2, -1)[:, :, None, :]
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], -1)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention. q [B,T,H,hd]; k, v [B,S,KV,hd]; mask [B,T,S] (True = attend)."""
+    b, t, h, hd = q.shape
+    kv = k.shape[2]
+    q = q.reshape(b, t, kv, h // kv, hd)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (1.0 / np.sqrt(hd))
+    scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h * hd)
+
+
+class KVCache(NamedTuple):
+    """Keys/values for every layer, [L,B,S,KV,hd], and which slots hold real tokens, [B,S]."""
+
+    k: jax.Array
+    v: jax.Array
+    valid: jax.Array
+
+    @staticmethod
+    def zeros(cfg: ModelConfig, batch: int, length: int, dtype: Any = jnp.float32) -> KVCache:
+        shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
+        return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype),
+                       jnp.zeros((batch, length), bool))
+
+
+def _qkv(cfg: ModelConfig, p: Params, h: jax.Array, positions: jax.Array, inv_freq: jax.Array):
+    b, t, _ = h.shape
+    q, k, v = h @ p["wq"], h @ p["wk"], h @ p["wv"]
+    if cfg.qkv_bias:
+        q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+    q = q.reshape(b, t, cfg.num_heads, cfg.head_dim)
+    k = k.reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    v = v.reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    if cfg.qk_norm:
+        q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
+        k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+    return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+
+
+def _mlp(p: Params, h: jax.Array) -> jax.Array:
+    return (jax.nn.silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"]
+
+
+def forward(
+    cfg: ModelConfig,
+    params: Params,
+    tokens: jax.Array,
+    attn_mask: jax.Array | None = None,
+    positions: jax.Array | None = None,
+    cache: KVCache | None = None,
+    cache_index: jax.Array | int = 0,
+    remat: bool = False,
+    return_hidden: bool = False,
+) -> tuple[jax.Array, KVCache | None]:
+    """Logits [B,T,V] for tokens [B,T] (and the updated cache when one is given).
+
+    attn_mask [B,T]: 1 for real tokens, 0 for padding (left padding is what the sampler uses).
+    positions default to the running count of real tokens, so RoPE starts at 0 for every row.
+    With a cache, the T new tokens are written at slots [cache_index, cache_index + T).
+    """
+    b, t = tokens.shape
+    if attn_mask is None:
+        attn_mask = jnp.ones((b, t), bool)
+    attn_mask = attn_mask.astype(bool)
+    if positions is None:
+        positions = jnp.maximum(jnp.cumsum(attn_mask, axis=1) - 1, 0)
+    inv_freq = jnp.asarray(rope_inv_freq(cfg))
+    x = params["embed"][tokens]
+
+    if cache is None:
+        causal = jnp.tril(jnp.ones((t, t), bool))
+        mask = causal[None] & attn_mask[:, None, :]
+
+        def body(x, p):
+            h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+            q, k, v = _qkv(cfg, p, h, positions, inv_freq)
+            x = x + attention(q, k, v, mask) @ p["wo"]
+            x = x + _mlp(p, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps))
+            return x, None
+
+        if remat:
+            body = jax.checkpoint(body, prevent_cse=False)
+        x, _ = jax.lax.scan(body, x, params["layers"])
+        new_cache = None
+    else:
+        s = cache.k.shape[2]
+        valid = jax.lax.dynamic_update_slice(cache.valid, attn_mask, (0, cache_index))
+        slots = jnp.arange(s)
+        causal = slots[None, :] <= (cache_index + jnp.arange(t))[:, None]  # [T,S]
+        mask = causal[None] & valid[:, None, :]
+
+        def body(carry, xs):
+            x, ck, cv = carry
+            p, layer = xs
+            h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+            q, k, v = _qkv(cfg, p, h, positions, inv_freq)
+            zero = jnp.zeros((), jnp.int32)
+            idx = (layer, zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
+            ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), idx)
+            cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), idx)
+            x = x + attention(q, ck[layer], cv[layer], mask) @ p["wo"]
+            x = x + _mlp(p, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps))
+            return (x, ck, cv), None
+
+        layers = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+        (x, ck, cv), _ = jax.lax.scan(body, (x, cache.k, cache.v), (params["layers"], layers))
+        new_cache = KVCache(ck, cv, valid)
+
+    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    if return_hidden:
+        return x, new_cache
+    return unembed(cfg, params, x), new_cache
+
+
+def unembed(cfg: ModelConfig, params: Params, x: jax.Array) -> jax.Array:
+    """Logits from final hidden states (tied embeddings use embed^T)."""
+    w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+    return jnp.einsum("...d,dv->...v", x, w, preferred_element_type=jnp.float32)
+
+
+# ----------------------------------------------------------------------------- NNX module
+
+
+class Layers(nnx.Module):
+    """All decoder layers' weights, stacked on a leading axis."""
+
+    def __init__(self, arrays: Params):
+        for name, value in arrays.items():
+            setattr(self, name, nnx.Param(value))
+
+
+class Transformer(nnx.Module):
+    """Flax NNX decoder-only transformer; ``model(tokens, attn_mask)`` returns logits.
+
+    ``model.params()`` gives the plain dict of arrays that :func:`forward` and the rest of the
+    library take; ``Transformer.from_params(cfg, params)`` wraps such a dict back into a module.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None = None,
+                 dtype: Any = jnp.float32, params: Params | None = None):
+        self.cfg = cfg
+        if params is None:
+            rngs = rngs or nnx.Rngs(0)
+            params = init_params(cfg, rngs.params(), dtype)
+        self.embed = nnx.Param(params["embed"])
+        self.layers = Layers(params["layers"])
+        self.final_norm = nnx.Param(params["final_norm"])
+        self.lm_head = nnx.Param(params["lm_head"]) if "lm_head" in params else None
+
+    @classmethod
+    def from_params(cls, cfg: ModelConfig, params: Params) -> Transformer:
+        return cls(cfg, params=params)
+
+    def params(self) -> Params:
+        return nnx.to_pure_dict(nnx.state(self, nnx.Param))
+
+    def __call__(self, tokens: jax.Array, attn_mask: jax.Array | None = None,
+                 **kw: Any) -> jax.Array:
+        logits, _ = forward(self.cfg, self.params(), tokens, attn_mask, **kw)
+        return logits

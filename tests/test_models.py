@@ -1,0 +1,227 @@
+"""Model parity with HF transformers (PyTorch CPU), loaders, and bad-input errors."""
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from models import ModelLoadError, load, load_params  # noqa: E402
+from models.loaders import load_gguf, load_hf_folder  # noqa: E402
+from models.presets import shipped_gguf_path  # noqa: E402
+from models.sampler import SamplingParams, generate  # noqa: E402
+from models.transformer import forward  # noqa: E402
+
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            rms_norm_eps=1e-6)
+
+
+def _hf_model(arch: str):
+    torch.manual_seed(0)
+    if arch == "llama":
+        cfg = transformers.LlamaConfig(**TINY, rope_theta=10000.0, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
+    elif arch == "llama_tied":
+        cfg = transformers.LlamaConfig(**TINY, tie_word_embeddings=True)
+    elif arch == "qwen2":
+        cfg = transformers.Qwen2Config(**TINY, tie_word_embeddings=False)
+    else:
+        cfg = transformers.Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=True)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    with torch.no_grad():  # random norms and biases so that every weight matters
+        for name, p in model.named_parameters():
+            if "norm" in name or "bias" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+@pytest.fixture(scope="module", params=["llama", "llama_tied", "qwen2", "qwen3"])
+def hf_folder(request, tmp_path_factory):
+    model = _hf_model(request.param)
+    folder = tmp_path_factory.mktemp(request.param)
+    # small max_shard_size gives a sharded checkpoint with an index for one of the archs
+    shard = "200KB" if request.param == "qwen2" else "50GB"
+    model.save_pretrained(folder, safe_serialization=True, max_shard_size=shard)
+    return request.param, model, folder
+
+
+def test_hf_parity_logits_and_greedy(hf_folder):
+    arch, hf, folder = hf_folder
+    cfg, params = load_hf_folder(folder)
+    assert cfg.qkv_bias == (arch == "qwen2") and cfg.qk_norm == (arch == "qwen3")
+    if arch == "qwen2":
+        assert (folder / "model.safetensors.index.json").exists()
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 512, size=(2, 48))
+    with torch.no_grad():
+        ref = hf(torch.tensor(ids)).logits.numpy()
+    ours, _ = forward(cfg, params, jnp.asarray(ids))
+    assert np.abs(np.asarray(ours) - ref).max() <= 1e-4
+
+    # same greedy continuation as HF generate
+    prompt = ids[0, :10].tolist()
+    with torch.no_grad():
+        hf_out = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)[0, 10:].tolist()
+
+    class _Tok:  # the sampler only needs ids and token bytes from a tokenizer
+        pad_id, eos_ids = 0, ()
+        token_bytes = [b""] * 512
+
+        @staticmethod
+        def decode_batch(lists):
+            return [""] * len(lists)
+
+    g = generate(cfg, params, _Tok(), [prompt], SamplingParams(12, temperature=0))
+    assert g.token_lists()[0] == hf_out
+
+
+def test_llama3_rope_scaling_matters(hf_folder):
+    arch, _, folder = hf_folder
+    if arch != "llama":
+        pytest.skip("llama3 scaling only on the llama config")
+    cfg, _ = load_hf_folder(folder)
+    assert cfg.rope_freq_factors is not None and max(cfg.rope_freq_factors) == 8.0
+
+
+def test_load_hf_folder_with_tokenizer(hf_folder, tmp_path):
+    arch, _, folder = hf_folder
+    if arch != "llama_tied":
+        pytest.skip("one architecture is enough")
+    from models.presets import cached_tokenizer
+
+    work = tmp_path / "m"
+    shutil.copytree(folder, work)
+    tok = cached_tokenizer(str(shipped_gguf_path()))
+    tok.backend.save(str(work / "tokenizer.json"))
+    (work / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": tok.chat_template, "eos_token": "<|im_end|>"}))
+    # the tiny model's vocabulary (512) is smaller than the tokenizer's: a clear error
+    with pytest.raises(ModelLoadError, match="tokenizer has 49152 tokens"):
+        load(str(work))
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_params("smollm2_135m")
+
+
+def test_shipped_gguf_answers_simple_question(shipped):
+    cfg, params, tok = shipped
+    prompt = tok.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
+    g = generate(cfg, params, tok, [prompt], SamplingParams(24, temperature=0))
+    assert "Paris" in g.texts[0]
+    assert g.finish[0] == "eos"
+
+
+def test_shipped_gguf_matches_transformers_gguf(shipped):
+    cfg, params, tok = shipped
+    path = shipped_gguf_path()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, torch_dtype=torch.float32).eval()
+    ids = tok.encode_chat([{"role": "user", "content": "Name three primary colors."}])
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits.numpy()
+    ours, _ = forward(cfg, params, jnp.asarray([ids]))
+    assert np.abs(np.asarray(ours) - ref).max() <= 1e-3
+
+
+def test_tiny_preset_shares_shipped_tokenizer():
+    model, tok, cfg = load("tiny")
+    assert cfg.vocab_size == tok.vocab_size == 49152
+    logits = model(jnp.asarray([tok.encode("hello world")]))
+    assert logits.shape == (1, 2, 49152) and np.isfinite(np.asarray(logits)).all()
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_missing_weights_file(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", **TINY}))
+    with pytest.raises(ModelLoadError, match="no \\*.safetensors"):
+        load_hf_folder(tmp_path)
+
+
+def test_corrupt_weights_file(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", **TINY}))
+    (tmp_path / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(ModelLoadError, match="model.safetensors"):
+        load_hf_folder(tmp_path)
+
+
+def test_unsupported_architecture(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 8}))
+    with pytest.raises(ModelLoadError, match="unsupported model_type 'gpt2'"):
+        load_hf_folder(tmp_path)
+
+
+def test_missing_path_and_unknown_preset():
+    with pytest.raises(ModelLoadError, match="not a preset"):
+        load("no_such_model_anywhere")
+
+
+def test_unsupported_gguf_quantisation(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "bad.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for k, v in {"block_count": 1, "embedding_length": 32, "feed_forward_length": 64,
+                 "attention.head_count": 2, "context_length": 64}.items():
+        w.add_uint32(f"llama.{k}", v)
+    rng = np.random.default_rng(0)
+    # Q8_K (an intermediate type of llama.cpp's kernels) has no dequantizer in gguf
+    qtype = gguf.GGMLQuantizationType.Q8_K
+    raw = rng.integers(0, 255, size=(16, gguf.GGML_QUANT_SIZES[qtype][1]), dtype=np.uint8)
+    w.add_tensor("token_embd.weight", raw, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelLoadError, match="bad.gguf.*token_embd.weight.*Q8_K"):
+        load_gguf(path)
+
+
+def test_corrupt_gguf(tmp_path):
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(b"GGUF" + b"\x00" * 20)
+    with pytest.raises(ModelLoadError, match="broken.gguf"):
+        load_gguf(path)
+
+
+# ----------------------------------------------------------------------------- sharding
+
+
+def test_sharded_forward_matches_single_device():
+    code = textwrap.dedent("""
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        import jax, jax.numpy as jnp, numpy as np
+        from models.presets import tiny_config
+        from models.transformer import forward, init_params
+        from models.sharding import make_mesh, param_shardings, batch_sharding, shard
+        assert len(jax.devices()) == 8
+        cfg = tiny_config(vocab_size=256, num_heads=4, num_kv_heads=2)
+        params = init_params(cfg, jax.random.key(0))
+        ids = jax.random.randint(jax.random.key(1), (8, 16), 0, 256)
+        ref, _ = forward(cfg, params, ids)
+        mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+        sp = shard(params, param_shardings(params, mesh))
+        assert tuple(sp["layers"]["wq"].sharding.spec) == (None, "fsdp", "tensor")
+        sids = jax.device_put(ids, batch_sharding(mesh, 2, 8))
+        out, _ = jax.jit(lambda p, x: forward(cfg, p, x))(sp, sids)
+        assert len(out.sharding.device_set) == 8
+        np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5)
+        print("SHARDED_OK")
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert "SHARDED_OK" in res.stdout, res.stderr[-3000:]

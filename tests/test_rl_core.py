@@ -1,0 +1,588 @@
+"""GRPO/DAPO core (rl/): every function against an independent loop-based NumPy reference."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rl.advantages import ADVANTAGES, drgrpo_advantages, group_advantages, grpo_advantages
+from rl.dapo import fill_batch, informative_groups, overlong_penalty
+from rl.group_stats import (
+    all_wrong_frac,
+    converted_frac,
+    homogeneous_frac,
+    reward_stats,
+)
+from rl.kl import KL_ESTIMATORS, kl_penalty
+from rl.losses import (
+    LOSS_AGG,
+    agg_loss,
+    entropy_from_logits,
+    masked_mean,
+    masked_sum,
+    ppo_clip_loss,
+)
+
+AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+# ----------------------------------------------------------------------------------------------
+# NumPy references (loops; they never call the code under test)
+
+
+def ref_advantages(rewards, scale: bool, eps: float = 1e-6):
+    rewards = np.asarray(rewards, dtype=np.float64)
+    out = np.zeros_like(rewards)
+    for n, group in enumerate(rewards):
+        g = len(group)
+        mean = sum(group) / g
+        std = math.sqrt(sum((x - mean) ** 2 for x in group) / g)
+        if all(x == group[0] for x in group):
+            continue
+        for i, x in enumerate(group):
+            out[n, i] = (x - mean) / (std + eps) if scale else x - mean
+    return out
+
+
+def ref_kl(logp, logp_ref, kind):
+    out = np.zeros_like(logp, dtype=np.float64)
+    for idx in np.ndindex(logp.shape):
+        a, b = float(logp[idx]), float(logp_ref[idx])
+        if kind == "k1":
+            out[idx] = a - b
+        elif kind == "k2":
+            out[idx] = 0.5 * (a - b) ** 2
+        else:
+            d = b - a
+            out[idx] = min(max(math.exp(d) - d - 1.0, -10.0), 10.0)
+    return out
+
+
+def ref_ppo(logp, logp_old, adv, mask, eps_low, eps_high, dual_clip):
+    b_, t_ = logp.shape
+    loss = np.zeros((b_, t_))
+    n_tok = n_clip = n_dual = 0
+    kl_sum = 0.0
+    for b in range(b_):
+        for t in range(t_):
+            a = adv[b] if adv.ndim == 1 else adv[b, t]
+            ratio = math.exp(logp[b, t] - logp_old[b, t])
+            clipped_ratio = min(max(ratio, 1 - eps_low), 1 + eps_high)
+            l1, l2 = -a * ratio, -a * clipped_ratio
+            val = max(l1, l2)
+            dual = False
+            if dual_clip is not None and a < 0 and val > -a * dual_clip:
+                val, dual = -a * dual_clip, True
+            if mask[b, t]:
+                loss[b, t] = val
+                n_tok += 1
+                n_clip += l2 > l1
+                n_dual += dual
+                kl_sum += logp_old[b, t] - logp[b, t]
+    d = max(n_tok, 1)
+    return loss, {"clip_frac": n_clip / d, "dual_clip_frac": n_dual / d, "approx_kl": kl_sum / d}
+
+
+def ref_agg(loss, mask, mode, max_len=None):
+    b_, t_ = loss.shape
+    if mode == "token-mean":
+        tot = cnt = 0.0
+        for b in range(b_):
+            for t in range(t_):
+                if mask[b, t]:
+                    tot += loss[b, t]
+                    cnt += 1
+        return tot / cnt if cnt else 0.0
+    per_seq = []
+    for b in range(b_):
+        s = sum(loss[b, t] for t in range(t_) if mask[b, t])
+        n = sum(1 for t in range(t_) if mask[b, t])
+        if n == 0:
+            continue
+        if mode == "seq-mean-token-mean":
+            per_seq.append(s / n)
+        elif mode == "seq-mean-token-sum":
+            per_seq.append(s)
+        else:
+            per_seq.append(s / (t_ if max_len is None else max_len))
+    return sum(per_seq) / len(per_seq) if per_seq else 0.0
+
+
+def ref_entropy(logits):
+    logits = np.asarray(logits, dtype=np.float64)
+    out = np.zeros(logits.shape[:-1])
+    for idx in np.ndindex(logits.shape[:-1]):
+        row = logits[idx]
+        m = max(row)
+        z = sum(math.exp(v - m) for v in row)
+        h = 0.0
+        for v in row:
+            p = math.exp(v - m) / z
+            if p > 0:
+                h -= p * math.log(p)
+        out[idx] = h
+    return out
+
+
+def ref_std(xs):
+    mean = sum(xs) / len(xs)
+    return math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+
+
+def ref_overlong(length, max_len, buffer_len, penalty):
+    expected = max_len - buffer_len
+    if length <= expected:
+        return 0.0
+    if length <= max_len:
+        return (expected - length) / buffer_len * penalty
+    return -penalty
+
+
+def central_fd(f, x, h=1e-6):
+    x = np.asarray(x, dtype=np.float64)
+    g = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        xp, xm = x.copy(), x.copy()
+        xp[idx] += h
+        xm[idx] -= h
+        g[idx] = (float(f(jnp.asarray(xp))) - float(f(jnp.asarray(xm)))) / (2 * h)
+    return g
+
+
+def ragged_mask():
+    # lengths 3, 1, 0 (empty row), 5
+    return np.array(
+        [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=np.float32
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# advantages
+
+
+def test_advantage_registry_names():
+    assert set(ADVANTAGES.names()) >= {"grpo", "drgrpo", "none"}
+    assert ADVANTAGES.get("none") is drgrpo_advantages
+    with pytest.raises(KeyError, match="grpo"):
+        ADVANTAGES.get("nope")
+
+
+@pytest.mark.parametrize("estimator,scale", [("grpo", True), ("drgrpo", False), ("none", False)])
+def test_advantages_match_reference(estimator, scale):
+    rng = np.random.default_rng(0)
+    r = rng.normal(size=(6, 8)).astype(np.float32)
+    r[2] = 0.7  # homogeneous
+    r[4] = rng.integers(0, 2, size=8)  # binary outcome
+    got = np.asarray(group_advantages(jnp.asarray(r), estimator, eps=1e-6))
+    np.testing.assert_allclose(got, ref_advantages(r, scale), rtol=1e-5, atol=1e-5)
+    assert got.shape == r.shape
+
+
+def test_grpo_uses_population_std():
+    r = jnp.array([[0.0, 1.0]])
+    # population std = 0.5 -> +-1 (the sample std would give +-0.707)
+    np.testing.assert_allclose(grpo_advantages(r, eps=0.0), [[-1.0, 1.0]])
+
+
+@pytest.mark.parametrize("fn", [grpo_advantages, drgrpo_advantages])
+@pytest.mark.parametrize("value", [0.0, 0.1, -1.0, 0.3333333, 1e6])
+def test_homogeneous_group_gives_exact_zero(fn, value):
+    r = jnp.full((3, 8), value, dtype=jnp.float32).at[1].set(jnp.arange(8.0))
+    adv = np.asarray(fn(r, 1e-6))
+    assert np.all(adv[0] == 0.0) and np.all(adv[2] == 0.0)
+    assert np.any(adv[1] != 0.0)
+
+
+def test_advantages_jit_equals_eager():
+    r = jnp.asarray(np.random.default_rng(1).normal(size=(4, 5)), dtype=jnp.float32)
+    for name in ADVANTAGES.names():
+        fn = ADVANTAGES.get(name)
+        np.testing.assert_allclose(jax.jit(fn)(r, 1e-6), fn(r, 1e-6), rtol=1e-6, atol=1e-7)
+
+
+def test_advantages_vmap_over_groups():
+    r = jnp.asarray(np.random.default_rng(2).normal(size=(4, 5)), dtype=jnp.float32)
+    per_group = jax.vmap(lambda g: grpo_advantages(g[None], 1e-6)[0])(r)
+    np.testing.assert_allclose(per_group, grpo_advantages(r, 1e-6), rtol=1e-6, atol=1e-7)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.floats(-10, 10, allow_nan=False, width=32), min_size=4, max_size=4),
+        min_size=1,
+        max_size=3,
+    )
+)
+def test_property_advantages_zero_group_mean(groups):
+    r = np.asarray(groups, dtype=np.float64)
+    with jax.enable_x64(True):
+        for name in ("grpo", "drgrpo"):
+            adv = np.asarray(group_advantages(jnp.asarray(r), name, eps=1e-6))
+            np.testing.assert_allclose(adv.mean(axis=-1), 0.0, atol=1e-9)
+        adv = np.asarray(group_advantages(jnp.asarray(r), "grpo", eps=1e-6))
+        for n, group in enumerate(r):
+            s = ref_std(list(group))
+            if s > 1e-3:  # away from eps, grpo advantages have unit population std
+                assert abs(ref_std(list(adv[n])) - s / (s + 1e-6)) < 1e-9
+
+
+# ----------------------------------------------------------------------------------------------
+# KL
+
+
+def test_kl_registry_names():
+    assert set(KL_ESTIMATORS.names()) >= {"k1", "k2", "k3", "low_var_kl"}
+    assert KL_ESTIMATORS.get("low_var_kl") is KL_ESTIMATORS.get("k3")
+    with pytest.raises(KeyError, match="k3"):
+        kl_penalty(jnp.zeros(2), jnp.zeros(2), "k4")
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3", "low_var_kl"])
+def test_kl_matches_reference(kind):
+    rng = np.random.default_rng(3)
+    logp = rng.normal(-2, 1.5, size=(3, 4, 5)).astype(np.float32)
+    logp_ref = rng.normal(-2, 1.5, size=(3, 4, 5)).astype(np.float32)
+    logp_ref[0, 0, 0] = logp[0, 0, 0] + 30.0  # far outside the k3 clamp
+    ref_kind = "k3" if kind == "low_var_kl" else kind
+    got = np.asarray(kl_penalty(jnp.asarray(logp), jnp.asarray(logp_ref), kind))
+    np.testing.assert_allclose(got, ref_kl(logp, logp_ref, ref_kind), rtol=1e-5, atol=1e-5)
+    jitted = jax.jit(kl_penalty, static_argnums=2)(jnp.asarray(logp), jnp.asarray(logp_ref), kind)
+    np.testing.assert_allclose(jitted, got, rtol=1e-6)
+
+
+def test_k3_clamped_nonnegative_and_finite_grad():
+    logp = jnp.array([0.0, 0.0, 0.0, -1.0])
+    logp_ref = jnp.array([0.0, 50.0, -50.0, -1.3])
+    k3 = kl_penalty(logp, logp_ref, "k3")
+    assert float(k3[0]) == 0.0 and float(k3[1]) == 10.0
+    assert np.all(np.asarray(k3) >= 0.0) and np.all(np.asarray(k3) <= 10.0)
+    g = jax.grad(lambda lp: kl_penalty(lp, logp_ref, "k3").sum())(logp)
+    assert np.all(np.isfinite(np.asarray(g)))
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+def test_kl_gradient_matches_finite_differences(kind, x64):
+    rng = np.random.default_rng(4)
+    logp = rng.normal(-1.0, 0.5, size=(2, 3))
+    logp_ref = jnp.asarray(rng.normal(-1.0, 0.5, size=(2, 3)))
+    f = lambda lp: jnp.sum(jnp.cos(jnp.arange(6.0)).reshape(2, 3) * kl_penalty(lp, logp_ref, kind))
+    grad = np.asarray(jax.grad(f)(jnp.asarray(logp)))
+    assert grad.dtype == np.float64
+    np.testing.assert_allclose(grad, central_fd(f, logp), rtol=1e-6, atol=1e-8)
+
+
+# ----------------------------------------------------------------------------------------------
+# masked reductions, PPO-clip loss, aggregation
+
+
+def test_masked_sum_and_mean():
+    x = jnp.array([[1.0, 2.0, jnp.nan], [4.0, jnp.inf, 6.0]])
+    m = jnp.array([[1, 1, 0], [0, 0, 0]])
+    assert float(masked_sum(x, m)) == 3.0
+    assert float(masked_mean(x, m)) == 1.5
+    np.testing.assert_array_equal(masked_sum(x, m, axis=-1), [3.0, 0.0])
+    np.testing.assert_array_equal(masked_mean(x, m, axis=-1), [1.5, 0.0])
+    assert float(masked_mean(x, jnp.zeros_like(m))) == 0.0
+
+
+def random_ppo_inputs(seed, b=4, t=6, token_adv=False):
+    rng = np.random.default_rng(seed)
+    logp_old = rng.normal(-1.5, 0.5, size=(b, t))
+    logp = logp_old + rng.normal(0, 0.4, size=(b, t))  # ratios both inside and outside clip
+    adv = rng.normal(size=(b, t) if token_adv else (b,))
+    mask = (rng.random((b, t)) < 0.7).astype(np.float64)
+    mask[0, :] = 1
+    return logp, logp_old, adv, mask
+
+
+@pytest.mark.parametrize("token_adv", [False, True])
+@pytest.mark.parametrize("dual_clip", [None, 3.0, 1.5])
+@pytest.mark.parametrize("eps_high", [0.2, 0.28])
+def test_ppo_clip_loss_matches_reference(token_adv, dual_clip, eps_high):
+    logp, logp_old, adv, mask = random_ppo_inputs(5, token_adv=token_adv)
+    args = [jnp.asarray(a, dtype=jnp.float32) for a in (logp, logp_old, adv, mask)]
+    loss, stats = ppo_clip_loss(*args, eps_low=0.2, eps_high=eps_high, dual_clip=dual_clip)
+    ref_loss, ref_stats = ref_ppo(logp, logp_old, adv, mask, 0.2, eps_high, dual_clip)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    for k in ("clip_frac", "dual_clip_frac", "approx_kl"):
+        np.testing.assert_allclose(float(stats[k]), ref_stats[k], rtol=1e-5, atol=1e-6)
+        assert jnp.shape(stats[k]) == ()
+    if dual_clip is None:
+        assert float(stats["dual_clip_frac"]) == 0.0
+
+
+def test_clip_fraction_hand_case():
+    # ratio = exp(logp - logp_old); eps = 0.2
+    ratios = np.array([[1.5, 1.5, 0.5, 0.5, 1.1, 1.5]])
+    adv = np.array([[1.0, -1.0, 1.0, -1.0, 1.0, 1.0]])
+    mask = np.array([[1, 1, 1, 1, 1, 0]])
+    # token 0: A>0, r>1+eps -> clipped; token 1: A<0, r>1 -> unclipped branch (bigger loss);
+    # token 2: A>0, r<1-eps -> unclipped; token 3: A<0, r<1-eps -> clipped; token 4: inside;
+    # token 5: clipped but masked out.
+    loss, stats = ppo_clip_loss(
+        jnp.log(jnp.asarray(ratios)), jnp.zeros((1, 6)), jnp.asarray(adv), jnp.asarray(mask)
+    )
+    np.testing.assert_allclose(float(stats["clip_frac"]), 2 / 5, rtol=1e-6)
+    np.testing.assert_allclose(loss, [[-1.2, 1.5, -0.5, 0.8, -1.1, 0.0]], rtol=1e-6)
+
+
+def test_dual_clip_caps_loss():
+    ratios = jnp.array([[10.0, 2.0, 10.0, 10.0]])
+    adv = jnp.array([[-1.0, -1.0, 1.0, -2.0]])
+    mask = jnp.ones((1, 4))
+    plain, _ = ppo_clip_loss(jnp.log(ratios), jnp.zeros((1, 4)), adv, mask)
+    capped, stats = ppo_clip_loss(jnp.log(ratios), jnp.zeros((1, 4)), adv, mask, dual_clip=3.0)
+    np.testing.assert_allclose(plain, [[10.0, 2.0, -1.2, 20.0]], rtol=1e-5)
+    # loss for A<0 is capped at c*|A|; A>0 untouched
+    np.testing.assert_allclose(capped, [[3.0, 2.0, -1.2, 6.0]], rtol=1e-5)
+    np.testing.assert_allclose(float(stats["dual_clip_frac"]), 2 / 4)
+    with pytest.raises(ValueError, match="dual_clip"):
+        ppo_clip_loss(jnp.log(ratios), jnp.zeros((1, 4)), adv, mask, dual_clip=1.0)
+
+
+def test_loss_agg_registry():
+    assert set(LOSS_AGG.names()) == set(AGG_MODES)
+    with pytest.raises(KeyError, match="token-mean"):
+        agg_loss(jnp.zeros((1, 1)), jnp.ones((1, 1)), "seq-sum")
+
+
+def test_agg_modes_on_ragged_mask_by_hand():
+    loss = jnp.asarray(np.arange(20, dtype=np.float32).reshape(4, 5))
+    mask = jnp.asarray(ragged_mask())
+    # row sums: 0+1+2 = 3 (3 tok), 5 (1 tok), empty, 15+..+19 = 85 (5 tok)
+    expect = {
+        "token-mean": (3 + 5 + 85) / 9,
+        "seq-mean-token-mean": (1.0 + 5.0 + 17.0) / 3,
+        "seq-mean-token-sum": (3 + 5 + 85) / 3,
+        "seq-mean-token-sum-norm": (3 + 5 + 85) / 10 / 3,
+    }
+    for mode, value in expect.items():
+        got = float(agg_loss(loss, mask, mode, max_len=10))
+        assert got == pytest.approx(value, rel=1e-6), mode
+        assert got == pytest.approx(ref_agg(np.asarray(loss), ragged_mask(), mode, 10), rel=1e-6)
+    # max_len defaults to T
+    got = float(agg_loss(loss, mask, "seq-mean-token-sum-norm"))
+    assert got == pytest.approx((3 + 5 + 85) / 5 / 3, rel=1e-6)
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_agg_matches_reference_random(mode):
+    rng = np.random.default_rng(6)
+    loss = rng.normal(size=(5, 7))
+    mask = (rng.random((5, 7)) < 0.5).astype(np.float64)
+    mask[1] = 0
+    got = float(agg_loss(jnp.asarray(loss, jnp.float32), jnp.asarray(mask), mode, max_len=12))
+    assert got == pytest.approx(ref_agg(loss, mask, mode, 12), rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_empty_mask_gives_zero_not_nan(mode):
+    logp = jnp.full((2, 3), -1.0)
+    mask = jnp.zeros((2, 3))
+
+    def total(lp):
+        per_tok, _ = ppo_clip_loss(lp, logp - 0.1, jnp.array([1.0, -1.0]), mask)
+        return agg_loss(per_tok, mask, mode)
+
+    assert float(total(logp)) == 0.0
+    grad = np.asarray(jax.grad(total)(logp))
+    assert np.all(grad == 0.0)
+    _, stats = ppo_clip_loss(logp, logp - 0.1, jnp.array([1.0, -1.0]), mask)
+    assert all(float(v) == 0.0 for v in stats.values())
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+@pytest.mark.parametrize("dual_clip", [None, 3.0])
+def test_policy_loss_gradient_matches_finite_differences(mode, dual_clip, x64):
+    logp, logp_old, adv, mask = random_ppo_inputs(7, token_adv=False)
+    logp_old, adv, mask = jnp.asarray(logp_old), jnp.asarray(adv), jnp.asarray(mask)
+    if dual_clip is not None:
+        # push a negative-advantage sequence to large ratios so the cap is active somewhere
+        neg = int(np.argmin(np.asarray(adv)))
+        logp = logp.copy()
+        logp[neg, :3] = np.asarray(logp_old)[neg, :3] + np.array([1.5, 1.2, 0.05])
+
+    def total(lp):
+        per_tok, _ = ppo_clip_loss(lp, logp_old, adv, mask, 0.2, 0.28, dual_clip)
+        return agg_loss(per_tok, mask, mode, max_len=8)
+
+    grad = np.asarray(jax.grad(total)(jnp.asarray(logp)))
+    assert grad.dtype == np.float64
+    np.testing.assert_allclose(grad, central_fd(total, logp), rtol=1e-6, atol=1e-9)
+    assert np.all(grad[np.asarray(mask) == 0] == 0.0)
+
+
+def test_policy_loss_jit_equals_eager():
+    logp, logp_old, adv, mask = (
+        jnp.asarray(a, jnp.float32) for a in random_ppo_inputs(8, token_adv=True)
+    )
+
+    def step(lp, lo, a, m):
+        per_tok, stats = ppo_clip_loss(lp, lo, a, m, 0.2, 0.28, 3.0)
+        return {mode: agg_loss(per_tok, m, mode, 16) for mode in AGG_MODES}, stats
+
+    eager = step(logp, logp_old, adv, mask)
+    jitted = jax.jit(step)(logp, logp_old, adv, mask)
+    for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_entropy_from_logits():
+    rng = np.random.default_rng(9)
+    logits = rng.normal(0, 3, size=(2, 3, 11)).astype(np.float32)
+    logits[0, 0, :5] = -np.inf  # masked vocabulary entries
+    logits[1, 2] += 1e4  # large offsets must not overflow
+    got = entropy_from_logits(jnp.asarray(logits))
+    assert got.shape == (2, 3)
+    np.testing.assert_allclose(got, ref_entropy(logits), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(entropy_from_logits(jnp.zeros((7,))), math.log(7), rtol=1e-6)
+    g = jax.grad(lambda x: entropy_from_logits(x).sum())(jnp.asarray(logits))
+    assert np.all(np.isfinite(np.asarray(g)))
+
+
+# ----------------------------------------------------------------------------------------------
+# DAPO
+
+
+def test_informative_groups():
+    r = jnp.array([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.1, 0.1, 0.1], [-1.0, -1.0, 0.0]])
+    np.testing.assert_array_equal(informative_groups(r), [False, True, False, True])
+    np.testing.assert_array_equal(jax.jit(informative_groups)(r), [False, True, False, True])
+
+
+def test_overlong_penalty_boundaries():
+    max_len, buf, pen = 100, 20, 1.0
+    lengths = np.array([0, 79, 80, 81, 90, 99, 100, 101, 500])
+    got = np.asarray(overlong_penalty(jnp.asarray(lengths), max_len, buf, pen))
+    expect = [ref_overlong(int(n), max_len, buf, pen) for n in lengths]
+    np.testing.assert_allclose(got, expect, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got, [0, 0, 0, -0.05, -0.5, -0.95, -1.0, -1.0, -1.0], atol=1e-7)
+    got = overlong_penalty(jnp.asarray(lengths), max_len, buf, 0.5)
+    np.testing.assert_allclose(got[4], -0.25)
+    jitted = jax.jit(overlong_penalty, static_argnums=(1, 2, 3))(jnp.asarray(lengths), 100, 20, 1.0)
+    np.testing.assert_allclose(jitted, expect, rtol=1e-6, atol=1e-7)
+    # buffer 0: hard cut at max_len, no NaN
+    got = np.asarray(overlong_penalty(jnp.array([99, 100, 101]), 100, 0, 1.0))
+    np.testing.assert_array_equal(got, [0.0, 0.0, -1.0])
+
+
+def make_draw(batches):
+    calls = []
+
+    def draw(i):
+        calls.append(i)
+        rewards = np.asarray(batches[i], dtype=np.float64)
+        return [f"b{i}g{j}" for j in range(len(rewards))], rewards
+
+    return draw, calls
+
+
+HOM, INF = [1.0, 1.0, 1.0], [0.0, 1.0, 0.5]
+
+
+def test_fill_batch_fills_and_truncates():
+    batches = [[HOM, INF, HOM], [INF, INF, HOM, INF], [INF]]
+    draw, calls = make_draw(batches)
+    items, rewards, info = fill_batch(draw, target_groups=3, max_gen_batches=5)
+    assert calls == [0, 1]
+    assert items == ["b0g1", "b1g0", "b1g1"]
+    assert rewards.shape == (3, 3)
+    np.testing.assert_array_equal(rewards, [INF, INF, INF])
+    assert info == {"gen_batches": 2, "dropped_groups": 3, "filled": True}
+
+
+def test_fill_batch_bounded_ends_short():
+    batches = [[HOM, INF], [HOM, HOM], [INF, HOM], [INF, INF]]
+    draw, calls = make_draw(batches)
+    items, rewards, info = fill_batch(draw, target_groups=4, max_gen_batches=3)
+    assert calls == [0, 1, 2]
+    assert items == ["b0g1", "b2g0"]
+    assert rewards.shape == (2, 3)
+    assert info == {"gen_batches": 3, "dropped_groups": 4, "filled": False}
+
+
+def test_fill_batch_all_homogeneous_and_zero_budget():
+    draw, _ = make_draw([[HOM, HOM]])
+    items, rewards, info = fill_batch(draw, target_groups=1, max_gen_batches=1)
+    assert items == [] and rewards.shape == (0, 3)
+    assert info == {"gen_batches": 1, "dropped_groups": 2, "filled": False}
+    items, rewards, info = fill_batch(draw, target_groups=1, max_gen_batches=0)
+    assert items == [] and rewards.shape[0] == 0
+    assert info == {"gen_batches": 0, "dropped_groups": 0, "filled": False}
+
+
+def test_fill_batch_rejects_mismatched_items():
+    with pytest.raises(ValueError, match="items"):
+        fill_batch(lambda i: (["a"], np.array([INF, INF])), 1, 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# group stats
+
+
+def group_stats_inputs():
+    outcome = np.array(
+        [
+            [0.0, 0.0, 0.0, 0.0],  # all wrong, homogeneous
+            [-1.0, 0.0, -1.0, 0.0],  # all wrong (invalid or F1=0), not homogeneous
+            [1.0, 1.0, 1.0, 1.0],  # homogeneous, all right
+            [0.5, 0.0, 1.0, 0.2],
+            [-1.0, -1.0, -1.0, -1.0],  # all invalid, homogeneous
+        ]
+    )
+    total = outcome.copy()
+    total[0] += [0.1, -0.1, 0.0, 0.0]  # rubric term converted this homogeneous group
+    total[2] += [0.05, 0.0, 0.0, 0.0]  # and this one
+    return outcome, total
+
+
+def test_group_stats_match_reference():
+    outcome, total = group_stats_inputs()
+    hom = [ref_std(list(g)) <= 1e-6 for g in outcome]
+    wrong = [all(x <= 0.0 for x in g) for g in outcome]
+    conv = [h and ref_std(list(t)) > 1e-6 for h, t in zip(hom, total)]
+    o, t = jnp.asarray(outcome, jnp.float32), jnp.asarray(total, jnp.float32)
+    assert float(homogeneous_frac(o)) == pytest.approx(sum(hom) / 5) == pytest.approx(3 / 5)
+    assert float(all_wrong_frac(o)) == pytest.approx(sum(wrong) / 5) == pytest.approx(3 / 5)
+    assert float(all_wrong_frac(o, wrong_threshold=-1.0)) == pytest.approx(1 / 5)
+    assert float(converted_frac(o, t)) == pytest.approx(sum(conv) / sum(hom))
+    assert float(converted_frac(o, t)) == pytest.approx(2 / 3)
+    assert float(converted_frac(o, o)) == 0.0
+    flat = list(total.ravel())
+    stats = reward_stats(t)
+    assert float(stats["mean"]) == pytest.approx(sum(flat) / len(flat), rel=1e-6)
+    assert float(stats["std"]) == pytest.approx(ref_std(flat), rel=1e-5)
+
+
+def test_converted_frac_no_homogeneous_groups_is_zero():
+    o = jnp.array([[0.0, 1.0], [0.2, 0.3]])
+    assert float(converted_frac(o, o + 1.0)) == 0.0
+
+
+def test_group_stats_jit_equals_eager():
+    outcome, total = (jnp.asarray(a, jnp.float32) for a in group_stats_inputs())
+
+    def metrics(o, t):
+        return {
+            "hom": homogeneous_frac(o),
+            "wrong": all_wrong_frac(o),
+            "conv": converted_frac(o, t),
+            **reward_stats(t),
+        }
+
+    eager, jitted = metrics(outcome, total), jax.jit(metrics)(outcome, total)
+    for k in eager:
+        np.testing.assert_allclose(jitted[k], eager[k], rtol=1e-6)

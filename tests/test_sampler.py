@@ -1,0 +1,150 @@
+"""Batched KV-cache sampler: greedy consistency, stop strings, logprobs, seeding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models import load_params
+from models.sampler import SamplingParams, generate, left_pad, token_logprobs
+from models.stops import _automaton, stop_tables
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_params("tiny", seed=3)
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_params("smollm2_135m")
+
+
+def _prompts(tok):
+    texts = ["hello", "a much longer prompt with many more tokens in it than the first",
+             "third one, medium length"]
+    return [tok.encode(t) for t in texts]
+
+
+def test_batched_greedy_equals_one_by_one(tiny):
+    cfg, params, tok = tiny
+    prompts = _prompts(tok)
+    sp = SamplingParams(max_new_tokens=20, temperature=0)
+    batched = generate(cfg, params, tok, prompts, sp).token_lists()
+    single = [generate(cfg, params, tok, [p], sp).token_lists()[0] for p in prompts]
+    assert batched == single
+
+
+def test_logprobs_match_separate_forward(tiny):
+    cfg, params, tok = tiny
+    prompts = _prompts(tok)
+    g = generate(cfg, params, tok, prompts, SamplingParams(16, temperature=1.0), seed=7)
+    full = [p + c for p, c in zip(prompts, g.token_lists())]
+    toks, mask = left_pad(full, tok.pad_id)
+    lp = np.asarray(token_logprobs(cfg, params, jnp.asarray(toks), jnp.asarray(mask)))
+    for i, c in enumerate(g.token_lists()):
+        np.testing.assert_allclose(g.logprobs[i, :len(c)], lp[i, toks.shape[1] - len(c):],
+                                   atol=2e-5)
+
+
+def test_same_seed_same_samples_and_seed_matters(tiny):
+    cfg, params, tok = tiny
+    prompts = _prompts(tok)
+    sp = SamplingParams(24, temperature=1.0, top_p=0.95)
+    a = generate(cfg, params, tok, prompts, sp, seed=11)
+    b = generate(cfg, params, tok, prompts, sp, seed=11)
+    c = generate(cfg, params, tok, prompts, sp, seed=12)
+    assert a.token_lists() == b.token_lists()
+    assert a.token_lists() != c.token_lists()
+
+
+def test_per_row_limits_and_lengths(tiny):
+    cfg, params, tok = tiny
+    prompts = _prompts(tok)
+    g = generate(cfg, params, tok, prompts, SamplingParams(12, temperature=0),
+                 max_new_per_row=[3, 12, 7])
+    assert g.lengths.tolist() == [3, 12, 7]
+    assert g.finish == ("length",) * 3
+    assert (g.tokens[0, 3:] == tok.pad_id).all() and (g.logprobs[0, 3:] == 0).all()
+
+
+def test_top_p_restricts_to_nucleus(tiny):
+    cfg, params, tok = tiny
+    prompt = [tok.encode("the")]
+    # with a tiny nucleus only the argmax token can be drawn: equals greedy
+    greedy = generate(cfg, params, tok, prompt, SamplingParams(8, temperature=0))
+    nucleus = generate(cfg, params, tok, prompt, SamplingParams(8, temperature=1.0,
+                                                                top_p=1e-6), seed=5)
+    assert nucleus.token_lists() == greedy.token_lists()
+
+
+def _run_dfa(tables, ids):
+    nxt, hit = tables
+    state = 0
+    for i, t in enumerate(ids):
+        if hit[state, t]:
+            return i
+        state = nxt[state, t]
+    return None
+
+
+def test_stop_tables_catch_any_tokenization(shipped):
+    _, _, tok = shipped
+    tables = stop_tables(tok.token_bytes, ("</search>", "</answer>"))
+    text = "I think <search> capital of France </search> more"
+    natural = tok.encode(text)
+    # the same text spelled one character per token
+    by_char = [tok.backend.token_to_id(tok.backend.encode(ch).tokens[0]) for ch in text]
+    for ids in (natural, by_char):
+        stop_at = _run_dfa(tables, ids)
+        assert stop_at is not None
+        assert tok.decode(ids[: stop_at + 1]).endswith("</search>")
+        assert "</search>" not in tok.decode(ids[:stop_at])
+    assert _run_dfa(tables, tok.encode("no stop string </searc h> here")) is None
+
+
+def test_automaton_overlapping_patterns():
+    delta, accept = _automaton((b"abab", b"bc"))
+    state, ends = 0, []
+    for i, ch in enumerate(b"xababcabab"):
+        state = delta[state, ch]
+        if accept[state]:
+            ends.append(i)
+    assert ends == [4, 5, 9]
+
+
+def test_generation_stops_right_after_stop_string(shipped):
+    cfg, params, tok = shipped
+    msg = ("Write the word search inside search tags like <search> query </search>.")
+    prompt = tok.encode_chat([{"role": "user", "content": msg}])
+    free = generate(cfg, params, tok, [prompt], SamplingParams(40, temperature=0))
+    assert "</search>" in free.texts[0] and not free.texts[0].endswith("</search>")
+    g = generate(cfg, params, tok, [prompt],
+                 SamplingParams(40, temperature=0, stop=("</search>", "</answer>")))
+    assert g.finish == ("stop",)
+    assert g.texts[0].endswith("</search>")
+    assert free.texts[0].startswith(g.texts[0])
+
+
+def test_eos_ends_generation(shipped):
+    cfg, params, tok = shipped
+    prompt = tok.encode_chat([{"role": "user", "content": "Say hi."}])
+    g = generate(cfg, params, tok, [prompt], SamplingParams(64, temperature=0))
+    assert g.finish == ("eos",)
+    assert g.tokens[0, g.lengths[0] - 1] in tok.eos_ids
+
+
+def test_sampling_params_validation():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        SamplingParams(max_new_tokens=0)
+
+
+def test_token_logprobs_entropy_shapes(tiny):
+    cfg, params, tok = tiny
+    toks, mask = left_pad(_prompts(tok), tok.pad_id)
+    lp, ent = token_logprobs(cfg, params, jnp.asarray(toks), jnp.asarray(mask), with_entropy=True)
+    assert lp.shape == ent.shape == toks.shape
+    assert float(jnp.max(ent)) <= np.log(cfg.vocab_size) + 1e-3
+    assert jax.numpy.all(lp <= 0)
