@@ -1,0 +1,81 @@
+"""Batched judges: criterion checks, pairwise comparison, rubric induction / consolidation,
+ProRubric bundling and answer equivalence, with rule, OpenAI-compatible HTTP and (added by the
+models package) in-process backends. See ``judges.base`` for the protocol."""
+
+from judges.base import BACKEND_STAT_KEYS, JUDGE_STAT_KEYS, OPS, Backend, Counters, Judge
+from judges.llm import LLMJudge
+from judges.openai import DiskCache, OpenAIBackend, OpenAIConfig
+from judges.parsing import ParseError
+from judges.prompts import PROMPT_VERSIONS, TEMPLATES, PromptTemplate
+from judges.registry import JUDGES, LLM_OPTIONS, make_judge, split_llm_options
+from judges.rule import (
+    FEATURE_LIBRARY_VERSION,
+    FEATURES,
+    RuleJudge,
+    compile_rule,
+    cover_match,
+    normalize_answer,
+    parse_trajectory,
+)
+from judges.types import (
+    TIE,
+    Bundle,
+    BundleRequest,
+    CheckRequest,
+    CheckResult,
+    Completion,
+    ConsolidateRequest,
+    Dimension,
+    Draft,
+    EquivRequest,
+    EquivResult,
+    InduceRequest,
+    Messages,
+    PairRequest,
+    PairResult,
+    as_draft,
+)
+
+__all__ = [
+    "BACKEND_STAT_KEYS",
+    "FEATURES",
+    "FEATURE_LIBRARY_VERSION",
+    "JUDGES",
+    "JUDGE_STAT_KEYS",
+    "LLM_OPTIONS",
+    "OPS",
+    "PROMPT_VERSIONS",
+    "TEMPLATES",
+    "TIE",
+    "Backend",
+    "Bundle",
+    "BundleRequest",
+    "CheckRequest",
+    "CheckResult",
+    "Completion",
+    "ConsolidateRequest",
+    "Counters",
+    "Dimension",
+    "DiskCache",
+    "Draft",
+    "EquivRequest",
+    "EquivResult",
+    "InduceRequest",
+    "Judge",
+    "LLMJudge",
+    "Messages",
+    "OpenAIBackend",
+    "OpenAIConfig",
+    "PairRequest",
+    "PairResult",
+    "ParseError",
+    "PromptTemplate",
+    "RuleJudge",
+    "as_draft",
+    "compile_rule",
+    "cover_match",
+    "make_judge",
+    "normalize_answer",
+    "parse_trajectory",
+    "split_llm_options",
+]

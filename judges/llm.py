@@ -1,0 +1,385 @@
+"""``LLMJudge``: prompts + parsing + bounded re-ask + defined fallbacks, on top of any backend.
+
+All LLM-specific judging logic lives here, so a backend (OpenAI-compatible HTTP, in-process
+JAX, ...) only has to turn chat message lists into completions (``Backend.complete``) and,
+optionally, next-token choice probabilities (``choice_probs``) for logprob-based checks.
+
+Failure handling, per item of a batch:
+
+1. backend gave up (``Completion.error``; retries already happened in the backend)
+   -> fallback at once, counted in ``backend_errors``;
+2. unparseable -> ``parse_errors``; the conversation is extended with the bad answer and a
+   re-ask carrying the parser's complaint; all such items of the batch are re-asked together,
+   at most ``max_reasks`` rounds (``reasks`` counts each item of each round);
+3. still unparseable -> the operation's defined fallback (``fallbacks`` and ``fallbacks_<op>``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from judges import prompts as P
+from judges.base import (
+    JUDGE_STAT_KEYS,
+    Backend,
+    Counters,
+    order_coin,
+    tie_coin,
+)
+from judges.parsing import (
+    ParseError,
+    parse_bundle,
+    parse_check,
+    parse_compare,
+    parse_drafts,
+    parse_equiv,
+)
+from judges.rule import cover_match, normalize_answer
+from judges.types import (
+    TIE,
+    Bundle,
+    BundleRequest,
+    CheckRequest,
+    CheckResult,
+    ConsolidateRequest,
+    Dimension,
+    Draft,
+    EquivRequest,
+    EquivResult,
+    InduceRequest,
+    Messages,
+    PairRequest,
+    PairResult,
+    as_draft,
+)
+
+T = TypeVar("T")
+
+# A bad answer is echoed back in the re-ask; cap it so a runaway generation cannot blow up the
+# context of the second round.
+_MAX_ECHO_CHARS = 2000
+
+
+class _Failed:
+    """Marker for an item that ends on its fallback."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+class LLMJudge:
+    """The judge protocol implemented with prompts on an LLM backend.
+
+    Args:
+        backend: provides ``complete`` (and optionally ``choice_probs``, ``stats``, ``close``).
+        seed: seeds the presentation-order and tie-break coins of pairwise comparisons.
+        max_reasks: re-ask rounds after unparseable output (0 = fall back at once).
+        max_tokens, temperature: sampling for every judge call (temperature 0: reproducible,
+            and cacheable by the HTTP backend).
+        check_mode: ``"json"`` (HealthBench-style ``criteria_met``) or ``"logprob"``
+            (P(Yes) from ``choice_probs``; items the backend cannot score go the JSON way).
+        max_drafts: rubrics per induction; max_common: rubrics per consolidation.
+        k_min, k_max: allowed number of bundle dimensions.
+        equiv_exact_shortcut: answer equivalence without a call when the normalised prediction
+            equals a normalised gold (saves judge calls on the easy cases).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        seed: int = 0,
+        max_reasks: int = 1,
+        max_tokens: int = 512,
+        temperature: float = 0.0,
+        check_mode: str = "json",
+        max_drafts: int = 3,
+        max_common: int = 2,
+        k_min: int = 2,
+        k_max: int = 5,
+        equiv_exact_shortcut: bool = True,
+    ):
+        if check_mode not in ("json", "logprob"):
+            raise ValueError(f"check_mode must be 'json' or 'logprob', got {check_mode!r}")
+        if not 1 <= k_min <= k_max:
+            raise ValueError(f"need 1 <= k_min <= k_max, got {k_min}, {k_max}")
+        self.backend = backend
+        self.seed = int(seed)
+        self.max_reasks = int(max_reasks)
+        self.max_tokens = int(max_tokens)
+        self.temperature = float(temperature)
+        self.check_mode = check_mode
+        self.max_drafts = int(max_drafts)
+        self.max_common = int(max_common)
+        self.k_min, self.k_max = int(k_min), int(k_max)
+        self.equiv_exact_shortcut = bool(equiv_exact_shortcut)
+        self._c = Counters(JUDGE_STAT_KEYS)
+
+    def __repr__(self) -> str:
+        return (
+            f"LLMJudge(backend={self.backend!r}, seed={self.seed}, max_reasks={self.max_reasks}, "
+            f"check_mode={self.check_mode!r})"
+        )
+
+    # --- engine ---------------------------------------------------------------------------
+
+    def _run(
+        self, convs: Sequence[Messages], parse: Callable[[str, int], T], shape: str
+    ) -> list[T | _Failed]:
+        """Complete every conversation, parse, re-ask the unparseable ones in batched rounds."""
+        convs = [list(c) for c in convs]
+        results: list[Any] = [None] * len(convs)
+        pending = list(range(len(convs)))
+        errors: dict[int, str] = {}
+        for round_ in range(self.max_reasks + 1):
+            if not pending:
+                break
+            if round_:
+                self._c.inc("reasks", len(pending))
+            comps = self.backend.complete(
+                [convs[i] for i in pending], self.max_tokens, self.temperature
+            )
+            if len(comps) != len(pending):
+                raise RuntimeError(
+                    f"backend returned {len(comps)} completions for {len(pending)} requests"
+                )
+            retry: list[int] = []
+            for i, comp in zip(pending, comps):
+                if comp.error is not None:
+                    self._c.inc("backend_errors")
+                    results[i] = _Failed(f"backend error: {comp.error}")
+                    continue
+                try:
+                    results[i] = parse(comp.text, i)
+                except ParseError as e:
+                    self._c.inc("parse_errors")
+                    errors[i] = str(e)
+                    convs[i] += [
+                        {"role": "assistant", "content": (comp.text or "")[:_MAX_ECHO_CHARS]},
+                        P.reask_message(str(e), shape),
+                    ]
+                    retry.append(i)
+            pending = retry
+        for i in pending:
+            results[i] = _Failed(f"unparseable judge output: {errors.get(i, '?')}")
+        return results
+
+    def _finish(self, op: str, raw: list[Any], fallback: Callable[[int, _Failed], T]) -> list[T]:
+        """Replace failures by the operation's fallback, counting them."""
+        out: list[T] = []
+        for i, r in enumerate(raw):
+            if isinstance(r, _Failed):
+                self._c.inc("fallbacks")
+                self._c.inc(f"fallbacks_{op}")
+                out.append(fallback(i, r))
+            else:
+                out.append(r)
+        return out
+
+    # --- operations -----------------------------------------------------------------------
+
+    def check(self, reqs: Sequence[CheckRequest]) -> list[CheckResult]:
+        reqs = list(reqs)
+        self._c.inc("requests_check", len(reqs))
+        results: list[Any] = [None] * len(reqs)
+        todo = list(range(len(reqs)))
+        if self.check_mode == "logprob" and hasattr(self.backend, "choice_probs"):
+            convs = [
+                P.CHECK_YESNO.render(context=r.context, response=r.response, criterion=r.criterion)
+                for r in reqs
+            ]
+            probs = self.backend.choice_probs(convs, ("Yes", "No"))
+            todo = []
+            for i, pr in enumerate(probs):
+                if pr and "Yes" in pr:
+                    p = float(pr["Yes"])
+                    results[i] = CheckResult(met=p >= 0.5, prob=p)
+                else:  # this item has no usable probabilities: ask for the JSON verdict
+                    todo.append(i)
+        if todo:
+            convs = [
+                P.CHECK.render(
+                    context=reqs[i].context, response=reqs[i].response, criterion=reqs[i].criterion
+                )
+                for i in todo
+            ]
+
+            def parse(text: str, _: int) -> CheckResult:
+                met = parse_check(text)
+                return CheckResult(met=met, prob=1.0 if met else 0.0)
+
+            for i, r in zip(todo, self._run(convs, parse, P.CHECK.shape)):
+                results[i] = r
+        return self._finish("check", results, lambda i, f: CheckResult(False, 0.5, True))
+
+    def compare(self, reqs: Sequence[PairRequest]) -> list[PairResult]:
+        reqs = list(reqs)
+        self._c.inc("requests_compare", len(reqs))
+        a_first = [order_coin(self.seed, r) for r in reqs]
+        convs = []
+        for r, af in zip(reqs, a_first):
+            first, second = (r.a, r.b) if af else (r.b, r.a)
+            convs.append(
+                P.COMPARE.render(
+                    context=r.context, rubric=as_draft(r.rubric).text(), first=first, second=second
+                )
+            )
+
+        def parse(text: str, i: int) -> PairResult:
+            shown = parse_compare(text)  # 1 / 2 = position shown, 0 = tie
+            if shown == 0:
+                return self._tie(reqs[i], a_first[i], fallback=False)
+            winner = 0 if (shown == 1) == a_first[i] else 1
+            return PairResult(winner=winner, prob_a=1.0 - winner, a_shown_first=a_first[i])
+
+        raw = self._run(convs, parse, P.COMPARE.shape)
+        return self._finish("compare", raw, lambda i, f: self._tie(reqs[i], a_first[i], True))
+
+    def _tie(self, req: PairRequest, a_first: bool, fallback: bool) -> PairResult:
+        return PairResult(
+            winner=TIE,
+            prob_a=0.5,
+            a_shown_first=a_first,
+            fallback=fallback,
+            tie_break=tie_coin(self.seed, req),
+        )
+
+    def induce(self, reqs: Sequence[InduceRequest]) -> list[tuple[Draft, ...]]:
+        reqs = list(reqs)
+        self._c.inc("requests_induce", len(reqs))
+        convs = [
+            P.INDUCE.render(
+                question=r.question,
+                golds="; ".join(r.golds) or "(not given)",
+                best=r.best,
+                hard_negative=r.hard_negative
+                if r.hard_negative is not None
+                else "(none: no trajectory with a different outcome)",
+                worst=r.worst,
+                max_drafts=str(self.max_drafts),
+            )
+            for r in reqs
+        ]
+        raw = self._run(convs, lambda t, _: parse_drafts(t, self.max_drafts), P.INDUCE.shape)
+        return self._finish("induce", raw, lambda i, f: ())
+
+    def consolidate(self, reqs: Sequence[ConsolidateRequest]) -> list[tuple[Draft, ...]]:
+        reqs = list(reqs)
+        self._c.inc("requests_consolidate", len(reqs))
+        results: list[Any] = [()] * len(reqs)
+        todo = [i for i, r in enumerate(reqs) if r.drafts]  # nothing to consolidate: no call
+        convs = [
+            P.CONSOLIDATE.render(
+                drafts=P.render_drafts(reqs[i].drafts), max_common=str(self.max_common)
+            )
+            for i in todo
+        ]
+        raw = self._run(convs, lambda t, _: parse_drafts(t, self.max_common), P.CONSOLIDATE.shape)
+        for i, r in zip(todo, raw):
+            results[i] = r
+        return self._finish("consolidate", results, lambda i, f: ())
+
+    def bundle(self, reqs: Sequence[BundleRequest]) -> list[Bundle]:
+        reqs = list(reqs)
+        self._c.inc("requests_bundle", len(reqs))
+        results: list[Any] = [None] * len(reqs)
+        todo: list[int] = []
+        for i, r in enumerate(reqs):
+            if len(r.criteria) != len(r.weights):
+                raise ValueError(
+                    f"bundle request {i}: {len(r.criteria)} criteria but {len(r.weights)} weights"
+                )
+            if not r.criteria:
+                results[i] = Bundle(dimensions=(), error="empty checklist")
+            elif len(r.criteria) < self.k_min:
+                results[i] = singleton_bundle(len(r.criteria))
+            else:
+                todo.append(i)
+        convs = [
+            P.render_bundle(
+                reqs[i].prompt,
+                tuple(reqs[i].criteria),
+                tuple(reqs[i].weights),
+                self.k_min,
+                min(self.k_max, len(reqs[i].criteria)),
+            )
+            for i in todo
+        ]
+
+        def parse(text: str, j: int) -> Bundle:
+            crit = reqs[todo[j]].criteria
+            dims = parse_bundle(text, crit, self.k_min, min(self.k_max, len(crit)))
+            return Bundle(dimensions=dims)
+
+        for i, r in zip(todo, self._run(convs, parse, P.BUNDLE.shape)):
+            results[i] = r
+        return self._finish("bundle", results, lambda i, f: Bundle((), error=f.reason))
+
+    def equivalent(self, reqs: Sequence[EquivRequest]) -> list[EquivResult]:
+        reqs = list(reqs)
+        self._c.inc("requests_equivalent", len(reqs))
+        results: list[Any] = [None] * len(reqs)
+        todo: list[int] = []
+        for i, r in enumerate(reqs):
+            pred = normalize_answer(r.prediction)
+            if self.equiv_exact_shortcut and pred and any(
+                pred == normalize_answer(g) for g in r.golds
+            ):
+                results[i] = EquivResult(equivalent=True, prob=1.0)
+            else:
+                todo.append(i)
+        convs = [
+            P.EQUIV.render(
+                question=reqs[i].question,
+                golds="; ".join(reqs[i].golds) or "(none)",
+                prediction=reqs[i].prediction,
+            )
+            for i in todo
+        ]
+
+        def parse(text: str, _: int) -> EquivResult:
+            eq = parse_equiv(text)
+            return EquivResult(equivalent=eq, prob=1.0 if eq else 0.0)
+
+        for i, r in zip(todo, self._run(convs, parse, P.EQUIV.shape)):
+            results[i] = r
+
+        def fallback(i: int, _: _Failed) -> EquivResult:
+            em = cover_match(reqs[i].prediction, reqs[i].golds)
+            return EquivResult(equivalent=em, prob=float(em), fallback=True)
+
+        return self._finish("equivalent", results, fallback)
+
+    # --- bookkeeping ----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        out = self._c.snapshot()
+        backend_stats = getattr(self.backend, "stats", None)
+        if callable(backend_stats):
+            out.update(backend_stats())
+        return out
+
+    def versions(self) -> dict[str, str]:
+        return dict(P.PROMPT_VERSIONS)
+
+    def close(self) -> None:
+        close = getattr(self.backend, "close", None)
+        if callable(close):
+            close()
+
+    def __enter__(self) -> LLMJudge:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def singleton_bundle(n: int) -> Bundle:
+    """One dimension per criterion: the only partition of a checklist shorter than ``k_min``
+    (a 1-criterion checklist cannot be split into 2 non-empty dimensions)."""
+    return Bundle(
+        dimensions=tuple(Dimension(f"criterion {i}", (i,), None) for i in range(n))
+    )

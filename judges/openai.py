@@ -1,0 +1,441 @@
+"""OpenAI-compatible chat-completions backend (vLLM, SGLang, llama.cpp's server, hosted APIs).
+
+* async under the hood (one ``httpx.AsyncClient`` per batch), bounded concurrency
+  (``max_concurrency`` requests in flight), a total deadline per attempt (``timeout_s``);
+* retries of timeouts, transport errors, unreadable bodies, 408/409/425/429 and 5xx, with
+  exponential backoff and jitter (``Retry-After`` honoured, capped); a request that exhausts its
+  retries yields a ``Completion`` with ``error`` set — a batch never raises for one bad request;
+* an on-disk cache keyed by the SHA-256 of the full request body (model, messages, sampling
+  params); identical requests inside a batch are sent once; only deterministic requests
+  (temperature 0, or a fixed sampling seed) are cached unless ``cache_sampled``;
+* token accounting from ``usage`` (cache hits cost nothing and are not counted);
+* the API key is read from the environment variable named by ``api_key_env`` and kept in a
+  ``_Secret`` whose repr is masked and whose pickle re-reads the environment — it is never
+  logged, repr'd, cached or pickled.
+
+The sync methods work inside a running event loop too (e.g. a notebook): the batch then runs on a
+worker thread with its own loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import math
+import os
+import random
+import tempfile
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from judges.base import BACKEND_STAT_KEYS, Counters, stable_digest
+from judges.types import Completion, Messages
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
+_CACHE_FORMAT = 1
+
+
+class _Secret:
+    """Holds a credential; masked in repr/str, never pickled (unpickling re-reads the env)."""
+
+    __slots__ = ("_env", "_value")
+
+    def __init__(self, env: str | None):
+        self._env = env
+        self._value = os.environ.get(env) if env else None
+
+    def reveal(self) -> str | None:
+        return self._value
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+    def __repr__(self) -> str:
+        return f"_Secret(env={self._env!r}, value={'***' if self._value else None})"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Secret, (self._env,))
+
+
+@dataclass(frozen=True)
+class OpenAIConfig:
+    """Connection and sampling settings (no secrets: only the *name* of the key's env var).
+
+    ``extra_body`` is merged into every request body (e.g. vLLM's
+    ``{"chat_template_kwargs": {"enable_thinking": false}}``) and is part of the cache key.
+    """
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = "default"
+    api_key_env: str | None = "OPENAI_API_KEY"
+    max_concurrency: int = 8
+    timeout_s: float = 60.0
+    max_retries: int = 3
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 8.0
+    cache_dir: str | None = None
+    cache_sampled: bool = False
+    top_p: float | None = None
+    seed: int | None = None
+    top_logprobs: int = 10
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    jitter_seed: int | None = None
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any]) -> OpenAIConfig:
+        """Build from a config mapping; unknown keys are an error (typos must not pass)."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(cfg) - names)
+        if unknown:
+            raise ValueError(f"unknown OpenAI judge option(s): {', '.join(unknown)}")
+        values = dict(cfg)
+        if values.get("extra_body") is not None:
+            values["extra_body"] = dict(values["extra_body"])
+        return cls(**values)
+
+
+class DiskCache:
+    """One JSON file per key under ``root/ab/abcdef...json``; atomic writes (tmp + rename), so
+    concurrent runs sharing a cache never see half-written entries. Unreadable entries are
+    misses."""
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        try:
+            with open(self._path(key), encoding="utf-8") as f:
+                value = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, dict) and value.get("format") == _CACHE_FORMAT else None
+
+    def put(self, key: str, value: dict[str, Any]) -> None:
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({"format": _CACHE_FORMAT, **value}, f, ensure_ascii=False)
+            os.replace(tmp, path)
+        except OSError as e:  # a full disk must not stop training; the entry is just not cached
+            log.warning("judge cache write failed: %s", type(e).__name__)
+
+
+def run_sync(coro_factory: Any) -> Any:
+    """Run ``coro_factory()`` to completion from sync code, even inside a running loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro_factory())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as ex:
+        return ex.submit(lambda: asyncio.run(coro_factory())).result()
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """One finished request: the parsed body or why it failed."""
+
+    body: dict[str, Any] | None
+    error: str | None
+
+
+class OpenAIBackend:
+    """Chat completions over HTTP; implements ``complete`` and ``choice_probs`` (logprobs)."""
+
+    def __init__(self, config: OpenAIConfig | None = None, **overrides: Any):
+        cfg = config or OpenAIConfig()
+        if overrides:
+            cfg = OpenAIConfig.from_dict({**_asdict(cfg), **overrides})
+        if cfg.max_concurrency < 1 or cfg.max_retries < 0 or cfg.timeout_s <= 0:
+            raise ValueError("need max_concurrency >= 1, max_retries >= 0, timeout_s > 0")
+        self.config = cfg
+        self._key = _Secret(cfg.api_key_env)
+        if cfg.api_key_env and not self._key:
+            log.info("env var %s is not set: sending no Authorization header", cfg.api_key_env)
+        self._cache = DiskCache(cfg.cache_dir) if cfg.cache_dir else None
+        self._c = Counters(BACKEND_STAT_KEYS)
+        self._rng = random.Random(cfg.jitter_seed)
+        self._logprobs_ok = True  # flips off once the server shows it has no logprobs
+        self._url = cfg.base_url.rstrip("/") + "/chat/completions"
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"OpenAIBackend(base_url={c.base_url!r}, model={c.model!r}, "
+            f"max_concurrency={c.max_concurrency}, cache_dir={c.cache_dir!r})"
+        )
+
+    # --- public sync API ------------------------------------------------------------------
+
+    def complete(
+        self, batch: Sequence[Messages], max_tokens: int, temperature: float
+    ) -> list[Completion]:
+        """One completion per message list, same order; failures come back as ``error``."""
+        return run_sync(lambda: self.acomplete(batch, max_tokens, temperature))
+
+    def choice_probs(
+        self, batch: Sequence[Messages], choices: Sequence[str] = ("Yes", "No")
+    ) -> list[dict[str, float]]:
+        """P(next token is each choice), normalised over ``choices``, from ``top_logprobs``;
+        ``{}`` for an item without usable logprobs (the judge then parses text instead)."""
+        return run_sync(lambda: self.achoice_probs(batch, choices))
+
+    def stats(self) -> dict[str, int]:
+        return self._c.snapshot()
+
+    def close(self) -> None:
+        """Nothing persistent to release (clients live per batch); kept for the protocol."""
+
+    # --- async API ------------------------------------------------------------------------
+
+    async def acomplete(
+        self, batch: Sequence[Messages], max_tokens: int, temperature: float
+    ) -> list[Completion]:
+        payloads = [self._payload(m, max_tokens, temperature) for m in batch]
+        cacheable = temperature == 0 or self.config.seed is not None or self.config.cache_sampled
+        entries = await self._fetch(payloads, cacheable, _completion_entry)
+        return [
+            Completion(
+                text=e["text"],
+                prompt_tokens=e.get("prompt_tokens", 0),
+                completion_tokens=e.get("completion_tokens", 0),
+                cached=e.get("cached", False),
+            )
+            if "error" not in e
+            else Completion(text="", error=e["error"])
+            for e in entries
+        ]
+
+    async def achoice_probs(
+        self, batch: Sequence[Messages], choices: Sequence[str] = ("Yes", "No")
+    ) -> list[dict[str, float]]:
+        if not self._logprobs_ok:
+            self._c.inc("logprob_unsupported", len(batch))
+            return [{} for _ in batch]
+        payloads = [
+            {
+                **self._payload(m, 1, 0.0),
+                "logprobs": True,
+                "top_logprobs": self.config.top_logprobs,
+            }
+            for m in batch
+        ]
+        entries = await self._fetch(payloads, True, _logprob_entry)
+        out: list[dict[str, float]] = []
+        for e in entries:
+            probs = _choice_probs(e.get("top") or [], choices) if "error" not in e else {}
+            if not probs:
+                self._c.inc("logprob_unsupported")
+            out.append(probs)
+        # A server that answers without logprobs (or rejects the parameter with a 4xx) will keep
+        # doing so: stop paying for the extra request. Timeouts/5xx say nothing about support.
+        if entries and all(_no_logprobs(e) for e in entries):
+            log.info("judge server returned no logprobs: checks will parse text from now on")
+            self._logprobs_ok = False
+        return out
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _payload(self, messages: Messages, max_tokens: int, temperature: float) -> dict:
+        c = self.config
+        body: dict[str, Any] = {
+            "model": c.model,
+            "messages": [dict(m) for m in messages],
+            "max_tokens": int(max_tokens),
+            "temperature": float(temperature),
+        }
+        if c.top_p is not None:
+            body["top_p"] = float(c.top_p)
+        if c.seed is not None:
+            body["seed"] = int(c.seed)
+        body.update(c.extra_body)
+        return body
+
+    async def _fetch(
+        self, payloads: list[dict], cacheable: bool, to_entry: Any
+    ) -> list[dict[str, Any]]:
+        """Cache lookup, in-batch de-duplication, concurrent requests, cache fill.
+
+        ``to_entry(body)`` turns a response body into the cacheable entry (a JSON-able dict).
+        """
+        self._c.inc("backend_calls", len(payloads))
+        keys = [stable_digest(p) if cacheable else None for p in payloads]
+        entries: list[dict[str, Any] | None] = [None] * len(payloads)
+        todo: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            hit = self._cache.get(key) if (self._cache and key) else None
+            if hit is not None:
+                self._c.inc("cache_hits")
+                entries[i] = {**hit, "cached": True}
+            elif key is not None and key in todo:  # same request twice in this batch
+                self._c.inc("cache_hits")
+                todo[key].append(i)
+            else:
+                todo[key if key is not None else f"#{i}"] = [i]
+        if todo:
+            limits = httpx.Limits(max_connections=self.config.max_concurrency)
+            headers = {"Authorization": f"Bearer {self._key.reveal()}"} if self._key else {}
+            async with httpx.AsyncClient(
+                timeout=httpx.Timeout(self.config.timeout_s), limits=limits, headers=headers
+            ) as client:
+                sem = asyncio.Semaphore(self.config.max_concurrency)
+                replies = await asyncio.gather(
+                    *(self._request(client, sem, payloads[idx[0]], to_entry)
+                      for idx in todo.values())
+                )
+            for (key, idx), reply in zip(todo.items(), replies):
+                if reply.error is not None:
+                    entry: dict[str, Any] = {"error": reply.error}
+                else:
+                    entry = to_entry(reply.body)
+                    self._c.inc("prompt_tokens", entry.get("prompt_tokens", 0))
+                    self._c.inc("completion_tokens", entry.get("completion_tokens", 0))
+                    if self._cache and not key.startswith("#"):
+                        self._cache.put(key, entry)
+                for n, i in enumerate(idx):
+                    entries[i] = entry if n == 0 else {**entry, "cached": "error" not in entry}
+        return [e if e is not None else {"error": "internal: no reply"} for e in entries]
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        """Exponential backoff with 'equal jitter'; a server's Retry-After wins (capped)."""
+        c = self.config
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), c.backoff_max_s)
+        cap = min(c.backoff_max_s, c.backoff_base_s * (2 ** (attempt - 1)))
+        return cap / 2 + self._rng.uniform(0, cap / 2)
+
+    async def _request(
+        self,
+        client: httpx.AsyncClient,
+        sem: asyncio.Semaphore,
+        payload: dict,
+        to_entry: Any,
+    ) -> _Reply:
+        c = self.config
+        error = "no attempt"
+        retry_after: float | None = None
+        for attempt in range(c.max_retries + 1):
+            if attempt:
+                self._c.inc("retries")
+                await asyncio.sleep(self._backoff(attempt, retry_after))
+            retry_after = None
+            async with sem:  # hold a slot only while a request is in flight, not while backing off
+                self._c.inc("http_requests")
+                try:
+                    resp = await _with_deadline(client.post(self._url, json=payload), c.timeout_s)
+                except (httpx.TimeoutException, TimeoutError):
+                    self._c.inc("timeouts")
+                    error = "timeout"
+                    continue
+                except httpx.TransportError as e:
+                    self._c.inc("transport_errors")
+                    error = f"transport error ({type(e).__name__})"
+                    continue
+            if resp.status_code >= 300:
+                self._c.inc("http_errors")
+                error = f"HTTP {resp.status_code}"
+                if resp.status_code in _RETRYABLE_STATUS or resp.status_code >= 500:
+                    retry_after = _retry_after(resp)
+                    continue
+                break  # 4xx: the request itself is wrong; retrying cannot help
+            try:
+                body = resp.json()
+                to_entry(body)  # validates the shape we need
+            except (ValueError, KeyError, IndexError, TypeError):
+                self._c.inc("bad_responses")
+                error = "unreadable response body"
+                continue
+            return _Reply(body=body, error=None)
+        self._c.inc("failed_requests")
+        log.warning("judge request failed after %d attempt(s): %s", attempt + 1, error)
+        return _Reply(body=None, error=error)
+
+
+async def _with_deadline(aw: Awaitable[T], timeout_s: float) -> T:
+    """A total deadline per attempt (httpx timeouts are per phase: a trickling server could
+    otherwise hold a slot far longer than ``timeout_s``)."""
+    return await asyncio.wait_for(aw, timeout=timeout_s)
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    value = resp.headers.get("retry-after")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _usage(body: dict[str, Any]) -> tuple[int, int]:
+    usage = body.get("usage") or {}
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
+
+def _completion_entry(body: dict[str, Any]) -> dict[str, Any]:
+    """Cacheable entry of a chat completion; raises on a body without a message."""
+    message = body["choices"][0]["message"]
+    text = message.get("content") or ""
+    if not isinstance(text, str):
+        raise TypeError("content is not a string")
+    pt, ct = _usage(body)
+    return {"text": text, "prompt_tokens": pt, "completion_tokens": ct}
+
+
+def _logprob_entry(body: dict[str, Any]) -> dict[str, Any]:
+    """Cacheable entry of a 1-token logprob request: ``top`` = [[token, logprob], ...] of the
+    first generated position, or ``None`` when the server returned no logprobs."""
+    choice = body["choices"][0]
+    entry = _completion_entry(body)
+    lp = choice.get("logprobs")
+    top: list[list[Any]] | None = None
+    if isinstance(lp, dict):
+        content = lp.get("content")
+        if isinstance(content, list) and content:  # OpenAI chat format
+            first = content[0] or {}
+            cands = first.get("top_logprobs") or [first]
+            top = [
+                [str(t.get("token", "")), float(t.get("logprob", -math.inf))]
+                for t in cands
+                if isinstance(t, dict)
+            ]
+        elif isinstance(lp.get("top_logprobs"), list) and lp["top_logprobs"]:  # legacy format
+            first = lp["top_logprobs"][0] or {}
+            top = [[str(k), float(v)] for k, v in first.items()]
+    return {**entry, "top": top}
+
+
+def _no_logprobs(entry: dict[str, Any]) -> bool:
+    if "error" in entry:
+        return str(entry["error"]).startswith("HTTP 4")
+    return entry.get("top") is None
+
+
+def _choice_probs(top: Sequence[Sequence[Any]], choices: Sequence[str]) -> dict[str, float]:
+    """Sum the probability mass of tokens spelling each choice (case/space-insensitive)."""
+    mass = dict.fromkeys(choices, 0.0)
+    for token, logprob in top:
+        norm = str(token).strip().lower()
+        for ch in choices:
+            if norm and norm == ch.lower() and math.isfinite(float(logprob)):
+                mass[ch] += math.exp(float(logprob))
+    total = sum(mass.values())
+    return {ch: m / total for ch, m in mass.items()} if total > 0 else {}
+
+
+def _asdict(cfg: OpenAIConfig) -> dict[str, Any]:
+    return {f.name: getattr(cfg, f.name) for f in fields(cfg)}

@@ -1,0 +1,303 @@
+"""Robust parsing of judge outputs.
+
+Models wrap JSON in code fences, prepend reasoning (``<think>...</think>``), append chatter,
+use Python literals or near-miss keys. Each ``parse_*`` function is pure: it returns a value or
+raises ``ParseError`` whose message is short and specific, because it is sent back to the model
+in the re-ask turn ("missing key 'criteria_met'", "criterion 3 appears in no dimension").
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from judges.types import Dimension, Draft
+
+
+class ParseError(ValueError):
+    """Judge output could not be turned into a result; the message says why."""
+
+
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.DOTALL)
+# Bound the work spent on pathological outputs (a long text full of braces).
+_MAX_CANDIDATES = 64
+
+
+def strip_reasoning(text: str) -> str:
+    """Drop ``<think>`` blocks (reasoning models) and an unterminated trailing one."""
+    text = _THINK.sub("", text)
+    head, sep, _ = text.partition("<think>")
+    return head if sep else text
+
+
+def _balanced_end(text: str, start: int) -> int | None:
+    """Index just past the bracket closing the one at ``start`` (string-literal aware)."""
+    pairs = {"{": "}", "[": "]"}
+    stack: list[str] = []
+    quote: str | None = None
+    escaped = False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch in pairs:
+            stack.append(pairs[ch])
+        elif ch in "}]":
+            if not stack or stack.pop() != ch:
+                return None
+            if not stack:
+                return i + 1
+    return None
+
+
+def _loads_lenient(blob: str) -> Any:
+    """JSON, else a Python literal (single quotes, True/False/None), else ``ParseError``."""
+    try:
+        # strict=False: small models put raw newlines inside strings; that is still readable.
+        return json.loads(blob, strict=False)
+    except ValueError:
+        pass
+    try:
+        return ast.literal_eval(blob)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        raise ParseError("not valid JSON") from None
+
+
+def extract_json(text: str, kinds: tuple[type, ...] = (dict,)) -> Any:
+    """The first JSON value of one of ``kinds`` embedded in ``text``.
+
+    Fenced blocks are tried first, then every ``{``/``[`` position in order; trailing text after
+    the value is ignored.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ParseError("empty reply")
+    text = strip_reasoning(text)
+    sources = [m.group(1) for m in _FENCE.finditer(text)] + [text]
+    openers = ("{" if dict in kinds else "") + ("[" if list in kinds else "")
+    tried = 0
+    for src in sources:
+        for i, ch in enumerate(src):
+            if ch not in openers:
+                continue
+            end = _balanced_end(src, i)
+            if end is None:
+                continue
+            tried += 1
+            if tried > _MAX_CANDIDATES:
+                raise ParseError("no JSON object found")
+            try:
+                value = _loads_lenient(src[i:end])
+            except ParseError:
+                continue
+            if isinstance(value, dict) and dict in kinds:
+                return value
+            # A list only counts as an answer when it is a list of objects: prose such as
+            # "[1]" is valid JSON too and must not shadow the answer that follows it.
+            if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+                return value
+    raise ParseError("no JSON object found")
+
+
+def _get(obj: dict, keys: Sequence[str]) -> Any:
+    """The value of the first of ``keys`` present (case-insensitive), else ``ParseError``."""
+    lowered = {str(k).strip().lower(): v for k, v in obj.items()}
+    for k in keys:
+        if k in lowered:
+            return lowered[k]
+    raise ParseError(f"missing key {keys[0]!r}")
+
+
+_TRUE = {"true", "yes", "met", "y", "1", "equivalent", "correct"}
+_FALSE = {"false", "no", "not met", "n", "0", "not equivalent", "incorrect"}
+
+
+def as_bool(value: Any, key: str) -> bool:
+    """Strict-ish boolean: JSON booleans, 0/1 and yes/no-like strings; anything else is an error."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        v = value.strip().strip(".").lower()
+        if v in _TRUE:
+            return True
+        if v in _FALSE:
+            return False
+    raise ParseError(f"{key!r} must be true or false, got {value!r}")
+
+
+def parse_check(text: str) -> bool:
+    """HealthBench-style ``{"explanation", "criteria_met"}`` -> met."""
+    obj = extract_json(text)
+    return as_bool(_get(obj, ("criteria_met", "criterion_met", "met")), "criteria_met")
+
+
+_YESNO = re.compile(r"^\W*(yes|no)\b", re.IGNORECASE)
+
+
+def parse_yesno(text: str) -> bool:
+    """A one-word Yes/No answer (leading punctuation/whitespace allowed)."""
+    m = _YESNO.match(strip_reasoning(text or ""))
+    if not m:
+        raise ParseError("answer must start with Yes or No")
+    return m.group(1).lower() == "yes"
+
+
+_WINNER = {
+    "1": 1, "response 1": 1, "first": 1, "a": 1,
+    "2": 2, "response 2": 2, "second": 2, "b": 2,
+    "tie": 0, "0": 0, "equal": 0, "neither": 0, "both": 0, "none": 0, "draw": 0,
+}
+
+
+def parse_compare(text: str) -> int:
+    """``{"winner": "1"|"2"|"tie"}`` -> 1 or 2 (position shown) or 0 (tie)."""
+    obj = extract_json(text)
+    value = _get(obj, ("winner", "better", "preferred", "preference"))
+    if isinstance(value, bool) or value is None:
+        raise ParseError(f"'winner' must be \"1\", \"2\" or \"tie\", got {value!r}")
+    key = str(value).strip().strip(".").lower()
+    if isinstance(value, float) and value.is_integer():
+        key = str(int(value))
+    if key not in _WINNER:
+        raise ParseError(f"'winner' must be \"1\", \"2\" or \"tie\", got {value!r}")
+    return _WINNER[key]
+
+
+def _norm_title(title: str) -> str:
+    return " ".join(re.sub(r"[^\w\s]", " ", title.lower()).split())
+
+
+def parse_drafts(text: str, max_n: int) -> tuple[Draft, ...]:
+    """``{"rubrics": [{"title", "description"}, ...]}`` (or a bare list) -> drafts.
+
+    Entries without a title are dropped, duplicate titles merged, the list cut to ``max_n``.
+    An empty list is a valid answer (nothing worth a rubric); a list whose entries are all
+    unusable is an error.
+    """
+    obj = extract_json(text, kinds=(dict, list))
+    items = obj if isinstance(obj, list) else _get(obj, ("rubrics", "drafts", "criteria"))
+    if not isinstance(items, list):
+        raise ParseError("'rubrics' must be a list")
+    out: list[Draft] = []
+    seen: set[str] = set()
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        lowered = {str(k).strip().lower(): v for k, v in item.items()}
+        title, desc = lowered.get("title", lowered.get("name")), lowered.get("description", "")
+        if not isinstance(title, str) or not title.strip() or not isinstance(desc, str):
+            continue
+        key = _norm_title(title)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(Draft(title=title.strip(), description=desc.strip()))
+    if items and not out:
+        raise ParseError('each rubric needs a "title" and a "description" string')
+    return tuple(out[: max(0, max_n)])
+
+
+_ECHO = re.compile(r"^\s*(\d+)[.):]\s*(?:\(weight [^)]*\)\s*)?(.*)$", re.DOTALL)
+
+
+def _criterion_index(item: Any, criteria: Sequence[str], used: set[int]) -> int:
+    """An index from an int, a numeric string, an exact criterion text or {"index", "text"}."""
+    text = None
+    if isinstance(item, dict):
+        lowered = {str(k).strip().lower(): v for k, v in item.items()}
+        text = lowered.get("text", lowered.get("criterion"))
+        item = lowered.get("index", lowered.get("number", text))
+    if isinstance(item, bool):
+        raise ParseError(f"criterion reference must be a number, got {item!r}")
+    if isinstance(item, float) and item.is_integer():
+        item = int(item)
+    if isinstance(item, str) and re.fullmatch(r"\s*\d+\s*", item):
+        item = int(item)
+    elif isinstance(item, str) and (m := _ECHO.match(item)):
+        # The model echoed a listing line "3. (weight 5) <text>": keep the number, and the
+        # text must still be the original.
+        item, text = int(m.group(1)), m.group(2)
+    if isinstance(item, int):
+        if not 0 <= item < len(criteria):
+            raise ParseError(f"criterion number {item} is out of range 0..{len(criteria) - 1}")
+        if isinstance(text, str) and text.strip() != criteria[item].strip():
+            raise ParseError(f"criterion {item} text was rewritten; refer to criteria by number")
+        return item
+    if isinstance(item, str):
+        # Exact text is accepted (models sometimes quote criteria); anything else is a rewrite.
+        matches = [i for i, c in enumerate(criteria) if c.strip() == item.strip()]
+        for i in matches:
+            if i not in used:
+                return i
+        if matches:
+            return matches[0]
+        raise ParseError("a criterion text was rewritten; refer to criteria by number only")
+    raise ParseError(f"criterion reference must be a number, got {item!r}")
+
+
+def _failure_clause(value: Any) -> str | None:
+    if value is None or value is False:
+        return None
+    if not isinstance(value, str):
+        raise ParseError(f"'failure_clause' must be a string or null, got {value!r}")
+    v = value.strip()
+    return None if v.lower() in ("", "null", "none", "n/a") else v
+
+
+def parse_bundle(
+    text: str, criteria: Sequence[str], k_min: int = 2, k_max: int = 5
+) -> tuple[Dimension, ...]:
+    """``{"dimensions": [{"name", "criteria": [...], "failure_clause"}]}`` -> validated partition.
+
+    Valid means: ``k_min <= K <= k_max`` non-empty dimensions, every criterion index in exactly
+    one dimension, no index out of range, no criterion text rewritten.
+    """
+    obj = extract_json(text, kinds=(dict, list))
+    dims = obj if isinstance(obj, list) else _get(obj, ("dimensions", "bundles", "groups"))
+    if not isinstance(dims, list):
+        raise ParseError("'dimensions' must be a list")
+    if not k_min <= len(dims) <= k_max:
+        raise ParseError(f"need {k_min} to {k_max} dimensions, got {len(dims)}")
+    out: list[Dimension] = []
+    seen: dict[int, int] = {}
+    for j, dim in enumerate(dims):
+        if not isinstance(dim, dict):
+            raise ParseError("each dimension must be an object")
+        lowered = {str(k).strip().lower(): v for k, v in dim.items()}
+        name = lowered.get("name", lowered.get("title"))
+        name = name.strip() if isinstance(name, str) and name.strip() else f"dimension {j + 1}"
+        refs = lowered.get("criteria", lowered.get("indices", lowered.get("criterion_numbers")))
+        if not isinstance(refs, list) or not refs:
+            raise ParseError(f"dimension {name!r} needs a non-empty 'criteria' list")
+        indices: list[int] = []
+        for ref in refs:
+            i = _criterion_index(ref, criteria, set(seen))
+            if i in seen:
+                raise ParseError(f"criterion {i} appears in more than one dimension")
+            seen[i] = j
+            indices.append(i)
+        clause = _failure_clause(lowered.get("failure_clause", lowered.get("failure")))
+        out.append(Dimension(name=name, indices=tuple(indices), failure_clause=clause))
+    missing = [i for i in range(len(criteria)) if i not in seen]
+    if missing:
+        listed = ", ".join(map(str, missing))
+        raise ParseError(f"criteria {listed} appear in no dimension; each must appear once")
+    return tuple(out)
+
+
+def parse_equiv(text: str) -> bool:
+    """``{"explanation", "equivalent"}`` -> equivalent."""
+    obj = extract_json(text)
+    return as_bool(_get(obj, ("equivalent", "is_equivalent", "correct", "match")), "equivalent")

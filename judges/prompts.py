@@ -1,0 +1,214 @@
+"""All judge prompts, in one place, each with the JSON shape it expects and a version string.
+
+Bump a template's ``version`` whenever its wording or shape changes: the run folder records
+``PROMPT_VERSIONS`` so judgments from different prompt versions are never silently mixed (and
+the on-disk HTTP cache is keyed by the rendered messages, so a wording change is a cache miss).
+
+Templates are rendered with ``str.format``; the expected shape is substituted as ``{shape}`` so
+template texts need no brace escaping, and substituted values (trajectories full of braces) are
+never re-parsed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from judges.types import Draft, Messages
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """A system + user chat prompt with the JSON ``shape`` its answer must have."""
+
+    name: str
+    version: str
+    system: str
+    user: str
+    shape: str
+
+    def render(self, **values: str) -> Messages:
+        """Chat messages for this template; ``values`` fill the texts' fields."""
+        return [
+            {"role": "system", "content": self.system.format(shape=self.shape, **values)},
+            {"role": "user", "content": self.user.format(shape=self.shape, **values)},
+        ]
+
+
+CHECK = PromptTemplate(
+    name="check",
+    version="check-v1",
+    system=(
+        "You are a strict grader. You decide whether a response meets one rubric criterion. "
+        "Some criteria describe undesirable behaviour; for those, the criterion is met when the "
+        "behaviour IS present in the response. Judge only the criterion given, nothing else. "
+        "Reply with only a JSON object of this shape: {shape}"
+    ),
+    user=(
+        "# Conversation\n{context}\n\n"
+        "# Response to grade\n{response}\n\n"
+        "# Criterion\n{criterion}\n\n"
+        "Is the criterion met by the response? Reply with only the JSON object: {shape}"
+    ),
+    shape='{"explanation": "<one or two sentences>", "criteria_met": true or false}',
+)
+
+# Used with backends that expose next-token probabilities: the answer is one word.
+CHECK_YESNO = PromptTemplate(
+    name="check_yesno",
+    version="check_yesno-v1",
+    system=(
+        "You are a strict grader. You decide whether a response meets one rubric criterion. "
+        "Some criteria describe undesirable behaviour; for those, the criterion is met when the "
+        "behaviour IS present in the response. Answer with a single word: {shape}"
+    ),
+    user=(
+        "# Conversation\n{context}\n\n"
+        "# Response to grade\n{response}\n\n"
+        "# Criterion\n{criterion}\n\n"
+        "Is the criterion met by the response? Answer {shape}"
+    ),
+    shape="Yes or No",
+)
+
+COMPARE = PromptTemplate(
+    name="compare",
+    version="compare-v1",
+    system=(
+        "You compare two responses to the same task under one rubric. Judge only how well each "
+        "response satisfies the rubric, not its length or its position. If neither is better "
+        'under the rubric, answer "tie". Reply with only a JSON object of this shape: {shape}'
+    ),
+    user=(
+        "# Task\n{context}\n\n"
+        "# Rubric\n{rubric}\n\n"
+        "# Response 1\n{first}\n\n"
+        "# Response 2\n{second}\n\n"
+        "Which response better satisfies the rubric? Reply with only the JSON object: {shape}"
+    ),
+    shape='{"explanation": "<one or two sentences>", "winner": "1" or "2" or "tie"}',
+)
+
+INDUCE = PromptTemplate(
+    name="induce",
+    version="induce-v1",
+    system=(
+        "You write evaluation rubrics for a search agent that reasons in <think>, searches with "
+        "<search>, reads retrieved <information>, and answers in <answer>. You are shown three "
+        "trajectories for one question, ranked by outcome. Write rubrics that capture what the "
+        "BEST trajectory does well in its PROCESS and the others do not: how it plans, "
+        "formulates queries, uses evidence and decides to stop. A rubric must be a reusable "
+        "process criterion that applies to other questions; never state facts, entities or the "
+        "answer of this question. Reply with only a JSON object of this shape: {shape}"
+    ),
+    user=(
+        "# Question\n{question}\n\n"
+        "# Gold answer(s)\n{golds}\n\n"
+        "# Best trajectory (highest outcome score)\n{best}\n\n"
+        "# Hard negative (next best outcome)\n{hard_negative}\n\n"
+        "# Worst trajectory (lowest outcome score)\n{worst}\n\n"
+        "Write at most {max_drafts} process rubrics. Reply with only the JSON object: {shape}"
+    ),
+    shape=(
+        '{"rubrics": [{"title": "<short name>", '
+        '"description": "<one sentence: the process behaviour to reward>"}]}'
+    ),
+)
+
+CONSOLIDATE = PromptTemplate(
+    name="consolidate",
+    version="consolidate-v1",
+    system=(
+        "You maintain a library of evaluation rubrics for a search agent. You are given draft "
+        "rubrics written for different questions. Abstract the patterns that recur across "
+        "drafts into general, question-independent process rubrics; merge near-duplicates; drop "
+        "drafts that are specific to one question. Reply with only a JSON object of this "
+        "shape: {shape}"
+    ),
+    user=(
+        "# Draft rubrics\n{drafts}\n\n"
+        "Write at most {max_common} common rubrics. Reply with only the JSON object: {shape}"
+    ),
+    shape=(
+        '{"rubrics": [{"title": "<short name>", '
+        '"description": "<one sentence: the process behaviour to reward>"}]}'
+    ),
+)
+
+BUNDLE = PromptTemplate(
+    name="bundle",
+    version="bundle-v1",
+    system=(
+        "You organise a grading checklist into protocol dimensions. Group the numbered "
+        "criteria into between {k_min} and {k_max} dimensions; every criterion number must "
+        "appear in exactly one dimension. Refer to criteria by number only and never rewrite "
+        "them. For each dimension, optionally give a failure clause: a short description of a "
+        "behaviour that fails the whole dimension outright (e.g. 'delays emergency referral'), "
+        "or null. Reply with only a JSON object of this shape: {shape}"
+    ),
+    user=(
+        "# Prompt\n{prompt}\n\n"
+        "# Criteria (number, weight; negative weight = pitfall to avoid)\n{criteria}\n\n"
+        "Group the criteria into {k_min} to {k_max} dimensions. "
+        "Reply with only the JSON object: {shape}"
+    ),
+    shape=(
+        '{"dimensions": [{"name": "<short name>", "criteria": [<criterion numbers>], '
+        '"failure_clause": "<text>" or null}]}'
+    ),
+)
+
+EQUIV = PromptTemplate(
+    name="equivalent",
+    version="equivalent-v1",
+    system=(
+        "You decide whether a predicted answer to a question means the same as one of the gold "
+        "answers. Ignore differences in wording, formatting, articles and abbreviations; the "
+        "prediction must name the same entity, value or fact. A prediction that hedges between "
+        "several answers is not equivalent. Reply with only a JSON object of this shape: {shape}"
+    ),
+    user=(
+        "# Question\n{question}\n\n"
+        "# Gold answer(s)\n{golds}\n\n"
+        "# Predicted answer\n{prediction}\n\n"
+        "Does the prediction mean one of the gold answers? Reply with only the JSON object: "
+        "{shape}"
+    ),
+    shape='{"explanation": "<one sentence>", "equivalent": true or false}',
+)
+
+# Appended after an unparseable answer; it carries the parser's complaint so the model can fix
+# exactly that (wrong key, missing index...) instead of guessing.
+REASK = PromptTemplate(
+    name="reask",
+    version="reask-v1",
+    system="",
+    user=(
+        "Your reply could not be used: {error}. Reply again with only a JSON object of this "
+        "shape, with no other text: {shape}"
+    ),
+    shape="",
+)
+
+TEMPLATES: dict[str, PromptTemplate] = {
+    t.name: t for t in (CHECK, CHECK_YESNO, COMPARE, INDUCE, CONSOLIDATE, BUNDLE, EQUIV, REASK)
+}
+
+PROMPT_VERSIONS: dict[str, str] = {name: t.version for name, t in TEMPLATES.items()}
+
+
+def reask_message(error: str, shape: str) -> dict[str, str]:
+    """The user turn that asks again after an unparseable answer."""
+    return {"role": "user", "content": REASK.user.format(error=error, shape=shape)}
+
+
+def render_bundle(prompt: str, criteria: tuple[str, ...], weights: tuple[float, ...],
+                  k_min: int, k_max: int) -> Messages:
+    """Bundle prompt with numbered criteria (numbers are the 0-based checklist indices)."""
+    rows = enumerate(zip(criteria, weights))
+    listing = "\n".join(f"{i}. (weight {w:g}) {c}" for i, (c, w) in rows)
+    return BUNDLE.render(prompt=prompt, criteria=listing, k_min=str(k_min), k_max=str(k_max))
+
+
+def render_drafts(drafts: tuple[Draft, ...]) -> str:
+    """Numbered draft listing for the consolidation prompt."""
+    return "\n".join(f"{i + 1}. {d.title}: {d.description}" for i, d in enumerate(drafts))

@@ -1,0 +1,200 @@
+"""Request and result values of the judge protocol.
+
+Every judge operation is batched: a list of requests in, a list of results out, in the same
+order. Requests and results are frozen dataclasses (hashable, safe to keep in the host-side
+immutable rubric memory and to log).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A rubric: a title and a description of a *process* criterion (not a fact).
+
+    ``feature`` is the identity of a rule-judge process feature (e.g. ``"max_searches:2"``)
+    when the rubric was induced by the rule judge; ``None`` for free-text (LLM) rubrics.
+    Consolidation merges rule drafts by this identity.
+    """
+
+    title: str
+    description: str
+    feature: str | None = None
+
+    def text(self) -> str:
+        """The rubric as one line, as shown to a judge."""
+        return f"{self.title}: {self.description}" if self.description else self.title
+
+
+def as_draft(rubric: Draft | str) -> Draft:
+    """Accept a plain string wherever a rubric is expected (title only)."""
+    return rubric if isinstance(rubric, Draft) else Draft(title=str(rubric), description="")
+
+
+# --- criterion check ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckRequest:
+    """Does ``response`` (to ``context``) meet ``criterion``?
+
+    For a pitfall criterion (negative weight), "met" means the undesirable behaviour is present;
+    the sign is applied by the aggregator, not by the judge.
+    """
+
+    context: str
+    response: str
+    criterion: str
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """``prob`` is P(met): a logprob-derived probability where the backend has one, else 1.0 or
+    0.0. ``fallback`` marks a defined fallback (not met, prob 0.5) after unparseable output."""
+
+    met: bool
+    prob: float
+    fallback: bool = False
+
+
+# --- pairwise comparison --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairRequest:
+    """Which of two trajectories ``a``/``b`` (answers to ``context``) better satisfies ``rubric``?
+
+    ``seed`` fixes the presentation-order coin for this pair; when ``None`` the coin is derived
+    from the judge's seed and the request's content (so a repeat is a cache hit).
+    """
+
+    context: str
+    a: str
+    b: str
+    rubric: Draft | str
+    seed: int | None = None
+
+
+TIE = -1
+
+
+@dataclass(frozen=True)
+class PairResult:
+    """``winner``: 0 = a, 1 = b, -1 (``TIE``) = tie. ``prob_a`` = P(a better), 0.5 on a tie.
+
+    ``a_shown_first`` reports the randomised presentation order (position-bias bookkeeping).
+    ``tie_break`` is a seeded coin (0 or 1) set on ties only, for consumers that need a strict
+    preference (e.g. Bradley-Terry); win-rate consumers should count the tie as 0.5.
+    """
+
+    winner: int
+    prob_a: float
+    a_shown_first: bool
+    fallback: bool = False
+    tie_break: int | None = None
+
+
+# --- rubric induction and consolidation -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InduceRequest:
+    """Contrastive triplet of one query group: best, hard negative (may be ``None`` when the group
+    has none distinct from the best) and worst trajectory, plus the gold answers."""
+
+    question: str
+    best: str
+    hard_negative: str | None
+    worst: str
+    golds: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ConsolidateRequest:
+    """K query-local drafts to abstract into cross-query common rubric(s)."""
+
+    drafts: tuple[Draft, ...]
+
+
+# --- ProRubric bundling ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BundleRequest:
+    """A checklist (criterion texts with weights; negative weight = pitfall) of one prompt."""
+
+    prompt: str
+    criteria: tuple[str, ...]
+    weights: tuple[float, ...]
+
+
+class Dimension(NamedTuple):
+    """A protocol dimension: criterion indices into the checklist and an optional failure clause
+    ("delays emergency referral") that fails the dimension outright."""
+
+    name: str
+    indices: tuple[int, ...]
+    failure_clause: str | None
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A partition of a checklist into 2..5 dimensions; every index in exactly one dimension.
+
+    On failure (unparseable or invalid after re-asks) ``dimensions`` is empty and ``error`` says
+    why; the caller decides what to do with that prompt (e.g. fall back to the additive sum).
+    """
+
+    dimensions: tuple[Dimension, ...]
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+# --- answer equivalence ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EquivRequest:
+    """Does ``prediction`` mean one of the ``golds`` (LLM-judge accuracy)?"""
+
+    question: str
+    prediction: str
+    golds: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EquivResult:
+    """``fallback`` marks the defined fallback: normalised cover-exact-match, not a judgment."""
+
+    equivalent: bool
+    prob: float
+    fallback: bool = False
+
+
+# --- backend seam ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One chat completion from a backend.
+
+    ``error`` is set (and ``text`` empty) when the backend gave up on this request (retries
+    exhausted); the judge then goes straight to its fallback. ``cached`` marks a cache hit.
+    """
+
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+    cached: bool = False
+
+
+Message = dict[str, str]
+Messages = list[Message]
+

@@ -1,0 +1,122 @@
+"""Retirement statistics of common rubrics (SPEC 3.4).
+
+One *activation* of a common rubric ``r`` is one batch in which it is active; it scores every
+group of the batch (scores ``s`` in [0, 1], outcomes ``y`` = F1 or -1). Per activation::
+
+    v = mean over groups g of Var_g(s)          (population variance; groups of >= 2 members
+                                                 with finite scores only)
+    n_r <- 0        if v >= delta_v             (it still discriminates)
+    n_r <- n_r + 1  if v <  delta_v             (consecutive low-variance activations)
+    rho_r <- Pearson over ALL pairs of all activations so far (running sums, see state.py)
+
+Pairs added to ``rho_r`` (``MemoryConfig.rho_within_group``): by default the within-group
+centred pairs ``(s_i - mean_g s, y_i - mean_g y)`` of groups whose outcome varies; otherwise the
+raw pairs of every group. An activation that adds pairs is *informative*.
+
+Retire ``r`` when, after an activation::
+
+    n_r > retire_k                                            -> "mastered"
+    rho_r < rho_min and informative activations >= m          -> "drifted"
+
+with ``m = MemoryConfig.min_drift_activations``: ``rho_r`` of a rubric with few informative
+activations is noise (and 0 by definition before the first), so it is not judged before then.
+"Mastered" is checked first. An activation with no usable group (all groups too small or with
+NaN scores) changes nothing but ``uses`` (counted by selection).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from memory.events import Event, Retired
+from memory.state import MIN_GROUP_SIZE, VAR_EPS, CommonRubric, MemoryConfig, RubricMemory
+
+
+@dataclass(frozen=True)
+class GroupScores:
+    """One group's scores under a rubric and its outcomes (same length)."""
+
+    scores: tuple[float, ...]
+    outcome: tuple[float, ...]
+
+
+def _usable(g: GroupScores) -> bool:
+    return (
+        len(g.scores) == len(g.outcome) >= MIN_GROUP_SIZE
+        and bool(np.all(np.isfinite(g.scores)))
+        and bool(np.all(np.isfinite(g.outcome)))
+    )
+
+
+def activation_variance(groups: Sequence[GroupScores]) -> float | None:
+    """Mean within-group population variance of the usable groups; None if there are none."""
+    vs = [float(np.var(np.asarray(g.scores, dtype=np.float64))) for g in groups if _usable(g)]
+    return float(np.mean(vs)) if vs else None
+
+
+def update_stats(rubric: CommonRubric, groups: Sequence[GroupScores],
+                 cfg: MemoryConfig) -> CommonRubric:
+    """The rubric after one activation (``n_r``, running correlation sums, history)."""
+    v = activation_variance(groups)
+    if v is None:
+        return rubric
+    n_low = 0 if v >= cfg.delta_v else rubric.n_low_var + 1
+    corr = rubric.corr
+    informative = False
+    for g in groups:
+        if not _usable(g):
+            continue
+        s = np.asarray(g.scores, dtype=np.float64)
+        y = np.asarray(g.outcome, dtype=np.float64)
+        if cfg.rho_within_group:
+            if float(np.var(y)) <= VAR_EPS:
+                continue  # no information about direction in an outcome-homogeneous group
+            s, y = s - s.mean(), y - y.mean()
+        corr = corr.add(s.tolist(), y.tolist())
+        informative = True
+    hist = rubric.rho_history
+    if cfg.rho_history_len > 0:
+        hist = (hist + (corr.rho,))[-cfg.rho_history_len:]
+    return replace(
+        rubric,
+        n_low_var=n_low,
+        corr=corr,
+        rho_activations=rubric.rho_activations + int(informative),
+        rho_history=hist,
+    )
+
+
+def retirement_reason(rubric: CommonRubric, cfg: MemoryConfig) -> str | None:
+    """"mastered", "drifted" or None (see module docstring)."""
+    if rubric.n_low_var > cfg.retire_k:
+        return "mastered"
+    if rubric.rho_activations >= cfg.min_drift_activations and rubric.rho < cfg.rho_min:
+        return "drifted"
+    return None
+
+
+def apply_activation(
+    memory: RubricMemory,
+    rubric_id: str,
+    groups: Sequence[GroupScores],
+    cfg: MemoryConfig,
+    step: int,
+) -> tuple[RubricMemory, tuple[Event, ...]]:
+    """Update ``rubric_id`` with one activation and retire it if a rule fires: it then moves
+    from ``P`` to ``retired`` with ``retired_step`` / ``retired_reason`` set."""
+    rubric = update_stats(memory.common(rubric_id), groups, cfg)
+    reason = retirement_reason(rubric, cfg)
+    if reason is None:
+        return memory.with_common(rubric), ()
+    gone = replace(rubric, retired_step=step, retired_reason=reason)
+    new = replace(
+        memory,
+        commons=tuple(c for c in memory.commons if c.id != rubric_id),
+        retired=memory.retired + (gone,),
+    )
+    event = Retired(step=step, common_id=rubric_id, reason=reason, n_low_var=rubric.n_low_var,
+                    rho=rubric.rho, uses=rubric.uses)
+    return new, (event,)

@@ -1,0 +1,439 @@
+"""The per-batch ARBOR step: rubric rewards from memory, and the memory update (SPEC 3).
+
+``arbor_reward_step(memory, groups, judge, cfg, step=, seed=)`` is ONE pure host function (the
+judge is the only effectful collaborator, and only through its batched calls):
+
+1. **Activate** two common rubrics (``selection.select_active``).
+2. **Score** every group of size >= 2 under each active rubric on its sparse comparison graph
+   (``pairwise``): ``O(G)`` pairs per rubric per group, all in one batched ``judge.compare``.
+3. **Reward**: per group, ``s~ = mean over active rubrics of (s - mean_G s)`` and
+   ``R_total = R_base + lambda * s~``. A rubric whose scores on a group contain NaN (malformed
+   judge output) is left out of that group's mean; with no usable rubric ``s~ = 0``.
+4. **Retirement** statistics: one activation per active rubric with every group's
+   ``(s, R_base)`` (``retirement.apply_activation``).
+5. **Induce** drafts from each group's contrastive triplet (one batched ``judge.induce``).
+   Outcome-homogeneous groups are skipped when ``rho_min > 0``: Pearson with a constant
+   outcome is 0 by definition, so no draft of theirs could pass admission.
+6. **Admit**: each draft is scored on its own group. Our choice (``admission_scoring="check"``)
+   is one ``judge.check`` per trajectory with ``s_i = P(met)``: an absolute per-trajectory
+   score, ``G`` calls per draft, batched; ``"pairwise"`` uses win rates on the group's graph
+   instead. Then the variance and correlation gates (``admission``).
+7. **Consolidate** when ``|D| >= K`` (``consolidation``).
+
+Ablation "w/o memory" (``use_common_pool=False``): steps 1, 4 and 7 are skipped, steps 5-6 run
+first, and each group is scored (step 2) by its own admitted drafts, at most two, highest
+admission ``rho`` first; nothing is kept in the memory across steps (ids still advance).
+
+Bad inputs have defined outcomes, counted in ``metrics``: groups of size < 2 get ``s~ = 0`` and
+no induction (``groups_too_small``); an induction that returns no drafts (``induce_empty``);
+drafts with blank text (rejected ``empty_text``, never scored); non-finite scores (rejected
+``nan_scores`` at admission, ``nan_score_groups`` at scoring). Non-finite ``R_base`` or
+mismatched lengths are caller errors (``ValueError``). Ragged groups are padded with NaN in
+the ``[N, G_max]`` outputs (the trainer passes equal sizes).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from judges.types import CheckRequest, CheckResult, Draft, InduceRequest
+from memory.admission import Candidate, admit, is_empty
+from memory.consolidation import consolidate
+from memory.embed import Embedder, get_embedder
+from memory.events import REJECT_REASONS, RETIRE_REASONS, Event
+from memory.pairwise import GRAPHS, build_pair_requests, centre, edge_wins, group_scores, mix_seed
+from memory.retirement import GroupScores, apply_activation
+from memory.selection import select_active
+from memory.state import MIN_GROUP_SIZE, N_ACTIVE, MemoryConfig, RubricMemory
+from memory.triplet import select_triplet
+
+HOMOGENEOUS_TOL = 1e-6  # as rl.group_stats: a group is homogeneous when std_G <= 1e-6
+
+
+@dataclass(frozen=True)
+class GroupInput:
+    """One query group of the batch.
+
+    Attributes:
+        qid: query id (recorded as the source of its drafts).
+        question, golds: the question and gold aliases (shown to the judge).
+        texts: the G trajectory response texts (Search-R1 format, no prompt).
+        r_base: outcome reward per member: F1 if the format is valid, else -1.
+        valid: format validity per member (default ``r_base >= 0``).
+        lengths: response lengths, e.g. generated tokens (default: characters of the text).
+    """
+
+    qid: str
+    question: str
+    golds: tuple[str, ...]
+    texts: tuple[str, ...]
+    r_base: tuple[float, ...]
+    valid: tuple[bool, ...] | None = None
+    lengths: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        # Normalise to tuples of Python scalars so the value is immutable and hashable.
+        set_ = object.__setattr__
+        set_(self, "golds", (self.golds,) if isinstance(self.golds, str)
+             else tuple(str(g) for g in self.golds))
+        set_(self, "texts", tuple(str(t) for t in self.texts))
+        set_(self, "r_base", tuple(float(x) for x in self.r_base))
+        n = len(self.texts)
+        if len(self.r_base) != n:
+            raise ValueError(f"group {self.qid!r}: {n} texts but {len(self.r_base)} rewards")
+        if not all(math.isfinite(x) for x in self.r_base):
+            raise ValueError(f"group {self.qid!r}: non-finite R_base")
+        valid = self.valid if self.valid is not None else [x >= 0 for x in self.r_base]
+        lengths = self.lengths if self.lengths is not None else [len(t) for t in self.texts]
+        set_(self, "valid", tuple(bool(v) for v in valid))
+        set_(self, "lengths", tuple(int(x) for x in lengths))
+        if len(self.valid) != n or len(self.lengths) != n:  # type: ignore[arg-type]
+            raise ValueError(f"group {self.qid!r}: valid/lengths do not match {n} texts")
+
+    @property
+    def size(self) -> int:
+        return len(self.texts)
+
+
+@dataclass(frozen=True)
+class RubricScores:
+    """Rubric scores of the batch.
+
+    ``combined`` [N, G]: the ``s~`` that enters the reward. ``raw`` / ``centred`` [S, N, G]:
+    per active slot (S = 2), NaN where the slot did not score the group. ``rubric_ids[s][n]``:
+    the rubric (common id, or draft id in "w/o memory") of slot s on group n ("" = none).
+    """
+
+    combined: np.ndarray
+    raw: np.ndarray
+    centred: np.ndarray
+    rubric_ids: tuple[tuple[str, ...], ...]
+
+
+class StepOutput(NamedTuple):
+    memory: RubricMemory
+    total_rewards: np.ndarray
+    rubric_scores: RubricScores
+    events: tuple[Event, ...]
+    metrics: dict[str, float]
+
+
+@dataclass
+class _Tally:
+    """Local counters of one step (never escapes the function)."""
+
+    c: Counter = field(default_factory=Counter)
+
+    def add(self, key: str, n: float = 1) -> None:
+        self.c[key] += n
+
+
+class _LazyEmbedder:
+    """Resolves the configured embedder only if consolidation actually needs an embedding."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._e: Embedder | None = None
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if self._e is None:
+            self._e = get_embedder(self.name)
+        return self._e.embed(texts)
+
+
+def _score_items(
+    items: Sequence[tuple[int, str, Draft]],
+    groups: Sequence[GroupInput],
+    judge: Any,
+    cfg: MemoryConfig,
+    step: int,
+    seed: int,
+    tally: _Tally,
+) -> list[np.ndarray]:
+    """Pairwise scores in [0, 1] of each ``(group index, rubric id, rubric)`` item; one batched
+    ``judge.compare`` for all of them."""
+    graph = GRAPHS.get(cfg.graph)
+    plans = []
+    reqs = []
+    for n, rid, rubric in items:
+        g = groups[n]
+        edges = graph(g.size, mix_seed(seed, step, "graph", g.qid, n, rid))
+        rs, flips = build_pair_requests(g.question, g.texts, rubric, edges,
+                                        mix_seed(seed, step, "pairs", g.qid, n, rid))
+        plans.append((g.size, edges, flips, len(reqs), len(rs)))
+        reqs.extend(rs)
+    results = list(judge.compare(reqs)) if reqs else []
+    tally.add("judge_calls_compare", len(reqs))
+    results += [None] * (len(reqs) - len(results))  # a short answer: malformed -> NaN
+    out = []
+    for size, edges, flips, start, count in plans:
+        wins = edge_wins(results[start:start + count], flips)
+        out.append(group_scores(size, edges, wins, cfg.score_mode, cfg.bt_iters, cfg.bt_prior))
+    return out
+
+
+def _check_scores(
+    cands: Sequence[tuple[int, Draft]], groups: Sequence[GroupInput], judge: Any, tally: _Tally
+) -> list[np.ndarray]:
+    """``s_i = P(met)`` of each ``(group index, draft)`` on every member; one batched call."""
+    reqs = [
+        CheckRequest(context=groups[n].question, response=t, criterion=d.text())
+        for n, d in cands for t in groups[n].texts
+    ]
+    results = list(judge.check(reqs)) if reqs else []
+    tally.add("judge_calls_check", len(reqs))
+    results += [None] * (len(reqs) - len(results))
+    out, k = [], 0
+    for n, _d in cands:
+        s = np.full(groups[n].size, np.nan)
+        for i in range(groups[n].size):
+            r = results[k]
+            k += 1
+            if isinstance(r, CheckResult):
+                s[i] = float(r.prob)
+                tally.add("check_fallbacks", int(bool(r.fallback)))
+        out.append(s)
+    return out
+
+
+def _induce_and_admit(
+    memory: RubricMemory,
+    groups: Sequence[GroupInput],
+    judge: Any,
+    cfg: MemoryConfig,
+    step: int,
+    seed: int,
+    tally: _Tally,
+) -> tuple[RubricMemory, list[list[Any]], tuple[Event, ...]]:
+    """Steps 5-6. Returns the memory, the admitted ``DraftRubric`` values per group, events."""
+    todo: list[int] = []
+    reqs: list[InduceRequest] = []
+    for n, g in enumerate(groups):
+        trip = select_triplet(g.r_base, g.valid, g.lengths, cfg.tie_break)
+        if trip is None:
+            continue
+        tally.add("tied_triplets", int(trip.tied))
+        if trip.tied and cfg.rho_min > 0:
+            tally.add("induce_skipped_tied")
+            continue
+        todo.append(n)
+        reqs.append(InduceRequest(
+            question=g.question,
+            best=g.texts[trip.best],
+            hard_negative=None if trip.hard is None else g.texts[trip.hard],
+            worst=g.texts[trip.worst],
+            golds=g.golds,
+        ))
+    drafts_out = list(judge.induce(reqs)) if reqs else []
+    tally.add("judge_calls_induce", len(reqs))
+    drafts_out += [()] * (len(reqs) - len(drafts_out))
+
+    # (group, draft) pairs to score; blank drafts are rejected without a judge call.
+    pending: list[tuple[int, Draft]] = []
+    for n, out in zip(todo, drafts_out):
+        ds = [d for d in (out or ()) if isinstance(d, Draft)]
+        if not ds:
+            tally.add("induce_empty")
+        tally.add("drafts_induced", len(ds))
+        pending.extend((n, d) for d in ds)
+    score_idx = [k for k, (_n, d) in enumerate(pending) if not is_empty(d)]
+    to_score = [pending[k] for k in score_idx]
+    if cfg.admission_scoring == "check":
+        scored = _check_scores(to_score, groups, judge, tally)
+    else:
+        items = [(n, f"admit:{k}", d) for k, (n, d) in enumerate(to_score)]
+        scored = _score_items(items, groups, judge, cfg, step, seed, tally)
+    scores_of = dict(zip(score_idx, scored))
+
+    cands = []
+    for k, (n, d) in enumerate(pending):
+        s = scores_of.get(k)
+        cands.append(Candidate(qid=groups[n].qid, draft=d,
+                               scores=None if s is None else tuple(float(x) for x in s),
+                               outcome=groups[n].r_base))
+    memory, admitted, events = admit(memory, cands, cfg, step, keep=cfg.use_common_pool)
+    # ``admit`` emits one event per candidate, in order; admitted drafts come back in order.
+    per_group: list[list[Any]] = [[] for _ in groups]
+    admitted_iter = iter(admitted)
+    for (n, _d), ev in zip(pending, events):
+        if ev.kind == "admitted":
+            per_group[n].append(next(admitted_iter))
+    return memory, per_group, events
+
+
+def _homogeneous(x: np.ndarray) -> bool:
+    return x.size == 0 or float(np.std(x)) <= HOMOGENEOUS_TOL
+
+
+def arbor_reward_step(
+    memory: RubricMemory,
+    groups: Sequence[GroupInput],
+    judge: Any,
+    cfg: MemoryConfig,
+    *,
+    step: int,
+    seed: int,
+    embedder: Embedder | None = None,
+) -> StepOutput:
+    """One ARBOR step over a batch of ``N`` groups (see the module docstring).
+
+    Args:
+        memory: the rubric memory before this step (not modified).
+        groups: the batch's query groups (``GroupInput``).
+        judge: any object with the batched judge protocol (``judges.base.Judge``).
+        cfg: ``MemoryConfig``.
+        step: training step (recorded in events and rubric statistics).
+        seed: run seed; with ``step`` it seeds the comparison graphs and presentation coins.
+        embedder: sentence embedder for merging; default ``get_embedder(cfg.embedder)``,
+            loaded only if needed.
+
+    Returns:
+        ``StepOutput(memory, total_rewards [N, G], rubric_scores, events, metrics)`` with
+        ``total_rewards = R_base + cfg.rubric_lambda * rubric_scores.combined``.
+    """
+    groups = list(groups)
+    n_groups = len(groups)
+    gmax = max((g.size for g in groups), default=0)
+    tally = _Tally()
+    events: list[Event] = []
+    stats_before = judge.stats() if hasattr(judge, "stats") else {}
+
+    r_base = np.full((n_groups, gmax), np.nan)
+    for n, g in enumerate(groups):
+        r_base[n, :g.size] = g.r_base
+        tally.add("groups_too_small", int(g.size < MIN_GROUP_SIZE))
+
+    # 1-2: which rubric scores which group, per slot.
+    slot_items: list[list[tuple[int, str, Draft]]] = [[] for _ in range(N_ACTIVE)]
+    active_ids: tuple[str, ...] = ()
+    if cfg.use_common_pool:
+        memory, active_ids, ev = select_active(memory, step)
+        events.extend(ev)
+        for s, rid in enumerate(active_ids):
+            rubric = memory.common(rid).draft
+            slot_items[s] = [(n, rid, rubric) for n, g in enumerate(groups)
+                             if g.size >= MIN_GROUP_SIZE]
+    else:
+        memory, admitted, ev = _induce_and_admit(memory, groups, judge, cfg, step, seed, tally)
+        events.extend(ev)
+        for n, ds in enumerate(admitted):
+            best = sorted(range(len(ds)), key=lambda k: (-ds[k].rho, k))[:N_ACTIVE]
+            for s, k in enumerate(best):
+                slot_items[s].append((n, ds[k].id, ds[k].draft))
+
+    flat = [it for items in slot_items for it in items]
+    flat_scores = _score_items(flat, groups, judge, cfg, step, seed, tally)
+    raw = np.full((N_ACTIVE, n_groups, gmax), np.nan)
+    cen = np.full((N_ACTIVE, n_groups, gmax), np.nan)
+    ids = [[""] * n_groups for _ in range(N_ACTIVE)]
+    k = 0
+    for s, items in enumerate(slot_items):
+        for n, rid, _d in items:
+            sc = flat_scores[k]
+            k += 1
+            size = groups[n].size
+            raw[s, n, :size] = sc
+            ids[s][n] = rid
+            if np.all(np.isfinite(sc)):
+                cen[s, n, :size] = centre(sc)
+            else:
+                tally.add("nan_score_groups")
+
+    # 3: s~ and the total reward.
+    combined = np.full((n_groups, gmax), np.nan)
+    for n, g in enumerate(groups):
+        usable = [cen[s, n, :g.size] for s in range(N_ACTIVE)
+                  if np.all(np.isfinite(cen[s, n, :g.size]))]
+        combined[n, :g.size] = np.mean(usable, axis=0) if usable else 0.0
+    total = r_base + cfg.rubric_lambda * combined
+
+    # 4: retirement statistics, one activation per active rubric.
+    if cfg.use_common_pool:
+        for s, rid in enumerate(active_ids):
+            acts = [GroupScores(scores=tuple(float(x) for x in raw[s, n, :groups[n].size]),
+                                outcome=groups[n].r_base)
+                    for n, _rid, _d in slot_items[s]]
+            memory, ev = apply_activation(memory, rid, acts, cfg, step)
+            events.extend(ev)
+
+        # 5-6: induction and admission into D.
+        memory, _admitted, ev = _induce_and_admit(memory, groups, judge, cfg, step, seed, tally)
+        events.extend(ev)
+
+        # 7: consolidation.
+        memory, ev, cstats = consolidate(
+            memory, judge, embedder or _LazyEmbedder(cfg.embedder), cfg, step
+        )
+        events.extend(ev)
+        tally.add("judge_calls_consolidate", cstats.requests)
+        tally.add("consolidation_empty", cstats.empty_results + cstats.empty_text)
+
+    metrics = _metrics(memory, groups, total, events, tally, len(active_ids), judge, stats_before)
+    rubric_scores = RubricScores(combined=combined, raw=raw, centred=cen,
+                                 rubric_ids=tuple(tuple(x) for x in ids))
+    return StepOutput(memory, total, rubric_scores, tuple(events), metrics)
+
+
+def conversion_metrics(
+    groups: Sequence[GroupInput], total: np.ndarray, prefix: str = ""
+) -> dict[str, float]:
+    """Outcome-homogeneous fraction before (``R_base``) and after (``R_total``) the rubric term,
+    and the fraction of outcome-homogeneous groups it converted to nonzero variance. Same
+    definitions as ``rl.group_stats`` (population std <= 1e-6), per group over its real
+    members, so ragged batches work too."""
+    before = [_homogeneous(np.asarray(g.r_base)) for g in groups]
+    after = [_homogeneous(total[n, :g.size]) for n, g in enumerate(groups)]
+    n = max(len(groups), 1)
+    converted = sum(b and not a for b, a in zip(before, after))
+    return {
+        f"{prefix}homogeneous_frac_before": sum(before) / n,
+        f"{prefix}homogeneous_frac_after": sum(after) / n,
+        f"{prefix}converted_frac": converted / max(sum(before), 1),
+    }
+
+
+def _metrics(
+    memory: RubricMemory,
+    groups: Sequence[GroupInput],
+    total: np.ndarray,
+    events: Sequence[Event],
+    tally: _Tally,
+    n_active: int,
+    judge: Any,
+    stats_before: dict[str, int],
+) -> dict[str, float]:
+    """Flat ``memory/*`` metrics of one step."""
+    kinds = Counter(e.kind for e in events)
+    rejected = Counter(getattr(e, "reason", "") for e in events if e.kind == "rejected")
+    retired = Counter(getattr(e, "reason", "") for e in events if e.kind == "retired")
+    c = tally.c
+    m: dict[str, float] = {
+        "memory/drafts": len(memory.drafts),
+        "memory/commons": len(memory.commons),
+        "memory/retired_total": len(memory.retired),
+        "memory/active": n_active,
+        "memory/admitted": kinds["admitted"],
+        "memory/rejected": kinds["rejected"],
+        **{f"memory/rejected_{r}": rejected[r] for r in REJECT_REASONS},
+        "memory/consolidations": kinds["consolidated"],
+        "memory/merges": kinds["merged"],
+        "memory/retirements": kinds["retired"],
+        **{f"memory/retired_{r}": retired[r] for r in RETIRE_REASONS},
+    }
+    for key in ("groups_too_small", "induce_empty", "induce_skipped_tied", "tied_triplets",
+                "drafts_induced", "nan_score_groups", "check_fallbacks", "consolidation_empty"):
+        m[f"memory/{key}"] = c[key]
+    calls = {op: c[f"judge_calls_{op}"] for op in ("compare", "check", "induce", "consolidate")}
+    m.update({f"memory/judge_calls_{op}": v for op, v in calls.items()})
+    m["memory/judge_calls"] = sum(calls.values())
+    after = judge.stats() if hasattr(judge, "stats") else {}
+    m["memory/judge_fallbacks"] = after.get("fallbacks", 0) - stats_before.get("fallbacks", 0)
+
+    m.update(conversion_metrics(groups, total, "memory/"))
+    return {k: float(v) for k, v in m.items()}

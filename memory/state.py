@@ -1,0 +1,346 @@
+"""ARBOR rubric memory ``M = (D, P)`` as an immutable host-side value (SPEC section 3).
+
+* ``D`` (``RubricMemory.drafts``): admitted query-local draft rubrics, waiting for consolidation.
+* ``P`` (``RubricMemory.commons``): cross-query common rubrics, activated two per batch.
+* ``RubricMemory.retired``: common rubrics taken out of ``P`` (kept for analysis, never active).
+
+Every value here is a frozen dataclass of plain Python scalars, strings and tuples (no numpy
+arrays), so values compare with ``==``, hash, and serialise to JSON exactly: the trainer stores
+``RubricMemory.to_json()`` in every checkpoint. Operations on the memory live in the sibling
+modules and are pure functions ``(memory, ...) -> (new_memory, events)``.
+
+Cumulative correlation of a common rubric. A common rubric keeps running sums over every
+(score x, outcome y) pair of its activations::
+
+    n, Sx, Sy, Sxx, Syy, Sxy
+    rho_r = (n Sxy - Sx Sy) / sqrt((n Sxx - Sx^2) (n Syy - Sy^2))
+
+which is exactly the Pearson correlation of all pairs seen so far (no decay, no window). When
+either side has (numerically) zero variance the correlation is undefined and we define
+``rho_r = 0`` (see ``admission.pearson``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from judges.types import Draft
+
+MEMORY_FORMAT_VERSION = 1
+
+#: Number of rubrics activated per batch (SPEC 3.5: "exactly two": top-rho plus LRU rotation).
+N_ACTIVE = 2
+#: Groups smaller than this cannot be compared pairwise, nor correlated: no rubric term.
+MIN_GROUP_SIZE = 2
+#: Variances at or below this are "zero" (Pearson undefined).
+VAR_EPS = 1e-12
+
+SCORE_MODES = ("winrate", "bradley_terry")
+ADMISSION_SCORING = ("check", "pairwise")
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """Hyper-parameters of ARBOR's rubric memory (all sweepable; defaults are our choices).
+
+    Attributes:
+        delta_v: variance gate. A draft is admitted only if ``Var_i(s_i) >= delta_v``; an
+            activation of a common rubric is "low variance" if its mean within-group
+            ``Var_G(s) < delta_v``. Variances are population variances (ddof = 0) of scores in
+            [0, 1].
+        rho_min: correlation gate. Admission needs ``Pearson(s, F1) >= rho_min``; a common
+            rubric drifts when its cumulative ``rho_r < rho_min``.
+        k_consol: consolidate when ``|D| >= k_consol``; each consolidation request takes the
+            ``k_consol`` oldest drafts.
+        retire_k: "mastered" when ``n_r > retire_k`` consecutive low-variance activations.
+        min_drift_activations: a rubric can be retired as "drifted" only after this many
+            *informative* activations (ones that contributed pairs to ``rho_r``): a fresh
+            rubric has ``rho_r`` = 0 by definition and must not be retired for it.
+        merge_threshold: a new common rubric whose sentence-embedding cosine with an existing
+            one exceeds this is merged into it instead of being added.
+        rubric_lambda: ``R_total = R_base + rubric_lambda * s~``.
+        use_common_pool: False is the "ARBOR w/o memory" ablation: each group is scored by its
+            own admitted drafts, nothing is kept across queries.
+        tie_break: secondary signal ordering members with equal F1 in the triplet
+            (``triplet.TIE_BREAKS``).
+        graph: pairwise comparison graph (``pairwise.GRAPHS``).
+        score_mode: "winrate" (ties 0.5) or "bradley_terry" (expected win rate under a
+            Bradley-Terry fit with a small prior).
+        bt_iters, bt_prior: MM iterations and pseudo-wins per edge side of the BT fit.
+        admission_scoring: how a draft is scored on its group for admission: "check" (one
+            ``judge.check`` per trajectory, ``s_i`` = P(met)) or "pairwise" (win rates on the
+            group's comparison graph).
+        rho_within_group: pool within-group-centred pairs ``(s - mean_G s, y - mean_G y)`` of
+            groups whose outcome varies into ``rho_r`` (True, default), or raw pairs of every
+            group (False). Centring keeps question difficulty out of the correlation; skipping
+            outcome-homogeneous groups keeps the rubric from looking "drifted" exactly on the
+            groups it is meant to help (they carry no information about direction).
+        rho_history_len: how many past ``rho_r`` values a common rubric keeps (0 = none).
+        embedder: sentence embedder for near-duplicate merging (``embed.EMBEDDERS``).
+    """
+
+    delta_v: float = 0.01
+    rho_min: float = 0.2
+    k_consol: int = 8
+    retire_k: int = 5
+    min_drift_activations: int = 5
+    merge_threshold: float = 0.9
+    rubric_lambda: float = 0.1
+    use_common_pool: bool = True
+    tie_break: str = "format_then_length"
+    graph: str = "ring_diameter"
+    score_mode: str = "winrate"
+    bt_iters: int = 20
+    bt_prior: float = 0.1
+    admission_scoring: str = "check"
+    rho_within_group: bool = True
+    rho_history_len: int = 16
+    embedder: str = "minilm"
+
+    def __post_init__(self) -> None:
+        if self.score_mode not in SCORE_MODES:
+            raise ValueError(f"score_mode must be one of {SCORE_MODES}, got {self.score_mode!r}")
+        if self.admission_scoring not in ADMISSION_SCORING:
+            raise ValueError(
+                f"admission_scoring must be one of {ADMISSION_SCORING}, "
+                f"got {self.admission_scoring!r}"
+            )
+        if self.k_consol < 1:
+            raise ValueError(f"k_consol must be >= 1, got {self.k_consol}")
+        if self.retire_k < 0 or self.min_drift_activations < 1:
+            raise ValueError("retire_k must be >= 0 and min_drift_activations >= 1")
+        if self.delta_v < 0 or self.bt_iters < 1 or self.bt_prior <= 0:
+            raise ValueError("delta_v must be >= 0, bt_iters >= 1, bt_prior > 0")
+        if self.rho_history_len < 0:
+            raise ValueError("rho_history_len must be >= 0")
+
+    @classmethod
+    def from_mapping(cls, d: dict[str, Any]) -> MemoryConfig:
+        """From a plain mapping (e.g. a hydra node); unknown keys are an error."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown MemoryConfig keys: {unknown}")
+        return cls(**dict(d))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DraftRubric:
+    """An admitted query-local rubric in ``D``.
+
+    ``var`` and ``rho`` are the admission statistics on its source group:
+    ``Var_i(s_i)`` and ``Pearson(s, F1)``.
+    """
+
+    id: str
+    draft: Draft
+    qid: str
+    step: int
+    var: float
+    rho: float
+
+
+@dataclass(frozen=True)
+class CorrStats:
+    """Running sums for an exact cumulative Pearson correlation of (x, y) pairs."""
+
+    n: int = 0
+    sum_x: float = 0.0
+    sum_y: float = 0.0
+    sum_xx: float = 0.0
+    sum_yy: float = 0.0
+    sum_xy: float = 0.0
+
+    def add(self, xs: Any, ys: Any) -> CorrStats:
+        """A new value with the pairs ``zip(xs, ys)`` added (self is unchanged)."""
+        xs = [float(x) for x in xs]
+        ys = [float(y) for y in ys]
+        if len(xs) != len(ys):
+            raise ValueError("CorrStats.add: xs and ys differ in length")
+        return CorrStats(
+            n=self.n + len(xs),
+            sum_x=self.sum_x + math.fsum(xs),
+            sum_y=self.sum_y + math.fsum(ys),
+            sum_xx=self.sum_xx + math.fsum(x * x for x in xs),
+            sum_yy=self.sum_yy + math.fsum(y * y for y in ys),
+            sum_xy=self.sum_xy + math.fsum(x * y for x, y in zip(xs, ys)),
+        )
+
+    @property
+    def rho(self) -> float:
+        """Pearson of all pairs so far; 0.0 when undefined (n < 2 or a zero-variance side)."""
+        if self.n < 2:
+            return 0.0
+        n = float(self.n)
+        var_x = self.sum_xx / n - (self.sum_x / n) ** 2
+        var_y = self.sum_yy / n - (self.sum_y / n) ** 2
+        if var_x <= VAR_EPS or var_y <= VAR_EPS:
+            return 0.0
+        cov = self.sum_xy / n - (self.sum_x / n) * (self.sum_y / n)
+        return float(max(-1.0, min(1.0, cov / math.sqrt(var_x * var_y))))
+
+
+@dataclass(frozen=True)
+class CommonRubric:
+    """A cross-query rubric in ``P`` (or, once retired, in ``RubricMemory.retired``).
+
+    Attributes:
+        source_ids: ids of the drafts it was abstracted from (grows on merges).
+        n_low_var: ``n_r``, consecutive activations with mean within-group variance < delta_v.
+        corr: running sums of the (score, outcome) pairs of its activations; ``rho`` reads it.
+        rho_activations: activations that contributed pairs to ``corr``.
+        uses: batches in which it was active; last_used_step / last_used_clock: when, last
+            (the clock is the memory's selection counter, used for LRU; -1 = never used).
+        rho_history: the last ``rho_history_len`` values of ``rho`` after each activation.
+        retired_step / retired_reason: set when it leaves ``P`` ("mastered" | "drifted").
+    """
+
+    id: str
+    draft: Draft
+    source_ids: tuple[str, ...]
+    created_step: int
+    n_low_var: int = 0
+    corr: CorrStats = field(default_factory=CorrStats)
+    rho_activations: int = 0
+    uses: int = 0
+    last_used_step: int = -1
+    last_used_clock: int = -1
+    merges: int = 0
+    rho_history: tuple[float, ...] = ()
+    retired_step: int | None = None
+    retired_reason: str | None = None
+
+    @property
+    def rho(self) -> float:
+        """Cumulative Pearson ``rho_r`` over all its activations (0.0 while undefined)."""
+        return self.corr.rho
+
+
+@dataclass(frozen=True)
+class RubricMemory:
+    """``M = (D, P)`` plus retired rubrics, an id counter and the LRU clock.
+
+    ``next_id`` numbers drafts (``d<k>``) and common rubrics (``c<k>``) from one counter, so an
+    id is never reused. ``clock`` counts selections (one per batch) and orders LRU rotation.
+    """
+
+    drafts: tuple[DraftRubric, ...] = ()
+    commons: tuple[CommonRubric, ...] = ()
+    retired: tuple[CommonRubric, ...] = ()
+    next_id: int = 0
+    clock: int = 0
+
+    def common(self, rid: str) -> CommonRubric:
+        for c in self.commons:
+            if c.id == rid:
+                return c
+        raise KeyError(f"no active common rubric {rid!r}")
+
+    def with_common(self, rubric: CommonRubric) -> RubricMemory:
+        """A new memory with the active common rubric of the same id replaced."""
+        if all(c.id != rubric.id for c in self.commons):
+            raise KeyError(f"no active common rubric {rubric.id!r}")
+        return replace(
+            self, commons=tuple(rubric if c.id == rubric.id else c for c in self.commons)
+        )
+
+    def new_id(self, prefix: str) -> tuple[str, RubricMemory]:
+        """A fresh id and the memory with the counter advanced."""
+        return f"{prefix}{self.next_id}", replace(self, next_id=self.next_id + 1)
+
+    # --- JSON -------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": MEMORY_FORMAT_VERSION,
+            "drafts": [_draft_rubric_to_dict(d) for d in self.drafts],
+            "commons": [_common_to_dict(c) for c in self.commons],
+            "retired": [_common_to_dict(c) for c in self.retired],
+            "next_id": self.next_id,
+            "clock": self.clock,
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        """JSON text; ``from_json(to_json(m)) == m`` exactly (floats are written by repr)."""
+        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RubricMemory:
+        version = d.get("version", MEMORY_FORMAT_VERSION)
+        if version != MEMORY_FORMAT_VERSION:
+            raise ValueError(f"unsupported rubric memory format version {version}")
+        return cls(
+            drafts=tuple(_draft_rubric_from_dict(x) for x in d.get("drafts", ())),
+            commons=tuple(_common_from_dict(x) for x in d.get("commons", ())),
+            retired=tuple(_common_from_dict(x) for x in d.get("retired", ())),
+            next_id=int(d.get("next_id", 0)),
+            clock=int(d.get("clock", 0)),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> RubricMemory:
+        return cls.from_dict(json.loads(text))
+
+
+# --- (de)serialisation helpers ------------------------------------------------------------
+
+
+def draft_to_dict(d: Draft) -> dict[str, Any]:
+    return {"title": d.title, "description": d.description, "feature": d.feature}
+
+
+def draft_from_dict(d: dict[str, Any]) -> Draft:
+    return Draft(title=str(d["title"]), description=str(d.get("description", "")),
+                 feature=d.get("feature"))
+
+
+def _draft_rubric_to_dict(r: DraftRubric) -> dict[str, Any]:
+    return {"id": r.id, "draft": draft_to_dict(r.draft), "qid": r.qid, "step": r.step,
+            "var": r.var, "rho": r.rho}
+
+
+def _draft_rubric_from_dict(d: dict[str, Any]) -> DraftRubric:
+    return DraftRubric(id=str(d["id"]), draft=draft_from_dict(d["draft"]), qid=str(d["qid"]),
+                       step=int(d["step"]), var=float(d["var"]), rho=float(d["rho"]))
+
+
+def _common_to_dict(c: CommonRubric) -> dict[str, Any]:
+    out = {f.name: getattr(c, f.name) for f in fields(c)}
+    out["draft"] = draft_to_dict(c.draft)
+    out["corr"] = asdict(c.corr)
+    out["source_ids"] = list(c.source_ids)
+    out["rho_history"] = list(c.rho_history)
+    return out
+
+
+def _common_from_dict(d: dict[str, Any]) -> CommonRubric:
+    corr = d.get("corr", {})
+    return CommonRubric(
+        id=str(d["id"]),
+        draft=draft_from_dict(d["draft"]),
+        source_ids=tuple(str(s) for s in d.get("source_ids", ())),
+        created_step=int(d["created_step"]),
+        n_low_var=int(d.get("n_low_var", 0)),
+        corr=CorrStats(
+            n=int(corr.get("n", 0)),
+            sum_x=float(corr.get("sum_x", 0.0)),
+            sum_y=float(corr.get("sum_y", 0.0)),
+            sum_xx=float(corr.get("sum_xx", 0.0)),
+            sum_yy=float(corr.get("sum_yy", 0.0)),
+            sum_xy=float(corr.get("sum_xy", 0.0)),
+        ),
+        rho_activations=int(d.get("rho_activations", 0)),
+        uses=int(d.get("uses", 0)),
+        last_used_step=int(d.get("last_used_step", -1)),
+        last_used_clock=int(d.get("last_used_clock", -1)),
+        merges=int(d.get("merges", 0)),
+        rho_history=tuple(float(x) for x in d.get("rho_history", ())),
+        retired_step=None if d.get("retired_step") is None else int(d["retired_step"]),
+        retired_reason=d.get("retired_reason"),
+    )

@@ -1,0 +1,53 @@
+"""Environments: how prompts become groups of trajectories. Single-turn lives here; the
+multi-turn search environment lives with its task (rl/search/env.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from models.config import ModelConfig
+from models.sampler import Generation, SamplingParams, generate
+from models.tokenizer import Tokenizer
+from models.transformer import Params
+from rl.types import Group, Policy, Prompt, Trajectory
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerPolicy:
+    """The policy as the environments see it: current parameters behind the jitted sampler."""
+
+    cfg: ModelConfig
+    params: Params
+    tokenizer: Tokenizer
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seed: int,
+                 max_new_per_row: Sequence[int] | None = None) -> Generation:
+        return generate(self.cfg, self.params, self.tokenizer, prompts, sampling, seed=seed,
+                        max_new_per_row=max_new_per_row)
+
+
+@dataclasses.dataclass(frozen=True)
+class SingleTurnEnv:
+    """One completion per trajectory from the chat-templated prompt; every token is an action."""
+
+    tokenizer: Tokenizer
+    sampling: SamplingParams
+
+    def rollout(self, policy: Policy, prompts: Sequence[Prompt], group_size: int,
+                seed: int) -> list[Group]:
+        encoded = [self.tokenizer.encode_chat(list(p.messages)) for p in prompts]
+        rows = [ids for ids in encoded for _ in range(group_size)]
+        gen = policy.generate(rows, self.sampling, seed)
+        groups = []
+        for i, prompt in enumerate(prompts):
+            trajs = []
+            for j in range(group_size):
+                r = i * group_size + j
+                n = int(gen.lengths[r])
+                trajs.append(Trajectory(
+                    prompt_tokens=tuple(rows[r]), tokens=tuple(gen.tokens[r, :n].tolist()),
+                    loss_mask=(1,) * n, logprobs=tuple(gen.logprobs[r, :n].tolist()),
+                    text=gen.texts[r], finish=gen.finish[r]))
+            groups.append(Group(prompt, tuple(trajs)))
+        return groups

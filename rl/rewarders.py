@@ -1,0 +1,54 @@
+"""Rewarders by name. A rewarder turns groups of trajectories into rewards [N, G] and carries
+its own immutable host-side state (None for outcome rewards, the rubric memory for ARBOR)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rl.registry import Registry
+from rl.types import Group, RewardOutput, Rewarder, Task
+
+REWARDERS: Registry[Callable[..., Rewarder]] = Registry("rewarder")
+
+
+def outcome_matrix(task: Task, groups: Sequence[Group]) -> np.ndarray:
+    return np.asarray([[task.outcome(g.prompt, t) for t in g.trajectories] for g in groups],
+                      np.float64)
+
+
+@REWARDERS.register("outcome")
+@dataclasses.dataclass(frozen=True)
+class OutcomeRewarder:
+    """R_i = the task's verifiable outcome score of trajectory i."""
+
+    task: Task
+
+    def init_state(self) -> None:
+        return None
+
+    def __call__(self, groups: Sequence[Group], state: Any, step: int) -> RewardOutput:
+        r = outcome_matrix(self.task, groups)
+        return RewardOutput(rewards=r, outcome=r, metrics={}, state=state)
+
+    def state_to_json(self, state: Any) -> Any:
+        return None
+
+    def state_from_json(self, data: Any) -> Any:
+        return None
+
+
+def make_rewarder(name: str, task: Task, options: Mapping[str, Any], judge: Any) -> Rewarder:
+    # rubric rewarders live with their methods; import them so they register
+    for mod in ("memory.rewarder", "rewards.rubric_rewarder"):
+        try:
+            __import__(mod)
+        except ImportError:
+            pass
+    factory = REWARDERS.get(name)
+    if name == "outcome":
+        return factory(task)
+    return factory(task=task, judge=judge, **dict(options))

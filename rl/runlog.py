@@ -1,0 +1,84 @@
+"""The run folder: resolved config, metrics.jsonl, TensorBoard events, samples, event logs.
+
+    run_dir/
+      config.yaml          resolved hydra config (+ judge prompt versions, library versions)
+      metrics.jsonl        one JSON object per step
+      tb/                  TensorBoard event files (same scalars)
+      samples.jsonl        sample trajectories with their rewards
+      memory_events.jsonl  rubric memory events (ARBOR)
+      checkpoints/         orbax checkpoints
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+
+def _clean(v: Any) -> Any:
+    if hasattr(v, "item") and getattr(v, "ndim", 1) == 0:
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def truncate_jsonl(path: Path, keep: callable) -> None:
+    """Drop lines whose parsed record fails `keep` (used on resume to forget the future)."""
+    if not path.exists():
+        return
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    kept = [ln for ln in lines if keep(json.loads(ln))]
+    path.write_text("".join(ln + "\n" for ln in kept))
+
+
+class RunLog:
+    def __init__(self, run_dir: str | Path, resume_step: int | None = None,
+                 tensorboard: bool = True):
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.dir / "metrics.jsonl"
+        self.samples_path = self.dir / "samples.jsonl"
+        self.events_path = self.dir / "memory_events.jsonl"
+        if resume_step is not None:  # a resumed run rewrites everything after its checkpoint
+            for p in (self.metrics_path, self.samples_path, self.events_path):
+                truncate_jsonl(p, lambda r: r.get("step", -1) < resume_step)
+        else:
+            for p in (self.metrics_path, self.samples_path, self.events_path):
+                p.unlink(missing_ok=True)
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.dir / "tb"), purge_step=resume_step)
+
+    def write_config(self, text: str, name: str = "config.yaml") -> None:
+        (self.dir / name).write_text(text)
+
+    def metrics(self, step: int, values: Mapping[str, Any]) -> dict[str, Any]:
+        record = {"step": step, **{k: _clean(v) for k, v in values.items()}}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, int | float) and not isinstance(v, bool):
+                    self._tb.add_scalar(k, v, step)
+        return record
+
+    def _append(self, path: Path, step: int, records: Iterable[Mapping[str, Any]]) -> None:
+        with path.open("a") as f:
+            for r in records:
+                f.write(json.dumps({"step": step, **r}, default=str) + "\n")
+
+    def samples(self, step: int, records: Iterable[Mapping[str, Any]]) -> None:
+        self._append(self.samples_path, step, records)
+
+    def events(self, step: int, records: Iterable[Mapping[str, Any]]) -> None:
+        self._append(self.events_path, step, records)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()

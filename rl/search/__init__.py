@@ -1,0 +1,1 @@
+"""Search-agent environment pieces: corpora, retrievers, QA datasets, the synthetic world."""

@@ -1,0 +1,169 @@
+"""HTTP client for a Search-R1 compatible retrieval server, and the retriever registry.
+
+``HTTPRetriever`` has the same ``retrieve`` as ``BM25Retriever``. Each HTTP attempt is bounded
+by ``timeout_s`` per network operation (connect / read / write); connection errors, timeouts,
+HTTP 429 and 5xx are retried at most ``max_retries`` times with exponential backoff
+(``backoff_s * 2**i``, capped at ``max_backoff_s``), after which a :class:`RetrieverError`
+naming the URL is raised. Other 4xx answers and malformed bodies fail at once (retrying would
+not help). The worst case for one call is thus about ``(max_retries + 1)`` timed attempts plus
+the backoff sleeps: bounded, never a hang.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from rl.registry import Registry
+from rl.search.corpus import Doc, parse_contents
+from rl.search.retriever import BM25Config, BM25Retriever, Retriever
+
+
+class RetrieverError(RuntimeError):
+    """Retrieval failed for good (after the bounded retries, or on a non-retryable answer)."""
+
+
+def _endpoint(url: str) -> str:
+    # Search-R1 configs give the full ".../retrieve" URL; a bare "http://host:port" gets it added.
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"retriever url must be http(s)://host:port[/retrieve], got {url!r}")
+    return url.rstrip("/") + "/retrieve" if parts.path in ("", "/") else url
+
+
+def _parse_doc(item: Any) -> Doc:
+    """One result item, scored ``{"document": {...}, "score": f}`` or a bare document dict.
+    Documents carry wiki-18 ``contents``, or FlashRAG-style ``title`` / ``text``."""
+    score = 0.0
+    if isinstance(item, dict) and "document" in item:
+        score = float(item.get("score", 0.0))
+        item = item["document"]
+    if not isinstance(item, dict):
+        raise ValueError(f"document must be an object, got {type(item).__name__}")
+    if "contents" in item:
+        title, text = parse_contents(item["contents"])
+    else:
+        title, text = item["title"], item["text"]
+    return Doc(id=str(item.get("id", "")), title=str(title), text=str(text), score=score)
+
+
+class HTTPRetriever:
+    """Client for ``POST /retrieve``. Thread-safe; counters are shared across threads."""
+
+    def __init__(self, url: str, timeout_s: float = 10.0, max_retries: int = 3,
+                 backoff_s: float = 0.5, max_backoff_s: float = 8.0,
+                 transport: httpx.BaseTransport | None = None):
+        if max_retries < 0 or timeout_s <= 0 or backoff_s < 0:
+            raise ValueError("need timeout_s > 0, max_retries >= 0, backoff_s >= 0")
+        self.url = _endpoint(url)
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._client = httpx.Client(timeout=httpx.Timeout(timeout_s), transport=transport)
+        self._lock = threading.Lock()
+        self._stats = {"requests": 0, "retries": 0, "failures": 0, "errors": 0}
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self._stats[key] += 1
+
+    def stats(self) -> dict[str, int]:
+        """requests: HTTP attempts sent; retries: attempts after a call's first; errors: failed
+        attempts; failures: ``retrieve`` calls that raised RetrieverError."""
+        with self._lock:
+            return dict(self._stats)
+
+    def _fail(self, msg: str) -> RetrieverError:
+        self._count("failures")
+        return RetrieverError(f"retrieval server {self.url}: {msg}")
+
+    def retrieve(self, queries: list[str], topk: int = 3) -> list[list[Doc]]:
+        if isinstance(queries, str):
+            raise TypeError("retrieve() takes a list of queries, not a single string")
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1, got {topk}")
+        queries = list(queries)
+        if not queries:
+            return []
+        payload = {"queries": queries, "topk": topk, "return_scores": True}
+        last = "no attempt made"
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                self._count("retries")
+                time.sleep(min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s))
+            self._count("requests")
+            try:
+                resp = self._client.post(self.url, json=payload)
+            except httpx.HTTPError as e:  # connect refused, timeouts, protocol errors
+                self._count("errors")
+                last = f"{type(e).__name__}: {e}"
+                continue
+            if resp.status_code == 429 or resp.status_code >= 500:
+                self._count("errors")
+                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                continue
+            if resp.status_code != 200:
+                self._count("errors")
+                raise self._fail(f"HTTP {resp.status_code}: {resp.text[:500]}")
+            try:
+                return self._parse(resp.json(), len(queries))
+            except (ValueError, KeyError, TypeError) as e:
+                raise self._fail(f"malformed response ({e})") from None
+        raise self._fail(f"failed after {self.max_retries + 1} attempt(s); last error: {last}")
+
+    @staticmethod
+    def _parse(body: Any, n_queries: int) -> list[list[Doc]]:
+        result = body["result"]
+        if not isinstance(result, list) or len(result) != n_queries:
+            raise ValueError(f"expected {n_queries} result lists")
+        return [[_parse_doc(item) for item in docs] for docs in result]
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> HTTPRetriever:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+RETRIEVERS: Registry[Callable[..., Retriever]] = Registry("retriever")
+
+
+@RETRIEVERS.register("bm25")
+def _make_bm25(corpus_path: str | Path, cache_dir: str | Path | None = None, k1: float = 1.5,
+               b: float = 0.75, method: str = "lucene", stopwords: bool = True,
+               stemmer: str | None = None) -> BM25Retriever:
+    cfg = BM25Config(k1=k1, b=b, method=method, stopwords=stopwords, stemmer=stemmer)
+    return BM25Retriever.build(corpus_path, cache_dir, cfg)
+
+
+@RETRIEVERS.register("http")
+def _make_http(url: str, timeout_s: float = 10.0, max_retries: int = 3, backoff_s: float = 0.5,
+               max_backoff_s: float = 8.0) -> HTTPRetriever:
+    return HTTPRetriever(url, timeout_s, max_retries, backoff_s, max_backoff_s)
+
+
+def make_retriever(cfg: Mapping[str, Any]) -> Retriever:
+    """Build a retriever from a config mapping: ``{"name": "bm25", "corpus_path": ...,
+    "cache_dir": ...}`` or ``{"name": "http", "url": ..., "timeout_s": ...}``."""
+    opts = dict(cfg)
+    name = opts.pop("name", None)
+    if name is None:
+        raise ValueError(f"retriever config needs a 'name' (one of {RETRIEVERS.names()})")
+    builder = RETRIEVERS.get(name)
+    try:  # check the options before building, so a typo is reported as such
+        inspect.signature(builder).bind(**opts)
+    except TypeError as e:
+        accepted = list(inspect.signature(builder).parameters)
+        raise ValueError(f"bad options for retriever {name!r}: {e}; accepted: {accepted}") from None
+    return builder(**opts)

@@ -1,0 +1,128 @@
+"""The jitted policy update: ``train_step(state, batch) -> (state, metrics)``.
+
+One call is one optimizer update on one mini-batch, accumulating gradients over
+`micro_batches` slices with ``lax.scan``. The host loop calls it for every PPO epoch and
+mini-batch of a rollout batch.
+
+Loss per token (only where loss_mask = 1):
+    L = PPO-clip(logp, logp_old, A) + beta * KL(logp, logp_ref) - entropy_coef * H
+aggregated with the configured mode. With a single update per rollout batch the policy that
+sampled is the policy being updated, so logp_old = stop_gradient(logp) exactly (ratio 1, no
+extra forward pass); otherwise the batch carries logp_old from a forward before the updates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from models.config import ModelConfig
+from models.sampler import token_logprobs
+from models.transformer import Params
+from rl.kl import kl_penalty
+from rl.losses import agg_loss, masked_mean, ppo_clip_loss
+
+Batch = dict[str, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float | None = None
+    beta: float = 0.0
+    kl_estimator: str = "k3"
+    loss_agg: str = "token-mean"
+    max_len_norm: int | None = None
+    entropy_coef: float = 0.0
+    on_policy: bool = True  # logp_old = stop_gradient(logp): exact when one update per batch
+    micro_batches: int = 1
+    remat: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("eps_low", "eps_high", "beta", "entropy_coef"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"algo.{key} must be >= 0, got {getattr(self, key)}")
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError(f"algo.dual_clip must be > 1 (or null), got {self.dual_clip}")
+        if self.micro_batches < 1:
+            raise ValueError(f"trainer.micro_batches must be >= 1, got {self.micro_batches}")
+
+
+class TrainState(NamedTuple):
+    step: jax.Array
+    params: Params
+    opt_state: Any
+
+
+def init_train_state(params: Params, optimizer: optax.GradientTransformation) -> TrainState:
+    return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
+
+
+def policy_loss(cfg: ModelConfig, lc: LossConfig, params: Params,
+                batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Scalar loss and metrics for one (micro-)batch.
+
+    batch: tokens, attn_mask, loss_mask [B,T]; advantages [B]; logp_old [B,T] unless on_policy;
+    logp_ref [B,T] when beta > 0.
+    """
+    logp, entropy = token_logprobs(cfg, params, batch["tokens"], batch["attn_mask"],
+                                   remat=lc.remat, with_entropy=True)
+    mask = batch["loss_mask"].astype(jnp.float32)
+    logp_old = jax.lax.stop_gradient(logp) if lc.on_policy else batch["logp_old"]
+    per_token, stats = ppo_clip_loss(logp, logp_old, batch["advantages"], mask,
+                                     eps_low=lc.eps_low, eps_high=lc.eps_high,
+                                     dual_clip=lc.dual_clip)
+    pg_loss = agg_loss(per_token, mask, lc.loss_agg, lc.max_len_norm)
+    loss = pg_loss
+    metrics = {"pg_loss": pg_loss, "clip_frac": stats["clip_frac"],
+               "approx_kl": stats["approx_kl"], "entropy": masked_mean(entropy, mask)}
+    if lc.beta > 0:
+        kl = kl_penalty(logp, batch["logp_ref"], lc.kl_estimator)
+        kl_loss = agg_loss(kl, mask, lc.loss_agg, lc.max_len_norm)
+        loss = loss + lc.beta * kl_loss
+        metrics["kl"] = masked_mean(kl, mask)
+    else:
+        metrics["kl"] = jnp.zeros(())
+    if lc.entropy_coef > 0:
+        loss = loss - lc.entropy_coef * agg_loss(entropy, mask, lc.loss_agg, lc.max_len_norm)
+    metrics["loss"] = loss
+    return loss, metrics
+
+
+def make_train_step(cfg: ModelConfig, lc: LossConfig, optimizer: optax.GradientTransformation,
+                    lr_fn: Callable[[Any], Any] | None = None,
+                    donate: bool = True) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+    """Build the jitted ``train_step(state, batch) -> (state, metrics)``."""
+
+    grad_fn = jax.value_and_grad(lambda p, b: policy_loss(cfg, lc, p, b), has_aux=True)
+
+    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        m = lc.micro_batches
+        if m == 1:
+            (_, metrics), grads = grad_fn(state.params, batch)
+        else:
+            micro = jax.tree.map(lambda x: x.reshape(m, x.shape[0] // m, *x.shape[1:]), batch)
+
+            def acc(carry, mb):
+                (_, met), g = grad_fn(state.params, mb)
+                return jax.tree.map(jnp.add, carry, (g, met)), None
+
+            zeros = jax.tree.map(jnp.zeros_like, (state.params, jax.eval_shape(
+                lambda: grad_fn(state.params, jax.tree.map(lambda x: x[0], micro))[0][1])))
+            (grads, metrics), _ = jax.lax.scan(acc, zeros, micro)
+            grads = jax.tree.map(lambda g: g / m, grads)
+            metrics = jax.tree.map(lambda v: v / m, metrics)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = dict(metrics, grad_norm=optax.global_norm(grads))
+        if lr_fn is not None:
+            metrics["lr"] = jnp.asarray(lr_fn(state.step), jnp.float32)
+        return TrainState(state.step + 1, params, opt_state), metrics
+
+    return jax.jit(train_step, donate_argnums=(0,) if donate else ())

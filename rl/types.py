@@ -1,0 +1,113 @@
+"""Values that flow through the host loop: prompts, trajectories, reward outputs.
+
+The loop knows only these shapes; tasks, environments, judges and the rubric memory produce or
+consume them, so they plug in without the loop knowing what they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from models.sampler import Generation, SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    """One task item: chat messages for the policy plus whatever the reward needs (`answer`)."""
+
+    id: str
+    messages: tuple[Mapping[str, str], ...]
+    answer: Any = None
+    meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def question(self) -> str:
+        return str(self.meta.get("question", self.messages[-1]["content"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Trajectory:
+    """One rollout. `tokens` follow the prompt; `loss_mask[t]` is 1 where the policy generated
+    tokens[t] (observations such as retrieved documents are 0: no loss, no KL)."""
+
+    prompt_tokens: tuple[int, ...]
+    tokens: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+    finish: str
+    info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not len(self.tokens) == len(self.loss_mask) == len(self.logprobs):
+            raise ValueError("trajectory tokens, loss_mask and logprobs differ in length")
+
+    @property
+    def num_action_tokens(self) -> int:
+        return int(sum(self.loss_mask))
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """A prompt and its group of sampled trajectories (GRPO's unit of comparison)."""
+
+    prompt: Prompt
+    trajectories: tuple[Trajectory, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardOutput:
+    """Rewards for a batch of groups, [N, G]; `outcome` is the verifiable part alone (the two
+    differ when a rubric term is added). `state` is the rewarder's next host-side state
+    (e.g. the rubric memory); `events` go to the run folder's event log."""
+
+    rewards: np.ndarray
+    outcome: np.ndarray
+    metrics: Mapping[str, float]
+    state: Any = None
+    events: tuple[Mapping[str, Any], ...] = ()
+    per_traj: tuple[tuple[Mapping[str, Any], ...], ...] = ()
+
+
+class Policy(Protocol):
+    """What an environment may ask of the policy: tokenize and sample."""
+
+    tokenizer: Any
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seed: int,
+                 max_new_per_row: Sequence[int] | None = None) -> Generation: ...
+
+
+class Environment(Protocol):
+    """Produces groups of trajectories for prompts (single- or multi-turn)."""
+
+    def rollout(self, policy: Policy, prompts: Sequence[Prompt], group_size: int,
+                seed: int) -> list[Group]: ...
+
+
+class Rewarder(Protocol):
+    """Turns groups into rewards; carries an immutable host-side state through the steps."""
+
+    def init_state(self) -> Any: ...
+
+    def __call__(self, groups: Sequence[Group], state: Any, step: int) -> RewardOutput: ...
+
+    def state_to_json(self, state: Any) -> Any: ...
+
+    def state_from_json(self, data: Any) -> Any: ...
+
+
+class Task(Protocol):
+    """A dataset of prompts, an environment to roll them out, and an outcome score."""
+
+    name: str
+
+    def prompts(self, split: str) -> Sequence[Prompt]: ...
+
+    def make_env(self, tokenizer: Any, sampling: SamplingParams) -> Environment: ...
+
+    def outcome(self, prompt: Prompt, traj: Trajectory) -> float: ...
