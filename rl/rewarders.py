@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from rl.registry import Registry
-from rl.types import Group, RewardOutput, Rewarder, Task
+from rl.types import Group, Rewarder, RewardOutput, Task
 
 REWARDERS: Registry[Callable[..., Rewarder]] = Registry("rewarder")
 

@@ -23,8 +23,13 @@ from tqdm.auto import tqdm
 
 from models import load_params
 from models.sampler import SamplingParams, token_logprobs
-from models.sharding import (batch_sharding, initialize_distributed, make_mesh,
-                             param_shardings, shard)
+from models.sharding import (
+    batch_sharding,
+    initialize_distributed,
+    make_mesh,
+    param_shardings,
+    shard,
+)
 from rl.advantages import group_advantages
 from rl.checkpoint import Checkpointer
 from rl.dapo import overlong_penalty

@@ -35,8 +35,8 @@ def make_problems(n: int, seed: int, max_operand: int, ops: Sequence[str]) -> li
         op = str(rng.choice(list(ops)))
         a, b = (int(x) for x in rng.integers(0, max_operand + 1, size=2))
         question = f"What is {a} {op} {b}?"
-        out.append(Prompt(id=f"arith-{seed}-{i}",
-                          messages=(*DEMO, {"role": "user", "content": f"{INSTRUCTION}\n{question}"}),
+        ask = {"role": "user", "content": f"{INSTRUCTION}\n{question}"}
+        out.append(Prompt(id=f"arith-{seed}-{i}", messages=(*DEMO, ask),
                           answer=OPS[op](a, b), meta={"question": question}))
     return out
 
