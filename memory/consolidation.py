@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from judges.base import Judge
 from judges.types import ConsolidateRequest, Draft
 from memory.admission import is_empty
 from memory.embed import Embedder, cosine_matrix
@@ -89,7 +90,7 @@ def merge_or_add(
 
 def consolidate(
     memory: RubricMemory,
-    judge: object,
+    judge: Judge,
     embedder: Embedder,
     cfg: MemoryConfig,
     step: int,
@@ -103,7 +104,7 @@ def consolidate(
         memory.drafts[i * k:(i + 1) * k] for i in range(n_chunks)
     ]
     memory = replace(memory, drafts=memory.drafts[n_chunks * k:])
-    results = list(judge.consolidate(  # type: ignore[attr-defined]
+    results = list(judge.consolidate(
         [ConsolidateRequest(drafts=tuple(d.draft for d in ch)) for ch in chunks]
     ))
     results += [()] * (len(chunks) - len(results))  # a short answer counts as empty

@@ -140,6 +140,7 @@ class MiniLMEmbedder:
         model_dir: str | None = None,
         max_seq_len: int = 256,
         batch_size: int = 32,
+        max_batch_tokens: int = 2048,
         cache_size: int = 4096,
     ):
         from safetensors.numpy import load_file
@@ -165,6 +166,7 @@ class MiniLMEmbedder:
         self.tok.no_padding()
         self.tok.enable_truncation(max_length=self.max_seq_len)
         self.batch_size = int(batch_size)
+        self.max_batch_tokens = int(max_batch_tokens)
         self.cache_size = int(cache_size)
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
 
@@ -208,13 +210,26 @@ class MiniLMEmbedder:
         m = mask[..., None].astype(np.float32)
         return (h * m).sum(1) / np.maximum(m.sum(1), 1e-9)
 
+    def _batches(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Indices sorted by length, cut into batches of at most ``batch_size`` texts and
+        ``max_batch_tokens`` padded tokens, so short texts are not padded to a long one."""
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        batches: list[list[int]] = []
+        cur: list[int] = []
+        for i in order:  # ascending, so lengths[i] is the new padded length
+            if cur and (len(cur) >= self.batch_size
+                        or (len(cur) + 1) * lengths[i] > self.max_batch_tokens):
+                batches.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            batches.append(cur)
+        return batches
+
     def _embed_uncached(self, texts: Sequence[str]) -> np.ndarray:
         encs = self.tok.encode_batch(list(texts))
         out = np.zeros((len(texts), self.hidden), dtype=np.float32)
-        # Sort by length so each batch pads little.
-        order = sorted(range(len(texts)), key=lambda i: len(encs[i].ids))
-        for s in range(0, len(order), self.batch_size):
-            idx = order[s:s + self.batch_size]
+        for idx in self._batches([len(e.ids) for e in encs]):
             t = max(len(encs[i].ids) for i in idx)
             ids = np.zeros((len(idx), t), dtype=np.int64)
             mask = np.zeros((len(idx), t), dtype=np.float32)

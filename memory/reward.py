@@ -38,10 +38,11 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
+from judges.base import Judge
 from judges.types import CheckRequest, CheckResult, Draft, InduceRequest
 from memory.admission import Candidate, admit, is_empty
 from memory.consolidation import consolidate
@@ -50,7 +51,7 @@ from memory.events import REJECT_REASONS, RETIRE_REASONS, Event
 from memory.pairwise import GRAPHS, build_pair_requests, centre, edge_wins, group_scores, mix_seed
 from memory.retirement import GroupScores, apply_activation
 from memory.selection import select_active
-from memory.state import MIN_GROUP_SIZE, N_ACTIVE, MemoryConfig, RubricMemory
+from memory.state import MIN_GROUP_SIZE, N_ACTIVE, DraftRubric, MemoryConfig, RubricMemory
 from memory.triplet import select_triplet
 
 HOMOGENEOUS_TOL = 1e-6  # as rl.group_stats: a group is homogeneous when std_G <= 1e-6
@@ -150,7 +151,7 @@ class _LazyEmbedder:
 def _score_items(
     items: Sequence[tuple[int, str, Draft]],
     groups: Sequence[GroupInput],
-    judge: Any,
+    judge: Judge,
     cfg: MemoryConfig,
     step: int,
     seed: int,
@@ -179,7 +180,8 @@ def _score_items(
 
 
 def _check_scores(
-    cands: Sequence[tuple[int, Draft]], groups: Sequence[GroupInput], judge: Any, tally: _Tally
+    cands: Sequence[tuple[int, Draft]], groups: Sequence[GroupInput], judge: Judge,
+    tally: _Tally,
 ) -> list[np.ndarray]:
     """``s_i = P(met)`` of each ``(group index, draft)`` on every member; one batched call."""
     reqs = [
@@ -196,7 +198,10 @@ def _check_scores(
             r = results[k]
             k += 1
             if isinstance(r, CheckResult):
-                s[i] = float(r.prob)
+                try:
+                    s[i] = float(r.prob)
+                except (TypeError, ValueError):
+                    pass  # stays NaN -> rejected "nan_scores"
                 tally.add("check_fallbacks", int(bool(r.fallback)))
         out.append(s)
     return out
@@ -205,12 +210,12 @@ def _check_scores(
 def _induce_and_admit(
     memory: RubricMemory,
     groups: Sequence[GroupInput],
-    judge: Any,
+    judge: Judge,
     cfg: MemoryConfig,
     step: int,
     seed: int,
     tally: _Tally,
-) -> tuple[RubricMemory, list[list[Any]], tuple[Event, ...]]:
+) -> tuple[RubricMemory, list[list[DraftRubric]], tuple[Event, ...]]:
     """Steps 5-6. Returns the memory, the admitted ``DraftRubric`` values per group, events."""
     todo: list[int] = []
     reqs: list[InduceRequest] = []
@@ -259,7 +264,7 @@ def _induce_and_admit(
                                outcome=groups[n].r_base))
     memory, admitted, events = admit(memory, cands, cfg, step, keep=cfg.use_common_pool)
     # ``admit`` emits one event per candidate, in order; admitted drafts come back in order.
-    per_group: list[list[Any]] = [[] for _ in groups]
+    per_group: list[list[DraftRubric]] = [[] for _ in groups]
     admitted_iter = iter(admitted)
     for (n, _d), ev in zip(pending, events):
         if ev.kind == "admitted":
@@ -274,7 +279,7 @@ def _homogeneous(x: np.ndarray) -> bool:
 def arbor_reward_step(
     memory: RubricMemory,
     groups: Sequence[GroupInput],
-    judge: Any,
+    judge: Judge,
     cfg: MemoryConfig,
     *,
     step: int,
@@ -405,7 +410,7 @@ def _metrics(
     events: Sequence[Event],
     tally: _Tally,
     n_active: int,
-    judge: Any,
+    judge: Judge,
     stats_before: dict[str, int],
 ) -> dict[str, float]:
     """Flat ``memory/*`` metrics of one step."""

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from judges.base import Judge
 from judges.types import CheckRequest, CheckResult, Draft
 from memory.pairwise import centre
 from memory.reward import GroupInput, conversion_metrics
@@ -105,7 +106,7 @@ class StaticOutput:
 def static_rubric_step(
     groups: Sequence[GroupInput],
     rubrics: Sequence[StaticRubric],
-    judge: Any,
+    judge: Judge,
     rubric_lambda: float = 0.1,
 ) -> StaticOutput:
     """Score every trajectory against the fixed rubrics (one batched ``judge.check``)."""

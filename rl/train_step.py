@@ -120,7 +120,7 @@ def make_train_step(cfg: ModelConfig, lc: LossConfig, optimizer: optax.GradientT
             metrics = jax.tree.map(lambda v: v / m, metrics)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = dict(metrics, grad_norm=optax.global_norm(grads))
+        metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
         if lr_fn is not None:
             metrics["lr"] = jnp.asarray(lr_fn(state.step), jnp.float32)
         return TrainState(state.step + 1, params, opt_state), metrics

@@ -304,7 +304,8 @@ class Trainer:
         self.runlog.close()
         self.ckpt.close()
 
-    def run(self, eval_every: int = 0) -> list[dict[str, Any]]:
+    def run(self, eval_every: int = 0, until: int | None = None) -> list[dict[str, Any]]:
+        """Train from start_step to trainer.max_steps (or stop early at `until`)."""
         t = self.cfg["trainer"]
         total = int(t["max_steps"])
         save_every = int(t["save_every"])
@@ -312,6 +313,8 @@ class Trainer:
         bar = tqdm(range(self.start_step, total), initial=self.start_step, total=total,
                    desc="train", dynamic_ncols=True, disable=not bool(t.get("progress", True)))
         for step in bar:
+            if until is not None and step >= until:
+                break
             rec = self.step(step)
             history.append(rec)
             bar.set_postfix(reward=f"{rec['reward/mean']:.3f}", kl=f"{rec['kl']:.4f}",

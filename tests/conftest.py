@@ -3,3 +3,64 @@ import os
 # Tests run on CPU; keep XLA from grabbing every core's worth of threads per process.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import json  # noqa: E402
+import string  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+CHARS = string.ascii_letters + string.digits + " ?!.,:<>/\n=+-*"
+
+
+def write_char_model(folder: Path, seed: int = 0, hidden: int = 32, layers: int = 2) -> Path:
+    """A tiny random Llama with a character-level tokenizer (vocab ~80), as an HF folder.
+
+    Small enough that RL on it learns in a few steps; exercises the HF loading path too.
+    """
+    import numpy as np
+    import tokenizers
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = {"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split("", "isolated")
+    tok.decoder = tokenizers.decoders.Fuse()
+    tok.add_special_tokens(["<pad>", "<eos>"])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": "<eos>", "pad_token": "<pad>",
+        "chat_template": "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"}))
+    v = len(vocab)
+    cfg = {"model_type": "llama", "vocab_size": v, "hidden_size": hidden,
+           "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+           "tie_word_embeddings": True, "max_position_embeddings": 512, "eos_token_id": 1}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    rng = np.random.default_rng(seed)
+    hd = hidden // 4
+
+    def w(*shape):
+        return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+
+    tensors = {"model.embed_tokens.weight": w(v, hidden),
+               "model.norm.weight": np.ones(hidden, np.float32)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        tensors |= {p + "input_layernorm.weight": np.ones(hidden, np.float32),
+                    p + "post_attention_layernorm.weight": np.ones(hidden, np.float32),
+                    p + "self_attn.q_proj.weight": w(hidden, hidden),
+                    p + "self_attn.k_proj.weight": w(2 * hd, hidden),
+                    p + "self_attn.v_proj.weight": w(2 * hd, hidden),
+                    p + "self_attn.o_proj.weight": w(hidden, hidden),
+                    p + "mlp.gate_proj.weight": w(2 * hidden, hidden),
+                    p + "mlp.up_proj.weight": w(2 * hidden, hidden),
+                    p + "mlp.down_proj.weight": w(hidden, 2 * hidden)}
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def char_model(tmp_path_factory) -> Path:
+    return write_char_model(tmp_path_factory.mktemp("char_model"))

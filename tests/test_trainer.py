@@ -1,0 +1,203 @@
+"""The host loop on the tiny model: learning, exact resume, config errors, sharded step."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from rl.tasks import TASKS
+from rl.trainer import ConfigError, build_trainer
+from rl.types import Prompt, Trajectory
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+@TASKS.register("low_tokens")
+@dataclasses.dataclass(frozen=True)
+class LowTokensTask:
+    """Trivially learnable: reward = fraction of generated tokens that are lower-case letters
+    (ids 2..27 of the character model's vocabulary; base rate about 1/3)."""
+
+    size: int = 64
+    name: str = "low_tokens"
+
+    def prompts(self, split):
+        return [Prompt(id=f"p{i}", messages=({"role": "user", "content": f"say something {i}"},))
+                for i in range(self.size)]
+
+    def make_env(self, tokenizer, sampling):
+        from rl.envs import SingleTurnEnv
+
+        return SingleTurnEnv(tokenizer, sampling)
+
+    def outcome(self, prompt, traj: Trajectory) -> float:
+        toks = np.asarray(traj.tokens)
+        return float(np.mean((toks >= 2) & (toks < 28))) if len(toks) else 0.0
+
+
+@pytest.fixture(autouse=True)
+def _char_model(char_model, monkeypatch):
+    monkeypatch.setenv("CHAR_MODEL", str(char_model))
+
+
+def make_cfg(run_dir, *overrides):
+    import os
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose("config", overrides=["model=hf", f"model.path={os.environ['CHAR_MODEL']}",
+                                           f"trainer.run_dir={run_dir}",
+                                           "trainer.progress=false", "trainer.tensorboard=false",
+                                           *overrides])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+LEARN = ["task=arith", "task.size=64", "task.name=low_tokens", "~task.eval_size",
+         "~task.max_operand", "~task.ops", "~task.seed", "~task.format_reward"]
+
+
+def test_grpo_raises_reward_on_learnable_task(tmp_path):
+    cfg = make_cfg(tmp_path / "run", *LEARN, "trainer.max_steps=8", "trainer.batch_prompts=4",
+                   "algo.group_size=8", "trainer.max_new_tokens=16", "optim.lr=1e-2",
+                   "trainer.save_every=0")
+    trainer = build_trainer(cfg)
+    history = trainer.run()
+    trainer.close()
+    first = np.mean([h["reward/mean"] for h in history[:2]])
+    last = np.mean([h["reward/mean"] for h in history[-2:]])
+    assert last > first + 0.1, [h["reward/mean"] for h in history]
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    rec = json.loads(lines[0])
+    for key in ("step", "reward/mean", "reward/std", "groups/homogeneous_frac", "kl", "loss",
+                "response/length_mean", "time/rollout_s", "time/train_s", "tokens_per_s"):
+        assert key in rec
+
+
+def _final_params(run_dir):
+    from rl.checkpoint import Checkpointer
+
+    ck = Checkpointer(Path(run_dir) / "checkpoints")
+    step = ck.latest_step()
+    meta = ck.read_meta(step)
+    ck.close()
+    return step, meta
+
+
+def test_exact_resume(tmp_path):
+    common = [*LEARN, "trainer.max_steps=4", "trainer.save_every=2", "trainer.batch_prompts=2",
+              "algo.group_size=2", "trainer.max_new_tokens=6", "optim.lr=1e-3",
+              "trainer.eval_at_ends=false"]
+    straight = build_trainer(make_cfg(tmp_path / "a", *common))
+    straight.run()
+    ref = jax.device_get(straight.state.params)
+    straight.close()
+
+    first = build_trainer(make_cfg(tmp_path / "b", *common))
+    first.run(until=2)  # "interrupted" after the checkpoint at step 2
+    first.close()
+    with pytest.raises(ConfigError, match="trainer.resume=true"):
+        build_trainer(make_cfg(tmp_path / "b", *common))
+    resumed = build_trainer(make_cfg(tmp_path / "b", *common, "trainer.resume=true"))
+    assert resumed.start_step == 2 and resumed.data_position == 2
+    resumed.run()
+    got = jax.device_get(resumed.state.params)
+    resumed.close()
+    jax.tree.map(np.testing.assert_array_equal, got, ref)
+    steps = [json.loads(x)["step"] for x in (tmp_path / "b" / "metrics.jsonl").read_text()
+             .splitlines()]
+    assert steps == [0, 1, 2, 3]
+
+
+def test_incompatible_checkpoint_is_refused(tmp_path):
+    common = [*LEARN, "trainer.max_steps=1", "trainer.batch_prompts=2", "algo.group_size=2",
+              "trainer.max_new_tokens=4", "trainer.eval_at_ends=false"]
+    t = build_trainer(make_cfg(tmp_path / "r", *common))
+    t.run()
+    t.close()
+    with pytest.raises(ConfigError, match="incompatible.*group_size"):
+        build_trainer(make_cfg(tmp_path / "r", *common, "algo.group_size=3",
+                               "trainer.resume=true"))
+
+
+@pytest.mark.parametrize("override, key", [
+    ("algo.group_size=1", "algo.group_size"),
+    ("algo.eps_low=-0.1", "algo.eps_low"),
+    ("algo.beta=-1", "algo.beta"),
+    ("trainer.mini_batches=3", "trainer.mini_batches"),
+    ("algo.dual_clip=0.5", "algo.dual_clip"),
+])
+def test_invalid_config_names_the_key(tmp_path, override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", "\\.")):
+        build_trainer(make_cfg(tmp_path / "x", override))
+    assert not (tmp_path / "x" / "metrics.jsonl").exists()
+
+
+def test_unknown_group_options_fail_in_hydra(tmp_path):
+    from hydra.errors import MissingConfigException
+
+    for bad in ("algo=nope", "task=nope", "model=nope"):
+        with pytest.raises(MissingConfigException, match=bad.split("=")[0]):
+            make_cfg(tmp_path, bad)
+
+
+def test_cli_runs_and_writes_run_folder(tmp_path):
+    res = subprocess.run(
+        [sys.executable, "-m", "rl.train", "model=tiny", "algo=dapo", "trainer.max_steps=2",
+         "trainer.batch_prompts=2", "algo.group_size=2", "trainer.max_new_tokens=4",
+         "task.eval_size=4", f"trainer.run_dir={tmp_path / 'cli'}", "trainer.progress=false"],
+        capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = tmp_path / "cli"
+    assert (run / "config.yaml").exists() and (run / "samples.jsonl").exists()
+    assert any((run / "tb").iterdir())
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if "reward/mean" in r] == [0, 1]
+    assert "eval/outcome_mean" in recs[0] and "dapo/gen_batches" in recs[1]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["2"]
+
+
+def test_sharded_train_step_matches_single_device():
+    code = textwrap.dedent("""
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        import jax, jax.numpy as jnp, numpy as np
+        from models.presets import tiny_config
+        from models.transformer import init_params
+        from models.sharding import make_mesh, param_shardings, batch_sharding, shard
+        from rl.optim import OptimConfig, make_optimizer
+        from rl.train_step import LossConfig, init_train_state, make_train_step
+        cfg = tiny_config(vocab_size=256)
+        params = init_params(cfg, jax.random.key(0))
+        opt = make_optimizer(OptimConfig(lr=1e-2))
+        lc = LossConfig(beta=0.01, on_policy=False, micro_batches=2)
+        rng = np.random.default_rng(0)
+        b, t = 8, 16
+        batch = {"tokens": rng.integers(0, 256, (b, t)).astype(np.int32),
+                 "attn_mask": np.ones((b, t), bool),
+                 "loss_mask": (rng.random((b, t)) < 0.7).astype(np.float32),
+                 "advantages": rng.normal(size=b).astype(np.float32),
+                 "logp_old": -5.5 + 0.1 * rng.normal(size=(b, t)).astype(np.float32),
+                 "logp_ref": -5.5 + 0.1 * rng.normal(size=(b, t)).astype(np.float32)}
+        step = make_train_step(cfg, lc, opt, donate=False)
+        ref_state, ref_m = step(init_train_state(params, opt), batch)
+        mesh = make_mesh({"data": 4, "fsdp": 2, "tensor": 1})
+        sp = shard(params, param_shardings(params, mesh))
+        sb = jax.device_put(batch, batch_sharding(mesh, 1, None))
+        state, m = step(init_train_state(sp, opt), sb)
+        assert len(state.params["embed"].sharding.device_set) == 8
+        for a, r in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(float(m["loss"]), float(ref_m["loss"]), rtol=1e-5)
+        print("SHARDED_STEP_OK")
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600)
+    assert "SHARDED_STEP_OK" in res.stdout, res.stderr[-3000:]
