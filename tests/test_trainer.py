@@ -172,11 +172,11 @@ def test_sharded_train_step_matches_single_device():
         from models.presets import tiny_config
         from models.transformer import init_params
         from models.sharding import make_mesh, param_shardings, batch_sharding, shard
-        from rl.optim import OptimConfig, make_optimizer
+        import optax
         from rl.train_step import LossConfig, init_train_state, make_train_step
         cfg = tiny_config(vocab_size=256)
         params = init_params(cfg, jax.random.key(0))
-        opt = make_optimizer(OptimConfig(lr=1e-2))
+        opt = optax.sgd(1.0)  # update = -grad: compares gradients without Adam's sign flips
         lc = LossConfig(beta=0.01, on_policy=False, micro_batches=2)
         rng = np.random.default_rng(0)
         b, t = 8, 16
@@ -194,7 +194,7 @@ def test_sharded_train_step_matches_single_device():
         state, m = step(init_train_state(sp, opt), sb)
         assert len(state.params["embed"].sharding.device_set) == 8
         for a, r in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=2e-5, rtol=1e-4)
+            np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=1e-5, rtol=1e-4)
         np.testing.assert_allclose(float(m["loss"]), float(ref_m["loss"]), rtol=1e-5)
         print("SHARDED_STEP_OK")
     """)

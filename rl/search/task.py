@@ -1,0 +1,112 @@
+"""`task=search_qa`: multi-hop QA with a search tool (Search-R1 protocol).
+
+By default it trains on the shipped benchmark: a fictional multi-hop world generated from a
+seed (rl/search/world.py), written once to a cache folder, with a local BM25 retriever over its
+corpus. Real data: point `train_path`/`eval_paths` at Search-R1 parquet, FlashRAG jsonl,
+HotpotQA, 2WikiMultiHopQA, MuSiQue or Bamboogle files and `retriever` at a corpus or an HTTP
+retrieval server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from models.sampler import SamplingParams
+from models.tokenizer import Tokenizer
+from rewards.qa import QA_REWARDS
+from rl.search.client import make_retriever
+from rl.search.datasets import QAExample, load_qa
+from rl.search.env import SearchEnv, search_prompt
+from rl.search.world import write_world
+from rl.tasks import TASKS
+from rl.types import Prompt, Trajectory
+
+
+def example_to_prompt(ex: QAExample) -> Prompt:
+    return Prompt(id=ex.id, messages=({"role": "user", "content": search_prompt(ex.question)},),
+                  answer=tuple(ex.golds),
+                  meta={"question": ex.question, "source": ex.source, **dict(ex.meta or {})})
+
+
+@functools.lru_cache(maxsize=4)
+def shipped_world(cache_dir: str, seed: int, n_entities: int, n_train: int, n_dev: int,
+                  n_test: int) -> dict[str, Path]:
+    """Write (once) and return the paths of the generated world for these settings."""
+    key = hashlib.sha1(json.dumps([seed, n_entities, n_train, n_dev, n_test]).encode())
+    out = Path(cache_dir) / f"world-{key.hexdigest()[:12]}"
+    names = ("corpus", "train", "dev", "test")
+    paths = {n: out / f"{n}.jsonl" for n in names}
+    if not all(p.exists() for p in paths.values()):
+        write_world(out, seed=seed, n_entities=n_entities,
+                    sizes={"train": n_train, "dev": n_dev, "test": n_test})
+    return paths
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_retriever(cfg_json: str) -> Any:
+    """One retriever per configuration per process (training and evaluation share it)."""
+    return make_retriever(json.loads(cfg_json))
+
+
+@TASKS.register("search_qa")
+@dataclasses.dataclass(frozen=True)
+class SearchQATask:
+    """Multi-hop QA with retrieval. `reward`: a name in rewards.qa.QA_REWARDS
+    (arbor_base = F1 if the format is valid else -1; searchr1_em; ...)."""
+
+    name: str = "search_qa"
+    reward: str = "arbor_base"
+    world_seed: int = 0
+    n_entities: int = 2000
+    n_train: int = 1000
+    n_dev: int = 100
+    n_test: int = 200
+    cache_dir: str = ".cache/search_qa"
+    train_path: str | None = None
+    eval_paths: Mapping[str, str] | None = None  # split/dataset name -> file
+    data_format: str | None = None
+    retriever: Mapping[str, Any] | None = None  # default: BM25 over the world's corpus
+    topk: int = 3
+    max_turns: int = 4
+    max_response_tokens: int = 512
+    max_obs_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        QA_REWARDS.get(self.reward)  # fail early on an unknown reward name
+
+    def _world(self) -> dict[str, Path]:
+        return shipped_world(self.cache_dir, self.world_seed, self.n_entities, self.n_train,
+                             self.n_dev, self.n_test)
+
+    def split_paths(self) -> dict[str, Path]:
+        if self.train_path is not None:
+            return {"train": Path(self.train_path),
+                    **{k: Path(v) for k, v in dict(self.eval_paths or {}).items()}}
+        return {k: v for k, v in self._world().items() if k != "corpus"}
+
+    def prompts(self, split: str) -> list[Prompt]:
+        paths = self.split_paths()
+        if split not in paths:
+            raise ValueError(f"task.search_qa has no split {split!r}; have {sorted(paths)}")
+        return [example_to_prompt(ex) for ex in load_qa(paths[split], fmt=self.data_format)]
+
+    def make_retriever(self) -> Any:
+        cfg = dict(self.retriever or {})
+        if not cfg:
+            cfg = {"name": "bm25", "corpus_path": str(self._world()["corpus"]),
+                   "cache_dir": str(Path(self.cache_dir) / "bm25")}
+        return _cached_retriever(json.dumps(cfg, sort_keys=True))
+
+    def make_env(self, tokenizer: Tokenizer, sampling: SamplingParams) -> SearchEnv:
+        return SearchEnv(tokenizer, sampling, self.make_retriever(), topk=self.topk,
+                         max_turns=self.max_turns, max_response_tokens=self.max_response_tokens,
+                         max_obs_tokens=self.max_obs_tokens)
+
+    def outcome(self, prompt: Prompt, traj: Trajectory) -> float:
+        return float(QA_REWARDS.get(self.reward)(traj.text, list(prompt.answer)))

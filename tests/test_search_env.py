@@ -1,0 +1,134 @@
+"""Multi-turn search environment on scripted policies (the environment is under test)."""
+
+import numpy as np
+import pytest
+
+from models.presets import cached_tokenizer, shipped_gguf_path
+from models.sampler import Generation, SamplingParams
+from rl.search.corpus import Doc
+from rl.search.env import INVALID_ACTION, SearchEnv, parse_action, search_prompt
+from rl.types import Prompt
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return cached_tokenizer(str(shipped_gguf_path()))
+
+
+class ScriptedPolicy:
+    """Emits scripted turns per row; honours stop strings like the real sampler (the text up
+    to and including the first stop string). A turn ending in "[EOS]" finishes with EOS."""
+
+    def __init__(self, tok, scripts):
+        self.tokenizer, self.scripts = tok, scripts
+        self.calls: list[list[int]] = []  # which rows each call served
+        self._turn: dict[int, int] = {}
+
+    def generate(self, prompts, sampling, seed, max_new_per_row=None):
+        rows = []
+        outs, finishes = [], []
+        for p in prompts:
+            row = self._identify(p)
+            rows.append(row)
+            turn = self._turn.get(row, 0)
+            self._turn[row] = turn + 1
+            text = self.scripts[row][turn]
+            finish = "length"  # a turn without a stop string ran out of budget ...
+            if text.endswith("[EOS]"):  # ... unless the script says the policy emitted EOS
+                text, finish = text[:-5], "eos"
+            for s in sampling.stop:
+                if s in text:
+                    text = text[: text.index(s) + len(s)]
+                    finish = "stop"
+            outs.append(self.tokenizer.encode(text))
+            finishes.append(finish)
+        self.calls.append(rows)
+        n = max(len(o) for o in outs)
+        tokens = np.zeros((len(outs), n), np.int32)
+        for i, o in enumerate(outs):
+            tokens[i, :len(o)] = o
+        return Generation(tokens=tokens, logprobs=np.full((len(outs), n), -0.5, np.float32),
+                          lengths=np.asarray([len(o) for o in outs]), finish=tuple(finishes),
+                          texts=tuple(self.tokenizer.decode(o) for o in outs))
+
+    def _identify(self, prompt_tokens):
+        # rows are told apart by their prompt (one prompt per row in these tests)
+        key = tuple(prompt_tokens[: self.prompt_len])
+        return self.row_by_prompt[key]
+
+
+class FixedRetriever:
+    def __init__(self):
+        self.queries = []
+
+    def retrieve(self, queries, topk=3):
+        self.queries += list(queries)
+        return [[Doc(id=f"d{i}", title=f"Title {q}", text=f"text about {q}", score=1.0)
+                 for i in range(topk)] for q in queries]
+
+
+def _setup(tok, scripts, max_turns=2):
+    prompts = [Prompt(id=f"p{i}", messages=({"role": "user",
+                                             "content": search_prompt(f"question {i}?")},))
+               for i in range(len(scripts))]
+    policy = ScriptedPolicy(tok, scripts)
+    encoded = [tok.encode_chat(list(p.messages)) for p in prompts]
+    policy.prompt_len = len(encoded[0])
+    policy.row_by_prompt = {tuple(e[: policy.prompt_len]): i for i, e in enumerate(encoded)}
+    retriever = FixedRetriever()
+    env = SearchEnv(tok, SamplingParams(32), retriever, topk=2, max_turns=max_turns)
+    return env, policy, prompts, retriever
+
+
+def test_turn_logic_masks_and_finished_rows(tok):
+    scripts = [
+        # row 0: search, then answer
+        ["<think>need info</think><search> alpha </search> ignored tail",
+         "<think>ok</think><answer> Alpha </answer>"],
+        # row 1: answers at once
+        ["<answer> beta </answer>"],
+        # row 2: invalid, then search, then the final (search-disabled) turn
+        ["I am not sure", "<search> gamma </search>", "<answer> g </answer>"],
+        ["I give up.[EOS]"],  # row 3: EOS without an action: done, not retried
+    ]
+    env, policy, prompts, retriever = _setup(tok, scripts, max_turns=2)
+    groups = env.rollout(policy, prompts, group_size=1, seed=0)
+    trajs = [g.trajectories[0] for g in groups]
+
+    assert retriever.queries == ["alpha", "gamma"]
+    # finished rows stop costing compute: row 1 is served once, row 0 twice, row 2 three times
+    assert policy.calls == [[0, 1, 2, 3], [0, 2], [2]]
+    assert [t.finish for t in trajs] == ["answer", "answer", "answer", "eos"]
+    assert trajs[0].info == {"turns": 2, "searches": 1, "invalid_actions": 0}
+    assert trajs[2].info == {"turns": 3, "searches": 1, "invalid_actions": 1}
+
+    for t in trajs:
+        toks, mask = np.asarray(t.tokens), np.asarray(t.loss_mask)
+        observed = tok.decode(toks[mask == 0].tolist())
+        acted = tok.decode(toks[mask == 1].tolist())
+        assert "<information>" not in acted and "Doc 1" not in acted
+        assert observed.count("<information>") == t.text.count("<information>")
+        assert (np.asarray(t.logprobs)[mask == 0] == 0).all()
+    t0 = trajs[0]
+    obs = tok.decode(np.asarray(t0.tokens)[np.asarray(t0.loss_mask) == 0].tolist())
+    assert obs == ("\n\n<information>Doc 1(Title: Title alpha) text about alpha\n"
+                   "Doc 2(Title: Title alpha) text about alpha</information>\n\n")
+    assert "ignored tail" not in t0.text  # generation stopped right after </search>
+    assert INVALID_ACTION.strip() in trajs[2].text
+
+
+def test_final_turn_has_search_disabled(tok):
+    scripts = [["<search> a </search>", "<search> b </search>", "<search> c </search>"]]
+    env, policy, prompts, retriever = _setup(tok, scripts, max_turns=2)
+    traj = env.rollout(policy, prompts, 1, 0)[0].trajectories[0]
+    assert retriever.queries == ["a", "b"]  # the third search is not executed
+    assert traj.info["turns"] == 3 and traj.info["searches"] == 2
+
+
+def test_parse_action_and_prompt():
+    assert parse_action("x <search> q1 </search> <answer> y </answer>") == ("search", "q1")
+    assert parse_action("<answer>\n Paris </answer>") == ("answer", "Paris")
+    assert parse_action("<search> unclosed") == (None, "")
+    p = search_prompt("Who?")
+    assert p.startswith("Answer the given question.") and p.endswith("Question: Who?\n")
+    assert "<answer> Beijing </answer>" in p
