@@ -1,0 +1,158 @@
+"""Evaluate a base model or a training run's checkpoint: ``python -m rl.eval`` (hydra).
+
+    python -m rl.eval task=search_qa                              # the base model
+    python -m rl.eval task=search_qa eval.run=runs/my_run         # latest checkpoint of a run
+    python -m rl.eval task=search_qa judge=rule eval.splits=[dev,test]
+
+Greedy rollouts on each split (for search_qa with `eval_paths`, each named dataset). Search
+tasks report EM, F1, format-valid rate, average turns and searches, and LLM-judge accuracy when
+a judge is configured; any task reports its outcome mean. Per split and averaged; printed as a
+table and written to `<out_dir>/eval.json` (default: the run folder, else the hydra folder).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import hydra
+import jax
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from models import load_params
+from models.sampler import SamplingParams
+from rl.envs import SamplerPolicy
+from rl.types import Group
+
+log = logging.getLogger("rl.eval")
+
+
+def load_run_params(run_dir: str | Path, step: int | None = None) -> tuple[Any, Any, Any, int]:
+    """(model config, params, tokenizer, step) from a run folder's checkpoint."""
+    from rl.checkpoint import Checkpointer
+    from rl.optim import make_optimizer
+    from rl.train_step import init_train_state
+    from rl.trainer import optim_config
+
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.exists():
+        raise FileNotFoundError(f"{cfg_path}: not a run folder (no config.yaml)")
+    run_cfg = OmegaConf.to_container(OmegaConf.load(cfg_path), resolve=True)
+    model_cfg, params, tok = load_params(str(run_cfg["model"]["path"]))
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    step = ckpt.latest_step() if step is None else step
+    if step is None:
+        raise FileNotFoundError(f"{run_dir}/checkpoints: no checkpoint to evaluate")
+    state = init_train_state(params, make_optimizer(optim_config(run_cfg)))
+    restored, _ = ckpt.restore(step, {"state": state._asdict(),
+                                      "rng": jax.random.key_data(jax.random.key(0))})
+    ckpt.close()
+    return model_cfg, restored["state"]["params"], tok, step
+
+
+def search_metrics(groups: Sequence[Group], judge: Any = None) -> tuple[dict, list[dict]]:
+    from judges.types import EquivRequest
+    from rewards.qa import exact_match as em
+    from rewards.qa import extract_answer, f1_score, is_valid_format
+
+    rows = []
+    for g in groups:
+        t = g.trajectories[0]
+        pred = extract_answer(t.text)
+        golds = list(g.prompt.answer)
+        rows.append({"id": g.prompt.id, "question": g.prompt.question, "golds": golds,
+                     "prediction": pred, "em": em(pred, golds), "f1": f1_score(pred, golds),
+                     "valid": float(is_valid_format(t.text)), "turns": t.info.get("turns", 1),
+                     "searches": t.info.get("searches", 0), "response": t.text})
+    if judge is not None:
+        reqs = [EquivRequest(question=r["question"], prediction=r["prediction"] or "",
+                             golds=tuple(r["golds"])) for r in rows]
+        for r, res in zip(rows, judge.equivalent(reqs)):
+            r["judge_acc"] = float(res.equivalent)
+    keys = ["em", "f1", "valid", "turns", "searches"] + (["judge_acc"] if judge else [])
+    return {k: float(np.mean([r[k] for r in rows])) for k in keys}, rows
+
+
+def evaluate(task: Any, policy: SamplerPolicy, splits: Sequence[str], max_new_tokens: int,
+             judge: Any = None, max_examples: int | None = None) -> dict[str, Any]:
+    """Greedy evaluation of `policy` on each split; returns {split: metrics, "average": ...}."""
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    env = task.make_env(policy.tokenizer, sampling)
+    results: dict[str, Any] = {}
+    records: dict[str, list] = {}
+    for split in splits:
+        prompts = task.prompts(split)[:max_examples]
+        t0 = time.perf_counter()
+        groups = env.rollout(policy, prompts, 1, seed=0)
+        outcome = [task.outcome(g.prompt, g.trajectories[0]) for g in groups]
+        metrics = {"n": len(groups), "outcome": float(np.mean(outcome))}
+        if getattr(task, "name", "") == "search_qa":
+            m, records[split] = search_metrics(groups, judge)
+            metrics |= m
+        metrics["time_s"] = time.perf_counter() - t0
+        results[split] = metrics
+    keys = [k for k in results[splits[0]] if k not in ("n", "time_s")]
+    results["average"] = {k: float(np.mean([results[s][k] for s in splits])) for k in keys}
+    results["_records"] = records
+    return results
+
+
+def format_table(results: Mapping[str, Any]) -> str:
+    names = [k for k in results if not k.startswith("_")]
+    cols = [k for k in results["average"]]
+    head = f"{'split':<14}" + "".join(f"{c:>11}" for c in cols)
+    lines = [head, "-" * len(head)]
+    for name in names:
+        row = results[name]
+        lines.append(f"{name:<14}" + "".join(
+            f"{row.get(c, float('nan')):>11.3f}" for c in cols))
+    return "\n".join(lines)
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    from judges import make_judge
+    from rl.tasks import make_task
+
+    c = OmegaConf.to_container(cfg, resolve=True)
+    e = c["eval"]
+    task = make_task(c["task"])
+    if e.get("run"):
+        model_cfg, params, tok, step = load_run_params(e["run"], e.get("step"))
+        source = f"{e['run']} (step {step})"
+    else:
+        model_cfg, params, tok = load_params(str(c["model"]["path"]))
+        source = f"base model {c['model']['path']}"
+    judge = make_judge(dict(c["judge"])) if c["judge"].get("name", "none") != "none" else None
+    splits = list(e["splits"]) if e.get("splits") else ["test"]
+    results = evaluate(task, SamplerPolicy(model_cfg, params, tok), splits,
+                       int(e.get("max_new_tokens") or c["trainer"]["max_new_tokens"]),
+                       judge=judge, max_examples=e.get("max_examples"))
+    records = results.pop("_records")
+    out_dir = Path(e.get("out_dir") or e.get("run") or c["trainer"]["run_dir"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "eval.json").write_text(json.dumps({"source": source, "results": results},
+                                                  indent=1))
+    if records:
+        with (out_dir / "eval_samples.jsonl").open("w") as f:
+            for split, rows in records.items():
+                for r in rows:
+                    f.write(json.dumps({"split": split, **r}) + "\n")
+    print(f"evaluation of {source} on task {task.name}")
+    print(format_table(results))
+    print(f"written: {out_dir / 'eval.json'}")
+    return results
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()
