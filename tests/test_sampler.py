@@ -148,3 +148,14 @@ def test_token_logprobs_entropy_shapes(tiny):
     assert lp.shape == ent.shape == toks.shape
     assert float(jnp.max(ent)) <= np.log(cfg.vocab_size) + 1e-3
     assert jax.numpy.all(lp <= 0)
+
+
+def test_repeated_prompts_share_one_prefill(tiny):
+    cfg, params, tok = tiny
+    a, b = _prompts(tok)[:2]
+    sp = SamplingParams(max_new_tokens=10, temperature=0)
+    got = generate(cfg, params, tok, [a, b, a, a], sp).token_lists()
+    assert got == [generate(cfg, params, tok, [p], sp).token_lists()[0] for p in (a, b, a, a)]
+    sampled = generate(cfg, params, tok, [a, a, a, a], SamplingParams(10, temperature=1.0),
+                       seed=1).token_lists()
+    assert len({tuple(x) for x in sampled}) > 1  # the copies still sample independently
