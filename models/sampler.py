@@ -186,21 +186,33 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
                       finish=tuple(FINISH_REASONS[int(f)] for f in finish), texts=texts)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "remat", "with_entropy"))
+@functools.partial(jax.jit, static_argnames=("cfg", "remat", "with_entropy", "resp_len"))
 def token_logprobs(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array,
-                   remat: bool = False, with_entropy: bool = False) -> Any:
-    """log p(tokens[:, t] | tokens[:, <t]) for t >= 1, shape [B, T]; position 0 gets 0.
+                   remat: bool = False, with_entropy: bool = False,
+                   resp_start: jax.Array | None = None, resp_len: int | None = None) -> Any:
+    """log p(tokens[:, t] | tokens[:, <t]).
 
-    mask [B, T] marks real tokens (left or right padding both work). With `with_entropy`,
-    also returns the policy entropy at each position's prediction, aligned the same way.
+    Without a window: shape [B, T], position 0 gets 0. With `resp_start` [B] and a static
+    `resp_len` R: only the response window, shape [B, R], entry j scoring token
+    resp_start[b] + j — logits are computed for those positions only, which is most of the
+    saving in RL where prompts are long and responses short. mask [B, T] marks real tokens.
+    With `with_entropy`, also returns the policy entropy at the same positions.
     """
     hidden, _ = forward(cfg, params, tokens, mask, remat=remat, return_hidden=True)
-    logits = unembed(cfg, params, hidden[:, :-1])
+    if resp_start is None:
+        pred_pos = jnp.broadcast_to(jnp.arange(tokens.shape[1] - 1), (tokens.shape[0],
+                                                                      tokens.shape[1] - 1))
+    else:
+        pred_pos = jnp.clip(resp_start[:, None] - 1 + jnp.arange(resp_len), 0,
+                            tokens.shape[1] - 2)
+    h = jnp.take_along_axis(hidden, pred_pos[..., None], axis=1)
+    targets = jnp.take_along_axis(tokens, pred_pos + 1, axis=1)
+    logits = unembed(cfg, params, h)
     logz = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
-    logp = jnp.pad(picked - logz, ((0, 0), (1, 0)))
+    logp = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0] - logz
+    pad = ((0, 0), (1, 0)) if resp_start is None else ((0, 0), (0, 0))
     if not with_entropy:
-        return logp
+        return jnp.pad(logp, pad)
     probs = jnp.exp(logits - logz[..., None])
     ent = logz - jnp.sum(probs * logits, axis=-1)
-    return logp, jnp.pad(ent, ((0, 0), (1, 0)))
+    return jnp.pad(logp, pad), jnp.pad(ent, pad)

@@ -68,11 +68,14 @@ def policy_loss(cfg: ModelConfig, lc: LossConfig, params: Params,
                 batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Scalar loss and metrics for one (micro-)batch.
 
-    batch: tokens, attn_mask, loss_mask [B,T]; advantages [B]; logp_old [B,T] unless on_policy;
-    logp_ref [B,T] when beta > 0.
+    batch: tokens, attn_mask [B,T]; resp_start [B] (first response position); loss_mask [B,R]
+    over the response window; advantages [B]; logp_old [B,R] unless on_policy; logp_ref [B,R]
+    when beta > 0.
     """
     logp, entropy = token_logprobs(cfg, params, batch["tokens"], batch["attn_mask"],
-                                   remat=lc.remat, with_entropy=True)
+                                   remat=lc.remat, with_entropy=True,
+                                   resp_start=batch["resp_start"],
+                                   resp_len=batch["loss_mask"].shape[1])
     mask = batch["loss_mask"].astype(jnp.float32)
     logp_old = jax.lax.stop_gradient(logp) if lc.on_policy else batch["logp_old"]
     per_token, stats = ppo_clip_loss(logp, logp_old, batch["advantages"], mask,

@@ -82,21 +82,24 @@ def _bucket(n: int, size: int = 32) -> int:
 
 
 def build_batch(groups: Sequence[Group], advantages: np.ndarray, pad_id: int) -> dict:
-    """Right-padded training arrays: tokens, attn_mask, loss_mask [B,T], advantages [B]."""
+    """Right-padded training arrays: tokens, attn_mask [B,T]; resp_start [B]; the response
+    window's loss_mask [B,R]; advantages [B]. T and R are rounded up to limit recompiles."""
     trajs = [t for g in groups for t in g.trajectories]
-    lengths = [len(t.prompt_tokens) + len(t.tokens) for t in trajs]
-    width = _bucket(max(lengths))
+    width = _bucket(max(len(t.prompt_tokens) + len(t.tokens) for t in trajs))
+    resp = _bucket(max(max(len(t.tokens) for t in trajs), 1), 16)
     b = len(trajs)
     tokens = np.full((b, width), pad_id, np.int32)
     attn = np.zeros((b, width), bool)
-    loss = np.zeros((b, width), np.float32)
+    loss = np.zeros((b, resp), np.float32)
+    start = np.zeros(b, np.int32)
     for i, t in enumerate(trajs):
         p, n = len(t.prompt_tokens), len(t.tokens)
         tokens[i, :p + n] = (*t.prompt_tokens, *t.tokens)
         attn[i, :p + n] = True
-        loss[i, p:p + n] = t.loss_mask
-    return {"tokens": tokens, "attn_mask": attn, "loss_mask": loss,
-            "advantages": np.asarray(advantages, np.float32).reshape(-1)}
+        loss[i, :n] = t.loss_mask
+        start[i] = p
+    return {"tokens": tokens, "attn_mask": attn, "resp_start": start,
+            "loss_mask": loss, "advantages": np.asarray(advantages, np.float32).reshape(-1)}
 
 
 def fingerprint(cfg: Mapping[str, Any], model_cfg: Any) -> dict[str, Any]:
@@ -210,9 +213,10 @@ class Trainer:
         return metrics, time.perf_counter() - t0
 
     def logprobs_with(self, params: Any, batch: dict) -> np.ndarray:
-        return np.asarray(token_logprobs(self.model_cfg, params, jnp.asarray(batch["tokens"]),
-                                         jnp.asarray(batch["attn_mask"]),
-                                         remat=self.loss_cfg.remat))
+        return np.asarray(token_logprobs(
+            self.model_cfg, params, jnp.asarray(batch["tokens"]), jnp.asarray(batch["attn_mask"]),
+            remat=self.loss_cfg.remat, resp_start=jnp.asarray(batch["resp_start"]),
+            resp_len=batch["loss_mask"].shape[1]))
 
     # ------------------------------------------------------------------------- loop
 

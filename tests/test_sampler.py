@@ -159,3 +159,16 @@ def test_repeated_prompts_share_one_prefill(tiny):
     sampled = generate(cfg, params, tok, [a, a, a, a], SamplingParams(10, temperature=1.0),
                        seed=1).token_lists()
     assert len({tuple(x) for x in sampled}) > 1  # the copies still sample independently
+
+
+def test_response_window_logprobs_equal_full(tiny):
+    cfg, params, tok = tiny
+    toks, mask = left_pad(_prompts(tok), tok.pad_id)
+    toks, mask = jnp.asarray(toks), jnp.asarray(mask)
+    full, ent_full = token_logprobs(cfg, params, toks, mask, with_entropy=True)
+    start = jnp.asarray([3, 7, 10])
+    win, ent = token_logprobs(cfg, params, toks, mask, with_entropy=True, resp_start=start,
+                              resp_len=5)
+    for i, s in enumerate([3, 7, 10]):
+        np.testing.assert_allclose(win[i], full[i, s:s + 5], atol=1e-5)
+        np.testing.assert_allclose(ent[i], ent_full[i, s:s + 5], atol=1e-5)

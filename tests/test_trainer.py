@@ -181,11 +181,11 @@ def test_sharded_train_step_matches_single_device():
         rng = np.random.default_rng(0)
         b, t = 8, 16
         batch = {"tokens": rng.integers(0, 256, (b, t)).astype(np.int32),
-                 "attn_mask": np.ones((b, t), bool),
-                 "loss_mask": (rng.random((b, t)) < 0.7).astype(np.float32),
+                 "attn_mask": np.ones((b, t), bool), "resp_start": np.full(b, 6, np.int32),
+                 "loss_mask": (rng.random((b, 8)) < 0.7).astype(np.float32),
                  "advantages": rng.normal(size=b).astype(np.float32),
-                 "logp_old": -5.5 + 0.1 * rng.normal(size=(b, t)).astype(np.float32),
-                 "logp_ref": -5.5 + 0.1 * rng.normal(size=(b, t)).astype(np.float32)}
+                 "logp_old": -5.5 + 0.1 * rng.normal(size=(b, 8)).astype(np.float32),
+                 "logp_ref": -5.5 + 0.1 * rng.normal(size=(b, 8)).astype(np.float32)}
         step = make_train_step(cfg, lc, opt, donate=False)
         ref_state, ref_m = step(init_train_state(params, opt), batch)
         mesh = make_mesh({"data": 4, "fsdp": 2, "tensor": 1})
