@@ -156,7 +156,8 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
 
     Generation of a row ends at an EOS token, right after the token that completes a stop
     string, or after `max_new_per_row[b]` (default `sampling.max_new_tokens`) tokens.
-    Same seed and inputs give the same samples.
+    Same seed and inputs give the same samples. `eos_ids` overrides the tokenizer's EOS
+    tokens (an empty list never stops at EOS: benchmarks use it for fixed lengths).
     """
     distinct: dict[tuple[int, ...], int] = {}
     rows = np.asarray([distinct.setdefault(tuple(p), len(distinct)) for p in prompts], np.int32)
@@ -170,7 +171,9 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     else:
         stop_next = np.zeros((1, cfg.vocab_size), np.int32)
         stop_hit = np.zeros((1, cfg.vocab_size), bool)
-    eos = np.asarray(tokenizer.eos_ids or cfg.eos_token_ids or (-1,), np.int32)
+    if eos_ids is None:
+        eos_ids = tokenizer.eos_ids or cfg.eos_token_ids
+    eos = np.asarray(tuple(eos_ids) or (-1,), np.int32)
     key = jax.random.key(seed) if isinstance(seed, int) else seed
     out, logp, length, finish = _generate(
         cfg, params, jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(rows), key,
