@@ -29,12 +29,14 @@ FINISH_REASONS = ("length", "eos", "stop")
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. temperature 0 means greedy."""
+    """How to sample. temperature 0 means greedy; ignore_eos generates exactly
+    max_new_tokens (benchmarks)."""
 
     max_new_tokens: int = 128
     temperature: float = 1.0
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -171,7 +173,9 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     else:
         stop_next = np.zeros((1, cfg.vocab_size), np.int32)
         stop_hit = np.zeros((1, cfg.vocab_size), bool)
-    if eos_ids is None:
+    if sampling.ignore_eos:
+        eos_ids = ()
+    elif eos_ids is None:
         eos_ids = tokenizer.eos_ids or cfg.eos_token_ids
     eos = np.asarray(tuple(eos_ids) or (-1,), np.int32)
     key = jax.random.key(seed) if isinstance(seed, int) else seed

@@ -407,7 +407,8 @@ def build_trainer(cfg: Mapping[str, Any], config_text: str = "") -> Trainer:
     ref_params = jax.tree.map(jnp.copy, params) if lc.beta > 0 else None
     state = init_train_state(params, optimizer)
     sampling = SamplingParams(max_new_tokens=int(t["max_new_tokens"]),
-                              temperature=float(t["temperature"]), top_p=float(t["top_p"]))
+                              temperature=float(t["temperature"]), top_p=float(t["top_p"]),
+                              ignore_eos=bool(t.get("ignore_eos", False)))
     from judges import make_judge
 
     judge = make_judge(dict(cfg["judge"])) if cfg.get("judge") and cfg["judge"].get(
