@@ -153,7 +153,7 @@ def _generate(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Arr
 def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
              prompts: Sequence[Sequence[int]], sampling: SamplingParams = SamplingParams(),
              seed: int | jax.Array = 0, max_new_per_row: Sequence[int] | None = None,
-             decode_text: bool = True) -> Generation:
+             decode_text: bool = True, eos_ids: Sequence[int] | None = None) -> Generation:
     """Sample continuations of token-id prompts (apply chat templates beforehand).
 
     Generation of a row ends at an EOS token, right after the token that completes a stop

@@ -172,3 +172,10 @@ def test_response_window_logprobs_equal_full(tiny):
     for i, s in enumerate([3, 7, 10]):
         np.testing.assert_allclose(win[i], full[i, s:s + 5], atol=1e-5)
         np.testing.assert_allclose(ent[i], ent_full[i, s:s + 5], atol=1e-5)
+
+
+def test_ignore_eos_generates_exact_lengths(shipped):
+    cfg, params, tok = shipped
+    prompt = tok.encode_chat([{"role": "user", "content": "Say hi."}])
+    g = generate(cfg, params, tok, [prompt], SamplingParams(40, temperature=0, ignore_eos=True))
+    assert g.lengths.tolist() == [40] and g.finish == ("length",)
