@@ -81,12 +81,15 @@ def _bucket(n: int, size: int = 32) -> int:
     return max(size, -(-n // size) * size)
 
 
-def build_batch(groups: Sequence[Group], advantages: np.ndarray, pad_id: int) -> dict:
+def build_batch(groups: Sequence[Group], advantages: np.ndarray, pad_id: int,
+                resp_len: int = 16) -> dict:
     """Right-padded training arrays: tokens, attn_mask [B,T]; resp_start [B]; the response
-    window's loss_mask [B,R]; advantages [B]. T and R are rounded up to limit recompiles."""
+    window's loss_mask [B,R]; advantages [B]. R is at least `resp_len` (the run's response
+    budget) and T is rounded up to a multiple of 64, so shapes, and compilations, rarely change
+    from step to step."""
     trajs = [t for g in groups for t in g.trajectories]
-    width = _bucket(max(len(t.prompt_tokens) + len(t.tokens) for t in trajs))
-    resp = _bucket(max(max(len(t.tokens) for t in trajs), 1), 16)
+    resp = _bucket(max(resp_len, *(len(t.tokens) for t in trajs)), 16)
+    width = _bucket(max(len(t.prompt_tokens) for t in trajs) + resp, 64)
     b = len(trajs)
     tokens = np.full((b, width), pad_id, np.int32)
     attn = np.zeros((b, width), bool)
@@ -140,6 +143,11 @@ class Trainer:
 
     # ------------------------------------------------------------------------- phases
 
+    def response_budget(self) -> int:
+        """Most tokens a trajectory holds after its prompt (multi-turn tasks say so)."""
+        return int(getattr(self.task, "max_response_tokens", 0)
+                   or self.cfg["trainer"]["max_new_tokens"])
+
     def policy(self) -> SamplerPolicy:
         return SamplerPolicy(self.model_cfg, self.state.params, self.tokenizer)
 
@@ -150,6 +158,7 @@ class Trainer:
         target = int(t["batch_prompts"])
         keep_groups: list[Group] = []
         outs: list[RewardOutput] = []
+        events: list = []  # every draw's rubric-memory events, kept or not
         info = {"time/rollout_s": 0.0, "time/reward_s": 0.0, "dapo/gen_batches": 0,
                 "dapo/dropped_groups": 0, "rollout/generated_tokens": 0}
         state = self.reward_state
@@ -163,6 +172,7 @@ class Trainer:
             t1 = time.perf_counter()
             out = self.rewarder(groups, state, step)
             state = out.state
+            events.extend(out.events)
             info["time/rollout_s"] += t1 - t0
             info["time/reward_s"] += time.perf_counter() - t1
             info["dapo/gen_batches"] += 1
@@ -179,11 +189,11 @@ class Trainer:
                 break
         info["dapo/filled"] = float(len(keep_groups) >= target)
         if not keep_groups:  # nothing informative: train on the last draw (zero advantages)
-            return groups, out, info | {"_state": state}
+            return groups, dataclasses.replace(out, events=tuple(events)), info | {
+                "_state": state}
         merged = RewardOutput(rewards=np.concatenate([o.rewards for o in outs]),
                               outcome=np.concatenate([o.outcome for o in outs]),
-                              metrics=outs[-1].metrics, state=state,
-                              events=tuple(e for o in outs for e in o.events),
+                              metrics=out.metrics, state=state, events=tuple(events),
                               per_traj=tuple(p for o in outs for p in o.per_traj))
         return keep_groups, merged, info | {"_state": state}
 
@@ -227,7 +237,7 @@ class Trainer:
         rewards = self.shaped_rewards(groups, out.rewards)
         adv = np.asarray(group_advantages(jnp.asarray(rewards, jnp.float32),
                                           str(self.cfg["algo"]["advantage"])))
-        batch = build_batch(groups, adv, self.tokenizer.pad_id)
+        batch = build_batch(groups, adv, self.tokenizer.pad_id, self.response_budget())
         t0 = time.perf_counter()
         if self.loss_cfg.beta > 0:
             batch["logp_ref"] = self.logprobs_with(self.ref_params, batch)
@@ -334,7 +344,6 @@ class Trainer:
 def _row(out: RewardOutput, i: int) -> RewardOutput:
     return RewardOutput(rewards=out.rewards[i:i + 1], outcome=out.outcome[i:i + 1],
                         metrics=out.metrics, state=out.state,
-                        events=out.events if i == 0 else (),
                         per_traj=out.per_traj[i:i + 1] if out.per_traj else ())
 
 

@@ -1,0 +1,213 @@
+"""The trainer's seam to ARBOR: rewarders ``"arbor"`` and ``"static_rubrics"`` (SPEC 3).
+
+``rl.rewarders.make_rewarder`` imports this module, so both names register themselves in
+``rl.rewarders.REWARDERS``; ``algo.rewarder=arbor`` then builds one with
+``factory(task=task, judge=judge, **algo.rewarder_options)``.
+
+* ``"arbor"`` (``ArborRewarder``): options are ``MemoryConfig`` fields (``delta_v``,
+  ``rho_min``, ``k_consol``, ``retire_k``, ``rubric_lambda``, ``use_common_pool``, ...) plus
+  ``seed`` (seeds comparison graphs and presentation coins). Its host-side state is the rubric
+  memory ``RubricMemory``, threaded through the steps and saved in every checkpoint as
+  ``RubricMemory.to_dict()``; its events (admissions, rejections with reason, consolidations,
+  merges, activations, retirements) go to the run folder's ``memory_events.jsonl``.
+* ``"static_rubrics"`` (``StaticRubricRewarder``): the RaR-style ablation, a fixed rubric list
+  (``rubrics_path``, default ``conf/rubrics/rar_search.jsonl``) scored additively; no state.
+
+Both need a judge (``judge=rule|local|openai``) and a QA-like task: ``Prompt.answer`` holds the
+gold answers, ``Prompt.question`` the question, ``task.outcome`` is ``R_base``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memory.reward import GroupInput, arbor_reward_step
+from memory.state import MemoryConfig, RubricMemory
+from memory.static import StaticRubric, load_static_rubrics, static_rubric_step
+from rl.rewarders import REWARDERS
+from rl.types import Group, RewardOutput, Task
+
+#: The repository root (``conf/`` lives there); relative rubric paths fall back to it so a run
+#: started from another working directory still finds the shipped rubric file.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_STATIC_RUBRICS = "conf/rubrics/rar_search.jsonl"
+
+#: Friendly aliases of ``memory.embed.EMBEDDERS`` names accepted in configs.
+EMBEDDER_ALIASES = {"hashing": "hash", "minilm-l6": "minilm", "all-minilm-l6-v2": "minilm"}
+
+NO_JUDGE = "algo={algo} needs a judge: judge=rule|local|openai"
+
+
+def _require_judge(judge: Any, algo: str) -> None:
+    if judge is None:
+        raise ValueError(NO_JUDGE.format(algo=algo))
+
+
+def _golds(answer: Any) -> tuple[str, ...]:
+    """Gold aliases as strings: search tasks give a tuple; a scalar answer is one alias."""
+    if answer is None:
+        return ()
+    if isinstance(answer, str | int | float):
+        return (str(answer),)
+    return tuple(str(a) for a in answer)
+
+
+def group_inputs(task: Task, groups: Sequence[Group]) -> list[GroupInput]:
+    """One ``GroupInput`` per group: ``R_base = task.outcome`` (F1 if the format is valid else
+    -1 for ``task=search_qa``), lengths in generated (action) tokens. Validity is left to its
+    default ``R_base >= 0``, which is exact for ARBOR's outcome reward."""
+    out = []
+    for g in groups:
+        p = g.prompt
+        out.append(GroupInput(
+            qid=str(p.id),
+            question=p.question,
+            golds=_golds(p.answer),
+            texts=tuple(t.text for t in g.trajectories),
+            r_base=tuple(float(task.outcome(p, t)) for t in g.trajectories),
+            lengths=tuple(t.num_action_tokens for t in g.trajectories),
+        ))
+    return out
+
+
+def _base_matrix(inputs: Sequence[GroupInput]) -> np.ndarray:
+    """[N, G] R_base (NaN padding for ragged groups; the trainer passes equal sizes)."""
+    gmax = max((g.size for g in inputs), default=0)
+    out = np.full((len(inputs), gmax), np.nan)
+    for n, g in enumerate(inputs):
+        out[n, :g.size] = g.r_base
+    return out
+
+
+def _per_traj(combined: np.ndarray, inputs: Sequence[GroupInput],
+              ids: Sequence[Sequence[str]] = ()) -> tuple[tuple[Mapping[str, Any], ...], ...]:
+    """Per-trajectory rubric details (for sample logs): the centred score s~ and the rubric
+    ids that scored the group."""
+    out = []
+    for n, g in enumerate(inputs):
+        used = [slot[n] for slot in ids if slot[n]]
+        out.append(tuple({"rubric_score": float(combined[n, i]), "rubric_ids": used}
+                         for i in range(g.size)))
+    return tuple(out)
+
+
+def memory_config(options: Mapping[str, Any]) -> MemoryConfig:
+    """``MemoryConfig`` from rewarder options (unknown keys are an error, embedder aliases are
+    resolved), so a typo in ``algo.rewarder_options`` fails at start-up."""
+    opts = dict(options)
+    if "embedder" in opts:
+        name = str(opts["embedder"])
+        opts["embedder"] = EMBEDDER_ALIASES.get(name.lower(), name)
+        from memory.embed import EMBEDDERS
+
+        EMBEDDERS.get(opts["embedder"])  # fail early on an unknown embedder name
+    return MemoryConfig.from_mapping(opts)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArborRewarder:
+    """``R_total = R_base + lambda * s~`` from the rubric memory; state = ``RubricMemory``.
+
+    Build it with ``arbor_rewarder(task, judge, **options)`` (the registered factory) or
+    directly with a ``MemoryConfig``. The judge is the only effectful collaborator.
+    """
+
+    task: Task
+    judge: Any
+    cfg: MemoryConfig = MemoryConfig()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require_judge(self.judge, "arbor")
+
+    def init_state(self) -> RubricMemory:
+        return RubricMemory()
+
+    def __call__(self, groups: Sequence[Group], state: RubricMemory | None,
+                 step: int) -> RewardOutput:
+        inputs = group_inputs(self.task, groups)
+        memory = state if state is not None else RubricMemory()
+        out = arbor_reward_step(memory, inputs, self.judge, self.cfg, step=int(step),
+                                seed=self.seed)
+        sc = out.rubric_scores
+        metrics = dict(out.metrics)
+        finite = sc.combined[np.isfinite(sc.combined)]
+        metrics["memory/rubric_score_abs_mean"] = float(np.abs(finite).mean()) if finite.size \
+            else 0.0
+        return RewardOutput(
+            rewards=np.asarray(out.total_rewards, np.float64),
+            outcome=_base_matrix(inputs),
+            metrics=metrics,
+            state=out.memory,
+            events=tuple(e.to_dict() for e in out.events),
+            per_traj=_per_traj(sc.combined, inputs, sc.rubric_ids),
+        )
+
+    def state_to_json(self, state: RubricMemory | None) -> dict[str, Any] | None:
+        return None if state is None else state.to_dict()
+
+    def state_from_json(self, data: Mapping[str, Any] | None) -> RubricMemory:
+        # a checkpoint of a run without memory (or an old one) starts from an empty memory
+        return RubricMemory() if not data else RubricMemory.from_dict(dict(data))
+
+
+@REWARDERS.register("arbor")
+def arbor_rewarder(task: Task, judge: Any, seed: int = 0, **options: Any) -> ArborRewarder:
+    """Registered factory: ``options`` are ``MemoryConfig`` fields (see its docstring)."""
+    _require_judge(judge, "arbor")
+    return ArborRewarder(task=task, judge=judge, cfg=memory_config(options), seed=int(seed))
+
+
+def resolve_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as given if it exists, else relative to the repository root."""
+    p = Path(path).expanduser()
+    if p.exists() or p.is_absolute():
+        return p
+    alt = REPO_ROOT / p
+    return alt if alt.exists() else p
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticRubricRewarder:
+    """RaR-style ablation: every group scored by the same fixed rubrics (no memory)."""
+
+    task: Task
+    judge: Any
+    rubrics: tuple[StaticRubric, ...]
+    rubric_lambda: float = 0.1
+
+    def __post_init__(self) -> None:
+        _require_judge(self.judge, "rar")
+
+    def init_state(self) -> None:
+        return None
+
+    def __call__(self, groups: Sequence[Group], state: Any, step: int) -> RewardOutput:
+        inputs = group_inputs(self.task, groups)
+        out = static_rubric_step(inputs, self.rubrics, self.judge, self.rubric_lambda)
+        return RewardOutput(rewards=np.asarray(out.total_rewards, np.float64),
+                            outcome=_base_matrix(inputs), metrics=dict(out.metrics),
+                            state=None, per_traj=_per_traj(out.centred, inputs))
+
+    def state_to_json(self, state: Any) -> None:
+        return None
+
+    def state_from_json(self, data: Any) -> None:
+        return None
+
+
+@REWARDERS.register("static_rubrics")
+def static_rubrics_rewarder(task: Task, judge: Any, rubrics_path: str = DEFAULT_STATIC_RUBRICS,
+                            rubric_lambda: float = 0.1, seed: int = 0) -> StaticRubricRewarder:
+    """Registered factory. ``seed`` is accepted (and unused: static scoring draws nothing) so
+    the RaR config can share the ARBOR configs' keys; any other option is an error."""
+    _require_judge(judge, "rar")
+    rubrics = load_static_rubrics(resolve_path(rubrics_path))
+    return StaticRubricRewarder(task=task, judge=judge, rubrics=rubrics,
+                                rubric_lambda=float(rubric_lambda))
