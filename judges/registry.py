@@ -76,4 +76,6 @@ def make_judge(cfg: Mapping[str, Any] | Any) -> Judge:
     name = cfg.pop("name", None)
     if not name:
         raise ValueError(f"judge config needs a 'name' (one of: {', '.join(JUDGES.names())})")
+    if name == "local" and "local" not in JUDGES:
+        import judges.local  # noqa: F401  (lazy: pulls in JAX and the models package)
     return JUDGES.get(str(name))(cfg)

@@ -85,11 +85,11 @@ def build_batch(groups: Sequence[Group], advantages: np.ndarray, pad_id: int,
                 resp_len: int = 16) -> dict:
     """Right-padded training arrays: tokens, attn_mask [B,T]; resp_start [B]; the response
     window's loss_mask [B,R]; advantages [B]. R is at least `resp_len` (the run's response
-    budget) and T is rounded up to a multiple of 64, so shapes, and compilations, rarely change
+    budget) and T is rounded up to a multiple of 32, so shapes, and compilations, rarely change
     from step to step."""
     trajs = [t for g in groups for t in g.trajectories]
     resp = _bucket(max(resp_len, *(len(t.tokens) for t in trajs)), 16)
-    width = _bucket(max(len(t.prompt_tokens) for t in trajs) + resp, 64)
+    width = _bucket(max(len(t.prompt_tokens) for t in trajs) + resp, 32)
     b = len(trajs)
     tokens = np.full((b, width), pad_id, np.int32)
     attn = np.zeros((b, width), bool)

@@ -20,8 +20,10 @@ from rl.tasks import TASKS
 from rl.types import Prompt, Trajectory
 
 INSTRUCTION = "Answer with the number inside <answer> and </answer>."
-# one worked exchange in front of the question: small models copy the format from it
-DEMO = ({"role": "user", "content": f"{INSTRUCTION}\nWhat is 2 + 3?"},
+# A short system turn (instead of the template's default) and one worked exchange in front of
+# the question: small models copy the format from it, and the prompt stays short to train on.
+DEMO = ({"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": f"{INSTRUCTION}\nWhat is 2 + 3?"},
         {"role": "assistant", "content": "<answer>5</answer>"})
 ANSWER_RE = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL)
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -35,7 +37,7 @@ def make_problems(n: int, seed: int, max_operand: int, ops: Sequence[str]) -> li
         op = str(rng.choice(list(ops)))
         a, b = (int(x) for x in rng.integers(0, max_operand + 1, size=2))
         question = f"What is {a} {op} {b}?"
-        ask = {"role": "user", "content": f"{INSTRUCTION}\n{question}"}
+        ask = {"role": "user", "content": question}
         out.append(Prompt(id=f"arith-{seed}-{i}", messages=(*DEMO, ask),
                           answer=OPS[op](a, b), meta={"question": question}))
     return out
