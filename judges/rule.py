@@ -30,7 +30,6 @@ import json
 import math
 import operator
 import re
-import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -51,22 +50,13 @@ from judges.types import (
     PairResult,
     as_draft,
 )
+from rewards.qa import normalize_answer
 
 FEATURE_LIBRARY_VERSION = "features-v1"
 
 Predicate = Callable[[str, str], bool]  # (context / question, response / trajectory) -> bool
 
-# --- answer normalisation (SPEC 2: lowercase, strip punctuation, drop articles, collapse ws) ---
-
-_PUNCT = set(string.punctuation)
-
-
-def normalize_answer(text: str) -> str:
-    """SQuAD-style normalisation used for EM/F1 and the equivalence fallback."""
-    text = (text or "").lower()
-    text = "".join(ch for ch in text if ch not in _PUNCT)
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
+# answer normalisation (SPEC 2) lives with the QA rewards; the equivalence fallback reuses it
 
 
 def _contains_phrase(haystack: str, needle: str) -> bool:
