@@ -294,9 +294,14 @@ class Trainer:
         groups = env.rollout(self.policy(), prompts, 1, seed=0)
         scores = np.asarray([self.task.outcome(g.prompt, g.trajectories[0]) for g in groups])
         lengths = [g.trajectories[0].num_action_tokens for g in groups]
+        extra = {}
+        if hasattr(self.task, "evaluate"):  # task-specific metrics (e.g. coverage and fitness)
+            report = self.task.evaluate([g.prompt for g in groups],
+                                        [g.trajectories[0].text for g in groups])
+            extra = {f"eval/{k}": float(v) for k, v in report.summary.items()}
         return self.runlog.metrics(step, {
             "eval/outcome_mean": float(scores.mean()), "eval/n": len(scores),
-            "eval/length_mean": float(np.mean(lengths)),
+            "eval/length_mean": float(np.mean(lengths)), **extra,
             "eval/time_s": time.perf_counter() - t0})
 
     def run_with_eval(self) -> list[dict[str, Any]]:
