@@ -81,6 +81,8 @@ class LLMJudge:
             and cacheable by the HTTP backend).
         check_mode: ``"json"`` (HealthBench-style ``criteria_met``) or ``"logprob"``
             (P(Yes) from ``choice_probs``; items the backend cannot score go the JSON way).
+        compare_mode: ``"json"`` (winner 1 / 2 / tie, generated) or ``"logprob"`` (P("1") vs
+            P("2") from ``choice_probs`` in one forward pass; no tie unless exactly 0.5).
         max_drafts: rubrics per induction; max_common: rubrics per consolidation.
         k_min, k_max: allowed number of bundle dimensions.
         equiv_exact_shortcut: answer equivalence without a call when the normalised prediction
@@ -96,6 +98,7 @@ class LLMJudge:
         max_tokens: int = 512,
         temperature: float = 0.0,
         check_mode: str = "json",
+        compare_mode: str = "json",
         max_drafts: int = 3,
         max_common: int = 2,
         k_min: int = 2,
@@ -104,6 +107,8 @@ class LLMJudge:
     ):
         if check_mode not in ("json", "logprob"):
             raise ValueError(f"check_mode must be 'json' or 'logprob', got {check_mode!r}")
+        if compare_mode not in ("json", "logprob"):
+            raise ValueError(f"compare_mode must be 'json' or 'logprob', got {compare_mode!r}")
         if not 1 <= k_min <= k_max:
             raise ValueError(f"need 1 <= k_min <= k_max, got {k_min}, {k_max}")
         self.backend = backend
@@ -112,6 +117,7 @@ class LLMJudge:
         self.max_tokens = int(max_tokens)
         self.temperature = float(temperature)
         self.check_mode = check_mode
+        self.compare_mode = compare_mode
         self.max_drafts = int(max_drafts)
         self.max_common = int(max_common)
         self.k_min, self.k_max = int(k_min), int(k_max)
@@ -219,24 +225,41 @@ class LLMJudge:
         reqs = list(reqs)
         self._c.inc("requests_compare", len(reqs))
         a_first = [order_coin(self.seed, r) for r in reqs]
-        convs = []
-        for r, af in zip(reqs, a_first):
-            first, second = (r.a, r.b) if af else (r.b, r.a)
-            convs.append(
-                P.COMPARE.render(
-                    context=r.context, rubric=as_draft(r.rubric).text(), first=first, second=second
-                )
-            )
 
-        def parse(text: str, i: int) -> PairResult:
+        def render(template: P.PromptTemplate, i: int) -> Messages:
+            r = reqs[i]
+            first, second = (r.a, r.b) if a_first[i] else (r.b, r.a)
+            return template.render(context=r.context, rubric=as_draft(r.rubric).text(),
+                                   first=first, second=second)
+
+        results: list[Any] = [None] * len(reqs)
+        todo = list(range(len(reqs)))
+        if self.compare_mode == "logprob" and hasattr(self.backend, "choice_probs"):
+            probs = self.backend.choice_probs([render(P.COMPARE_12, i) for i in todo], ("1", "2"))
+            todo = []
+            for i, pr in enumerate(probs):
+                if not pr or "1" not in pr:  # no usable probabilities: ask for the JSON verdict
+                    todo.append(i)
+                    continue
+                p_a = float(pr["1"]) if a_first[i] else 1.0 - float(pr["1"])
+                results[i] = (self._tie(reqs[i], a_first[i], fallback=False) if p_a == 0.5 else
+                              PairResult(winner=0 if p_a > 0.5 else 1, prob_a=p_a,
+                                         a_shown_first=a_first[i]))
+
+        def parse(text: str, j: int) -> PairResult:
+            i = todo[j]
             shown = parse_compare(text)  # 1 / 2 = position shown, 0 = tie
             if shown == 0:
                 return self._tie(reqs[i], a_first[i], fallback=False)
             winner = 0 if (shown == 1) == a_first[i] else 1
             return PairResult(winner=winner, prob_a=1.0 - winner, a_shown_first=a_first[i])
 
-        raw = self._run(convs, parse, P.COMPARE.shape)
-        return self._finish("compare", raw, lambda i, f: self._tie(reqs[i], a_first[i], True))
+        if todo:
+            raw = self._run([render(P.COMPARE, i) for i in todo], parse, P.COMPARE.shape)
+            for i, r in zip(todo, raw):
+                results[i] = r
+        return self._finish("compare", results,
+                            lambda i, f: self._tie(reqs[i], a_first[i], True))
 
     def _tie(self, req: PairRequest, a_first: bool, fallback: bool) -> PairResult:
         return PairResult(

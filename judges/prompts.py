@@ -88,6 +88,24 @@ COMPARE = PromptTemplate(
     shape='{"explanation": "<one or two sentences>", "winner": "1" or "2" or "tie"}',
 )
 
+COMPARE_12 = PromptTemplate(
+    name="compare_12",
+    version="compare_12-v1",
+    system=(
+        "You compare two responses to the same task under one rubric. Judge only how well each "
+        "response satisfies the rubric, not its length or its position. Answer with a single "
+        "character: {shape}"
+    ),
+    user=(
+        "# Task\n{context}\n\n"
+        "# Rubric\n{rubric}\n\n"
+        "# Response 1\n{first}\n\n"
+        "# Response 2\n{second}\n\n"
+        "Which response better satisfies the rubric? Answer {shape}"
+    ),
+    shape="1 or 2",
+)
+
 INDUCE = PromptTemplate(
     name="induce",
     version="induce-v1",
@@ -190,7 +208,9 @@ REASK = PromptTemplate(
 )
 
 TEMPLATES: dict[str, PromptTemplate] = {
-    t.name: t for t in (CHECK, CHECK_YESNO, COMPARE, INDUCE, CONSOLIDATE, BUNDLE, EQUIV, REASK)
+    t.name: t
+    for t in (CHECK, CHECK_YESNO, COMPARE, COMPARE_12, INDUCE, CONSOLIDATE, BUNDLE, EQUIV,
+              REASK)
 }
 
 PROMPT_VERSIONS: dict[str, str] = {name: t.version for name, t in TEMPLATES.items()}

@@ -140,6 +140,7 @@ class Trainer:
     data_position: int = 0
     reward_state: Any = None
     start_step: int = 0
+    judge: Any = None
 
     # ------------------------------------------------------------------------- phases
 
@@ -266,6 +267,8 @@ class Trainer:
             "tokens_per_s": float(batch["attn_mask"].sum()) / step_s,
             **info, **dict(out.metrics),
         }
+        if self.judge is not None:  # cumulative counters: calls, retries, fallbacks, cache hits
+            record |= {f"judge/{k}": v for k, v in self.judge.stats().items()}
         record["rollout/tokens_per_s"] = record["rollout/generated_tokens"] / max(
             record["time/rollout_s"], 1e-9)
         if out.events:
@@ -436,7 +439,7 @@ def build_trainer(cfg: Mapping[str, Any], config_text: str = "") -> Trainer:
         train_step=make_train_step(model_cfg, lc, optimizer, lr_schedule(oc)), state=state,
         ref_params=ref_params, loss_cfg=lc, mesh=mesh,
         runlog=RunLog(run_dir, resume_step=latest, tensorboard=bool(t.get("tensorboard", True))),
-        ckpt=ckpt, reward_state=rewarder.init_state())
+        ckpt=ckpt, reward_state=rewarder.init_state(), judge=judge)
     if latest is not None:
         restored, meta = ckpt.restore(latest, {"state": state._asdict(),
                                                "rng": jax.random.key_data(jax.random.key(0))})
@@ -447,4 +450,6 @@ def build_trainer(cfg: Mapping[str, Any], config_text: str = "") -> Trainer:
         log.info("resumed %s at step %d", run_dir, latest)
     if config_text:
         trainer.runlog.write_config(config_text)
+    if judge is not None:  # which prompt templates produced this run's judgments
+        trainer.runlog.write_config(json.dumps(judge.versions(), indent=1), "judge_versions.json")
     return trainer

@@ -25,6 +25,7 @@ from judges import (
     PairRequest,
     make_judge,
 )
+from judges import prompts as P
 from judges.base import order_coin
 from judges.local import JaxBackend
 from models import load_params
@@ -109,6 +110,25 @@ def test_logprob_checks_need_one_forward_pass_and_no_generation(tiny):
     assert all(0.0 < r.prob < 1.0 and r.met == (r.prob >= 0.5) for r in res)
     assert s["forward_passes"] == 1 and s["generate_calls"] == 0 and s["fallbacks"] == 0
     assert s["requests_check"] == 5 and s["backend_calls"] == 5
+
+
+def test_logprob_compare_is_one_forward_pass_and_respects_order(tiny):
+    backend = JaxBackend(tiny, max_batch=8)
+    judge = LLMJudge(backend, compare_mode="logprob", seed=3)
+    reqs = [PairRequest(Q, TRAJ, f"{TRAJ} (variant {i})", "Searches before answering.")
+            for i in range(6)]
+    res = judge.compare(reqs)
+    s = judge.stats()
+    assert s["forward_passes"] == 1 and s["generate_calls"] == 0 and s["fallbacks"] == 0
+    assert [r.a_shown_first for r in res] == [order_coin(3, r) for r in reqs]
+    for r, req in zip(res, reqs):
+        assert 0.0 < r.prob_a < 1.0 and r.winner == (0 if r.prob_a > 0.5 else 1)
+        # P(a better) is read from the position a was shown in
+        first, second = (req.a, req.b) if r.a_shown_first else (req.b, req.a)
+        (p,) = backend.choice_probs([P.COMPARE_12.render(
+            context=req.context, rubric=req.rubric, first=first, second=second)], ("1", "2"))
+        expect = p["1"] if r.a_shown_first else p["2"]
+        assert abs(r.prob_a - expect) < 1e-5
 
 
 def test_every_text_operation_completes_with_fallbacks(tiny):

@@ -192,3 +192,6 @@ def test_two_step_prorubric_run_on_tiny(tmp_path):
     for rec in recs:
         for key in ("rubric/coverage", "rubric/fitness", "rubric/reward", "rubric/length_words"):
             assert key in rec and rec[key] is not None, key
+        assert rec["judge/requests_check"] > 0 and "judge/fallbacks" in rec
+    versions = json.loads((tmp_path / "run" / "judge_versions.json").read_text())
+    assert versions == {"rule_features": "features-v1"}
