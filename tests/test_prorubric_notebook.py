@@ -2,8 +2,6 @@
 
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "prorubric.ipynb"
 FIXTURE = ROOT / "tests" / "fixtures" / "rubrics" / "perturb_refs.jsonl"
@@ -29,8 +27,9 @@ def _short_run(run_dir: Path, model: Path) -> None:
 
 
 def test_prorubric_notebook_executes(tmp_path, char_model, monkeypatch):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    import nbclient
+    import nbformat
+
     from rewards.perturb import main as perturb_main
 
     run = tmp_path / "runs" / "prorubric_char"

