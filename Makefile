@@ -37,6 +37,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 bench: $(STAMP)
+	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m bench.decode
 	$(BIN)/python -m bench.grpo_step
 	$(BIN)/python -m bench.retrieval
