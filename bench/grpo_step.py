@@ -52,15 +52,32 @@ def ours_fwd_bwd(batch: int = 8, seq: int = 256, remat: bool = False) -> float:
     return time.perf_counter() - t0
 
 
-def torch_fwd_bwd(batch: int = 8, seq: int = 256) -> float:
+def hf_float_model(folder: str):
+    """The shipped GGUF dequantized by transformers and re-saved as a plain float32 HF folder
+    (transformers refuses to fine-tune a model loaded from a quantized GGUF)."""
     import torch
     import transformers
 
     from models.presets import shipped_gguf_path
 
     path = shipped_gguf_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, torch_dtype=torch.float32)
+    kw = {"gguf_file": path.name}
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch.float32,
+                                                              **kw)
+    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), **kw)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return (transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32),
+            transformers.AutoTokenizer.from_pretrained(folder))
+
+
+def torch_fwd_bwd(batch: int = 8, seq: int = 256) -> float:
+    import torch
+
+    with tempfile.TemporaryDirectory() as d:
+        model, _ = hf_float_model(d)
+    model.train()
+    torch.manual_seed(0)
     ids = torch.tensor(np.random.default_rng(0).integers(100, 40000, (batch, seq)))
     model(ids, labels=ids).loss.backward()  # warm-up
     model.zero_grad()
@@ -121,17 +138,12 @@ def ours_grpo(n_prompts: int, group: int, completion: int, steps: int,
 
 
 def trl_grpo(n_prompts: int, group: int, completion: int, steps: int, beta: float) -> float:
-    import torch
     import transformers
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from models.presets import shipped_gguf_path
-
-    path = shipped_gguf_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, torch_dtype=torch.float32)
-    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    with tempfile.TemporaryDirectory() as d:
+        model, tok = hf_float_model(d)
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]}
                               for p in PROMPTS[:n_prompts]] * (steps + 2))
     times: list[float] = []
@@ -167,6 +179,7 @@ def main() -> None:
     a = ap.parse_args()
     peak = matmul_peak_gflops()
     ours = ours_grpo(a.prompts, a.group, a.completion, a.steps, a.beta)
+    print(f"ours: {ours}", flush=True)
     try:
         trl_s = trl_grpo(a.prompts, a.group, a.completion, a.steps, a.beta)
     except ImportError as e:
