@@ -52,30 +52,45 @@ def ours_fwd_bwd(batch: int = 8, seq: int = 256, remat: bool = False) -> float:
     return time.perf_counter() - t0
 
 
-def hf_float_model(folder: str):
-    """The shipped GGUF dequantized by transformers and re-saved as a plain float32 HF folder
-    (transformers refuses to fine-tune a model loaded from a quantized GGUF)."""
+def hf_float_model():
+    """The shipped model as a plain float32 transformers LlamaForCausalLM, built from our
+    dequantized parameters (transformers refuses to fine-tune a model loaded from a quantized
+    GGUF, and will not re-save one), with the GGUF's own tokenizer."""
     import torch
     import transformers
 
+    from models import load_params
     from models.presets import shipped_gguf_path
 
+    cfg, params, _ = load_params("smollm2_135m")
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, tie_word_embeddings=True,
+        max_position_embeddings=cfg.max_position_embeddings, bos_token_id=cfg.bos_token_id,
+        eos_token_id=list(cfg.eos_token_ids), pad_token_id=cfg.pad_token_id)
+    model = transformers.LlamaForCausalLM(hf_cfg).float()
+    names = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
+             "wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
+             "wo": "self_attn.o_proj", "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj",
+             "w_down": "mlp.down_proj"}
+    state = {"model.embed_tokens.weight": params["embed"], "model.norm.weight":
+             params["final_norm"], "lm_head.weight": params["embed"]}
+    for key, name in names.items():
+        for i in range(cfg.num_layers):
+            w = np.asarray(params["layers"][key][i])
+            state[f"model.layers.{i}.{name}.weight"] = w.T if w.ndim == 2 else w
+    model.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in state.items()})
     path = shipped_gguf_path()
-    kw = {"gguf_file": path.name}
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch.float32,
-                                                              **kw)
-    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), **kw)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return (transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32),
-            transformers.AutoTokenizer.from_pretrained(folder))
+    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return model, tok
 
 
 def torch_fwd_bwd(batch: int = 8, seq: int = 256) -> float:
     import torch
 
-    with tempfile.TemporaryDirectory() as d:
-        model, _ = hf_float_model(d)
+    model, _ = hf_float_model()
     model.train()
     torch.manual_seed(0)
     ids = torch.tensor(np.random.default_rng(0).integers(100, 40000, (batch, seq)))
@@ -142,8 +157,7 @@ def trl_grpo(n_prompts: int, group: int, completion: int, steps: int, beta: floa
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    with tempfile.TemporaryDirectory() as d:
-        model, tok = hf_float_model(d)
+    model, tok = hf_float_model()
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]}
                               for p in PROMPTS[:n_prompts]] * (steps + 2))
     times: list[float] = []
