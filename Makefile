@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.decode
 	$(BIN)/python -m bench.grpo_step
 	$(BIN)/python -m bench.retrieval
+	$(BIN)/python -m bench.search_rollout
 	$(BIN)/python -m bench.judge
 
 clean:
