@@ -37,11 +37,13 @@ def test_eval_cli_on_run_checkpoint(tmp_path):
     common = ["model=tiny", "trainer.batch_prompts=2", "algo.group_size=2",
               "trainer.max_new_tokens=4", "task.eval_size=4", "trainer.progress=false"]
     res = subprocess.run([sys.executable, "-m", "rl.train", *common, "trainer.max_steps=1",
-                          "trainer.eval_at_ends=false", f"trainer.run_dir={run}"],
+                          "trainer.eval_at_ends=false", f"trainer.run_dir={run}",
+                          f"hydra.run.dir={tmp_path / 'h1'}"],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     res = subprocess.run([sys.executable, "-m", "rl.eval", *common, f"eval.run={run}",
-                          "eval.splits=[dev]", f"trainer.run_dir={tmp_path / 'h'}"],
+                          "eval.splits=[dev]", f"trainer.run_dir={tmp_path / 'h'}",
+                          f"hydra.run.dir={tmp_path / 'h2'}"],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "(step 1)" in res.stdout and "dev" in res.stdout

@@ -151,7 +151,8 @@ def test_cli_runs_and_writes_run_folder(tmp_path):
     res = subprocess.run(
         [sys.executable, "-m", "rl.train", "model=tiny", "algo=dapo", "trainer.max_steps=2",
          "trainer.batch_prompts=2", "algo.group_size=2", "trainer.max_new_tokens=4",
-         "task.eval_size=4", f"trainer.run_dir={tmp_path / 'cli'}", "trainer.progress=false"],
+         "task.eval_size=4", f"trainer.run_dir={tmp_path / 'cli'}", "trainer.progress=false",
+         f"hydra.run.dir={tmp_path / 'hydra'}"],
         capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     run = tmp_path / "cli"
