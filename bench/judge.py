@@ -18,18 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
-
 from judges import CheckRequest, LLMJudge, OpenAIBackend, OpenAIConfig
+from judges.llamacpp_server import serve_llamacpp
 
 CRITERIA = (
     "The response searches before answering.",
@@ -68,48 +64,13 @@ def make_checks(n: int, salt: int) -> list[CheckRequest]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def llama_server(model: Path, n_threads: int, timeout_s: float) -> Iterator[str]:
-    """Start llama.cpp's OpenAI-compatible server; yield its base URL; always stop it."""
-    port = _free_port()
-    log = tempfile.NamedTemporaryFile(prefix="llamacpp-", suffix=".log", delete=False)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-         "--port", str(port), "--n_ctx", "2048", "--n_threads", str(n_threads),
-         "--n_threads_batch", str(n_threads)],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"llama.cpp server exited ({proc.returncode}); log: {log.name}")
-            try:
-                if httpx.get(f"{base}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"llama.cpp server not ready after {timeout_s:.0f}s; "
-                                   f"log: {log.name}")
-            time.sleep(0.5)
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=20)
-        log.close()
-        os.unlink(log.name)
+    """llama.cpp's OpenAI-compatible server with a throwaway log; yields its base URL."""
+    with tempfile.TemporaryDirectory() as d:
+        log = Path(d) / "llamacpp.log"
+        with serve_llamacpp(model, log, timeout_s=timeout_s, n_threads=n_threads) as base:
+            yield base
 
 
 def _http_judge(base: str, concurrency: int, cache_dir: str | None, **kw) -> LLMJudge:

