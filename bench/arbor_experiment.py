@@ -31,14 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shlex
-import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bench.experiment import fmt, latest_checkpoint, mean, print_table, run_logged, std
 
 DEFAULT_ALGOS = ("grpo", "arbor", "arbor_no_memory")
 
@@ -85,12 +84,6 @@ def run_name(algo: str, seed: int) -> str:
     return f"{algo}_s{seed}"
 
 
-def _latest_checkpoint(run_dir: Path) -> int | None:
-    ck = run_dir / "checkpoints"
-    steps = [int(p.name) for p in ck.iterdir() if p.name.isdigit()] if ck.is_dir() else []
-    return max(steps) if steps else None
-
-
 def _algo_extra(algo: str, extra: Sequence[str]) -> list[str]:
     # ARBOR-only keys (e.g. algo.rubric_lambda) would fail on algo=grpo: keep them to ARBOR
     arbor_keys = ("algo.rubric_lambda", "algo.k_consol", "algo.delta_v", "algo.rho_min",
@@ -106,7 +99,7 @@ def train_command(algo: str, seed: int, run_dir: Path, budget: Budget,
     cmd = [sys.executable, "-m", "rl.train", f"algo={algo}", *budget.train_overrides(),
            f"trainer.seed={seed}", f"trainer.run_dir={run_dir}", f"hydra.run.dir={run_dir}",
            *_algo_extra(algo, extra)]
-    if _latest_checkpoint(run_dir) is not None:
+    if latest_checkpoint(run_dir) is not None:
         cmd.append("trainer.resume=true")
     return cmd
 
@@ -122,36 +115,7 @@ def eval_command(run_dir: Path, budget: Budget, extra: Sequence[str]) -> list[st
             f"trainer.run_dir={run_dir}"]
 
 
-def _run(cmd: list[str], log: Path, dry: bool) -> bool:
-    print("  $", shlex.join(cmd[1:] if cmd[0] == sys.executable else cmd), flush=True)
-    if dry:
-        return True
-    log.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    with log.open("a") as fh:
-        res = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, text=True)
-    ok = res.returncode == 0
-    print(f"    {'ok' if ok else f'FAILED (exit {res.returncode})'} in "
-          f"{time.perf_counter() - t0:.0f}s, log: {log}", flush=True)
-    if not ok:
-        print("    " + "\n    ".join(log.read_text().splitlines()[-15:]), flush=True)
-    return ok
-
-
 # --- summary ----------------------------------------------------------------------------------
-
-
-def _mean(xs: Sequence[float]) -> float:
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    return sum(xs) / len(xs) if xs else float("nan")
-
-
-def _std(xs: Sequence[float]) -> float:
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    if len(xs) < 2:
-        return float("nan")
-    m = sum(xs) / len(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
 def run_stats(run_dir: Path) -> dict[str, float] | None:
@@ -168,8 +132,8 @@ def run_stats(run_dir: Path) -> dict[str, float] | None:
     for key, short in (("groups/homogeneous_frac", "homog"), ("groups/all_wrong_frac",
                                                                "all_wrong"),
                        ("groups/converted_frac", "converted"), ("outcome/mean", "outcome")):
-        out[short] = _mean([r.get(key) for r in train])
-        out[f"{short}_last"] = _mean([r.get(key) for r in tail])
+        out[short] = mean([r.get(key) for r in train])
+        out[f"{short}_last"] = mean([r.get(key) for r in tail])
     out["commons_final"] = float(train[-1].get("memory/commons", float("nan")))
     ev = run_dir / "eval.json"
     if ev.exists():
@@ -195,7 +159,7 @@ def summarize(out_dir: Path, algos: Sequence[str], seeds: Sequence[int]) -> dict
         row: dict[str, Any] = {"seeds": sorted(got)}
         for key, _ in (*COLUMNS, ("steps", ""), ("commons_final", "")):
             vals = [v.get(key, float("nan")) for v in got.values()]
-            row[key], row[f"{key}_std"] = _mean(vals), _std(vals)
+            row[key], row[f"{key}_std"] = mean(vals), std(vals)
         table[algo] = row
     base = table.get("grpo")
     if base:
@@ -207,29 +171,16 @@ def summarize(out_dir: Path, algos: Sequence[str], seeds: Sequence[int]) -> dict
     return table
 
 
-def _fmt(v: float, std: float = float("nan")) -> str:
-    if v is None or not math.isfinite(v):
-        return "-"
-    return f"{v:.3f}" + (f"±{std:.3f}" if std is not None and math.isfinite(std) else "")
-
-
 def _print_table(table: Mapping[str, Mapping[str, Any]]) -> None:
-    if not table:
-        print("no finished runs to summarise")
-        return
     head = ["algo", "seeds", "steps", *[t for _, t in COLUMNS], "homog vs GRPO",
             "all-wrong vs GRPO"]
     lines = []
     for algo, row in table.items():
         pct = [row.get(f"{k}_vs_grpo_pct", float("nan")) for k in ("homog", "all_wrong")]
         lines.append([algo, ",".join(map(str, row["seeds"])), f"{row['steps']:.0f}",
-                      *[_fmt(row[k], row[f"{k}_std"]) for k, _ in COLUMNS],
+                      *[fmt(row[k], row[f"{k}_std"]) for k, _ in COLUMNS],
                       *[f"{p:+.0f}%" if math.isfinite(p) else "-" for p in pct]])
-    widths = [max(len(h), *(len(r[i]) for r in lines)) for i, h in enumerate(head)]
-    print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
-    print("  ".join("-" * w for w in widths))
-    for r in lines:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    print_table(head, lines)
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -275,9 +226,9 @@ def main(argv: list[str] | None = None) -> int:
                 name = run_name(algo, seed)
                 run_dir = out / name
                 print(f"[{name}]", flush=True)
-                if _latest_checkpoint(run_dir) == budget.steps:
+                if latest_checkpoint(run_dir) == budget.steps:
                     print("  trained (checkpoint at the last step): skip", flush=True)
-                elif not _run(train_command(algo, seed, run_dir, budget, extra),
+                elif not run_logged(train_command(algo, seed, run_dir, budget, extra),
                               out / "logs" / f"{name}.train.log", a.dry_run):
                     failed.append(f"{name} (train)")
                     continue
@@ -285,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 if (run_dir / "eval.json").exists() and not a.dry_run:
                     print("  evaluated (eval.json): skip", flush=True)
-                elif not _run(eval_command(run_dir, budget, extra),
+                elif not run_logged(eval_command(run_dir, budget, extra),
                               out / "logs" / f"{name}.eval.log", a.dry_run):
                     failed.append(f"{name} (eval)")
     if a.dry_run:
