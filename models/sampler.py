@@ -57,6 +57,7 @@ class Generation:
     lengths: np.ndarray
     finish: tuple[str, ...]
     texts: tuple[str, ...]
+    state: DecodeState | None = None  # set by the jitted sampler: continue_generation's input
 
     def token_lists(self) -> list[list[int]]:
         return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
@@ -94,27 +95,22 @@ def _sample(logits: jax.Array, key: jax.Array, temperature: float, top_p: float)
     return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "temperature", "top_p",
-                                             "cache_len"))
-def _generate(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array,
-              rows: jax.Array, key: jax.Array, max_new_per_row: jax.Array, eos_ids: jax.Array,
-              stop_next: jax.Array, stop_hit: jax.Array, pad_id: jax.Array, *,
-              max_new: int, temperature: float, top_p: float, cache_len: int):
-    # Prefill each distinct prompt once (GRPO samples a group per prompt), then give every
-    # row a copy of its prompt's cache: rows[b] is the distinct prompt of output row b.
-    b, p = rows.shape[0], tokens.shape[1]
-    dtype = params["embed"].dtype
-    cache = KVCache.zeros(cfg, tokens.shape[0], cache_len, dtype)
-    hidden, cache = forward(cfg, params, tokens, mask, cache=cache, cache_index=0,
-                            return_hidden=True)
-    cache = KVCache(cache.k[:, rows], cache.v[:, rows], cache.valid[rows])
-    logits = unembed(cfg, params, hidden[rows, -1])
-    prompt_len = jnp.sum(mask, axis=1).astype(jnp.int32)[rows]
+def _decode(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
+            n_tokens: jax.Array, start: int, key: jax.Array, max_new_per_row: jax.Array,
+            eos_ids: jax.Array, stop_next: jax.Array, stop_hit: jax.Array, pad_id: jax.Array,
+            max_new: int, temperature: float, top_p: float):
+    """The decode loop shared by a fresh generation and a continued one.
 
+    logits [B,V] are the next-token logits after each row's last real token, n_tokens [B] its
+    count of real tokens (the next RoPE position), ``start`` the first free cache slot. Every
+    sampled token is written to the cache while its row is still running, so the returned
+    cache, logits and counts describe each row's whole sequence and can be continued.
+    """
+    b = logits.shape[0]
     init = dict(
         step=jnp.zeros((), jnp.int32), logits=logits, cache=cache,
         out=jnp.full((b, max_new), pad_id, jnp.int32), logp=jnp.zeros((b, max_new), jnp.float32),
-        done=jnp.zeros((b,), bool), finish=jnp.zeros((b,), jnp.int32),
+        done=max_new_per_row <= 0, finish=jnp.zeros((b,), jnp.int32),
         length=jnp.zeros((b,), jnp.int32), stop_state=jnp.zeros((b,), jnp.int32),
     )
 
@@ -138,16 +134,121 @@ def _generate(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Arr
         newly_done = ~done & (is_eos | hit | at_limit)
         finish = jnp.where(newly_done, reason, s["finish"])
         length = jnp.where(done, s["length"], step + 1)
-        positions = (prompt_len + step)[:, None]
-        hidden, cache = forward(cfg, params, tok[:, None], jnp.ones((b, 1), bool),
-                                positions=positions, cache=s["cache"], cache_index=p + step,
-                                return_hidden=True)
-        return dict(step=step + 1, logits=unembed(cfg, params, hidden[:, 0]), cache=cache,
-                    out=out, logp=logps, done=done | newly_done, finish=finish, length=length,
-                    stop_state=stop_state)
+        # finished rows feed padding that the cache marks invalid, and keep their logits
+        hidden, cache = forward(cfg, params, tok[:, None], ~done[:, None],
+                                positions=(n_tokens + step)[:, None], cache=s["cache"],
+                                cache_index=start + step, return_hidden=True)
+        logits = jnp.where(done[:, None], s["logits"], unembed(cfg, params, hidden[:, 0]))
+        return dict(step=step + 1, logits=logits, cache=cache, out=out, logp=logps,
+                    done=done | newly_done, finish=finish, length=length, stop_state=stop_state)
 
     s = jax.lax.while_loop(cond, body, init)
-    return s["out"], s["logp"], s["length"], s["finish"]
+    return (s["out"], s["logp"], s["length"], s["finish"],
+            (s["cache"], s["logits"], n_tokens + s["length"]))
+
+
+_STATIC = ("cfg", "max_new", "temperature", "top_p")
+
+
+@functools.partial(jax.jit, static_argnames=(*_STATIC, "cache_len"))
+def _generate(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array,
+              rows: jax.Array, key: jax.Array, max_new_per_row: jax.Array, eos_ids: jax.Array,
+              stop_next: jax.Array, stop_hit: jax.Array, pad_id: jax.Array, *,
+              max_new: int, temperature: float, top_p: float, cache_len: int):
+    # Prefill each distinct prompt once (GRPO samples a group per prompt), then give every
+    # row a copy of its prompt's cache: rows[b] is the distinct prompt of output row b.
+    dtype = params["embed"].dtype
+    cache = KVCache.zeros(cfg, tokens.shape[0], cache_len, dtype)
+    hidden, cache = forward(cfg, params, tokens, mask, cache=cache, cache_index=0,
+                            return_hidden=True)
+    cache = KVCache(cache.k[:, rows], cache.v[:, rows], cache.valid[rows])
+    logits = unembed(cfg, params, hidden[rows, -1])
+    n_tokens = jnp.sum(mask, axis=1).astype(jnp.int32)[rows]
+    return _decode(cfg, params, cache, logits, n_tokens, tokens.shape[1], key, max_new_per_row,
+                   eos_ids, stop_next, stop_hit, pad_id, max_new, temperature, top_p)
+
+
+@functools.partial(jax.jit, static_argnames=(*_STATIC, "keep"))
+def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
+              n_tokens: jax.Array, rows: jax.Array, chunk: jax.Array, chunk_mask: jax.Array,
+              key: jax.Array, max_new_per_row: jax.Array, eos_ids: jax.Array,
+              stop_next: jax.Array, stop_hit: jax.Array, pad_id: jax.Array, *,
+              max_new: int, temperature: float, top_p: float, keep: int):
+    # Select the continuing rows, then right-align each row's real slots (a stable sort keeps
+    # their order) and keep the last `keep` (>= every row's real-token count): the holes that
+    # left padding and early stops left in the cache cost nothing in the next turn.
+    k, v, valid = cache.k[:, rows], cache.v[:, rows], cache.valid[rows]
+    if keep > valid.shape[1]:
+        extra = keep - valid.shape[1]
+        k = jnp.pad(k, ((0, 0), (0, 0), (extra, 0), (0, 0), (0, 0)))
+        v = jnp.pad(v, ((0, 0), (0, 0), (extra, 0), (0, 0), (0, 0)))
+        valid = jnp.pad(valid, ((0, 0), (extra, 0)))
+    order = jnp.argsort(valid, axis=1, stable=True)[:, -keep:]
+    k = jnp.take_along_axis(k, order[None, :, :, None, None], axis=2)
+    v = jnp.take_along_axis(v, order[None, :, :, None, None], axis=2)
+    valid = jnp.take_along_axis(valid, order, axis=1)
+    grow = chunk.shape[1] + _bucket(max_new, 16)
+    k = jnp.pad(k, ((0, 0), (0, 0), (0, grow), (0, 0), (0, 0)))
+    v = jnp.pad(v, ((0, 0), (0, 0), (0, grow), (0, 0), (0, 0)))
+    valid = jnp.pad(valid, ((0, 0), (0, grow)))
+    # append each row's new tokens (left-padded chunk) after its context
+    n_tokens, logits = n_tokens[rows], logits[rows]
+    positions = n_tokens[:, None] + jnp.maximum(jnp.cumsum(chunk_mask, axis=1) - 1, 0)
+    hidden, cache = forward(cfg, params, chunk, chunk_mask, positions=positions,
+                            cache=KVCache(k, v, valid), cache_index=keep, return_hidden=True)
+    appended = jnp.sum(chunk_mask, axis=1).astype(jnp.int32)
+    logits = jnp.where(appended[:, None] > 0, unembed(cfg, params, hidden[:, -1]), logits)
+    return _decode(cfg, params, cache, logits, n_tokens + appended, keep + chunk.shape[1], key,
+                   max_new_per_row, eos_ids, stop_next, stop_hit, pad_id, max_new, temperature,
+                   top_p)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeState:
+    """Where the rows of a generation stopped, kept on device so that :func:`continue_generation`
+    can extend them without re-reading their context: the KV cache (``cache.valid`` marks real
+    tokens), the next-token logits after each row's last real token, and each row's count of
+    real tokens (``n_tokens``, on the host too: it sizes the next call)."""
+
+    cache: KVCache
+    logits: jax.Array
+    n_tokens: np.ndarray
+
+
+def _stopping(cfg: ModelConfig, tokenizer: Tokenizer, sampling: SamplingParams,
+              eos_ids: Sequence[int] | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(eos ids, stop-string automaton next-state and hit tables) as device arrays."""
+    if sampling.stop:
+        stop_next, stop_hit = stop_tables(tokenizer.token_bytes, sampling.stop)
+    else:
+        stop_next = np.zeros((1, cfg.vocab_size), np.int32)
+        stop_hit = np.zeros((1, cfg.vocab_size), bool)
+    if sampling.ignore_eos:
+        eos_ids = ()
+    elif eos_ids is None:
+        eos_ids = tokenizer.eos_ids or cfg.eos_token_ids
+    eos = np.asarray(tuple(eos_ids) or (-1,), np.int32)
+    return jnp.asarray(eos), jnp.asarray(stop_next), jnp.asarray(stop_hit)
+
+
+def _limits(n_rows: int, sampling: SamplingParams,
+            max_new_per_row: Sequence[int] | None) -> np.ndarray:
+    limits = np.full(n_rows, sampling.max_new_tokens, np.int32)
+    if max_new_per_row is not None:
+        limits = np.minimum(np.asarray(max_new_per_row, np.int32), sampling.max_new_tokens)
+    return limits
+
+
+def _result(tokenizer: Tokenizer, outputs: Any, n_rows: int, decode_text: bool) -> Generation:
+    out, logp, length, finish, (cache, logits, n_tokens) = outputs
+    out, logp, length, finish, n_host = jax.device_get((out, logp, length, finish, n_tokens))
+    out, logp, length, finish = out[:n_rows], logp[:n_rows], length[:n_rows], finish[:n_rows]
+    lists = [row[:k].tolist() for row, k in zip(out, length)]
+    texts = tuple(tokenizer.decode_batch(lists)) if decode_text else ()
+    return Generation(tokens=np.asarray(out), logprobs=np.asarray(logp),
+                      lengths=np.asarray(length),
+                      finish=tuple(FINISH_REASONS[int(f)] for f in finish), texts=texts,
+                      state=DecodeState(cache, logits, np.asarray(n_host)))
 
 
 def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
@@ -160,37 +261,65 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     string, or after `max_new_per_row[b]` (default `sampling.max_new_tokens`) tokens.
     Same seed and inputs give the same samples. `eos_ids` overrides the tokenizer's EOS
     tokens (an empty list never stops at EOS: benchmarks use it for fixed lengths).
+    The result's ``state`` lets :func:`continue_generation` extend the rows later.
     """
     distinct: dict[tuple[int, ...], int] = {}
     rows = np.asarray([distinct.setdefault(tuple(p), len(distinct)) for p in prompts], np.int32)
     tokens, mask = left_pad([list(p) for p in distinct], tokenizer.pad_id)
     n = sampling.max_new_tokens
-    limits = np.full(len(prompts), n, np.int32)
-    if max_new_per_row is not None:
-        limits = np.minimum(np.asarray(max_new_per_row, np.int32), n)
-    if sampling.stop:
-        stop_next, stop_hit = stop_tables(tokenizer.token_bytes, sampling.stop)
-    else:
-        stop_next = np.zeros((1, cfg.vocab_size), np.int32)
-        stop_hit = np.zeros((1, cfg.vocab_size), bool)
-    if sampling.ignore_eos:
-        eos_ids = ()
-    elif eos_ids is None:
-        eos_ids = tokenizer.eos_ids or cfg.eos_token_ids
-    eos = np.asarray(tuple(eos_ids) or (-1,), np.int32)
     key = jax.random.key(seed) if isinstance(seed, int) else seed
-    out, logp, length, finish = _generate(
+    outputs = _generate(
         cfg, params, jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(rows), key,
-        jnp.asarray(limits),
-        jnp.asarray(eos), jnp.asarray(stop_next), jnp.asarray(stop_hit),
+        jnp.asarray(_limits(len(prompts), sampling, max_new_per_row)),
+        *_stopping(cfg, tokenizer, sampling, eos_ids),
         jnp.asarray(tokenizer.pad_id, jnp.int32), max_new=n,
         temperature=float(sampling.temperature), top_p=float(sampling.top_p),
         cache_len=tokens.shape[1] + _bucket(n, 16))
-    out, logp, length, finish = jax.device_get((out, logp, length, finish))
-    lists = [row[:k].tolist() for row, k in zip(out, length)]
-    texts = tuple(tokenizer.decode_batch(lists)) if decode_text else ()
-    return Generation(tokens=np.asarray(out), logprobs=np.asarray(logp), lengths=np.asarray(length),
-                      finish=tuple(FINISH_REASONS[int(f)] for f in finish), texts=texts)
+    return _result(tokenizer, outputs, len(prompts), decode_text)
+
+
+def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
+                        state: DecodeState, rows: Sequence[int],
+                        appended: Sequence[Sequence[int]],
+                        sampling: SamplingParams = SamplingParams(), seed: int | jax.Array = 0,
+                        max_new_per_row: Sequence[int] | None = None, decode_text: bool = True,
+                        eos_ids: Sequence[int] | None = None) -> Generation:
+    """Extend rows of an earlier generation without re-reading their context.
+
+    Output row i continues row ``rows[i]`` of the generation that produced ``state``: its
+    tokens ``appended[i]`` (e.g. a tool's observation; may be empty) are read, then sampling
+    proceeds as in :func:`generate`. The result equals ``generate`` on the concatenated token
+    lists (context + generated + appended) up to float rounding, at the cost of the new tokens
+    only. Row counts are padded to a multiple of 8 (fewer recompiles; padding rows are idle).
+    """
+    if len(rows) != len(appended):
+        raise ValueError(f"rows ({len(rows)}) and appended ({len(appended)}) differ in length")
+    if not rows:
+        raise ValueError("continue_generation needs at least one row")
+    n_state = len(state.n_tokens)
+    if min(rows) < 0 or max(rows) >= n_state:
+        raise ValueError(f"rows must index the {n_state} rows of the state, got {list(rows)}")
+    width = _bucket(max(len(a) for a in appended), 16)
+    b = _bucket(len(rows), 8)
+    chunk = np.full((b, width), tokenizer.pad_id, np.int32)
+    chunk_mask = np.zeros((b, width), bool)
+    for i, ids in enumerate(appended):
+        if len(ids):
+            chunk[i, width - len(ids):] = ids
+            chunk_mask[i, width - len(ids):] = True
+    limits = np.zeros(b, np.int32)  # padding rows: done before they start
+    limits[:len(rows)] = _limits(len(rows), sampling, max_new_per_row)
+    idx = np.full(b, rows[0], np.int32)
+    idx[:len(rows)] = rows
+    keep = _bucket(int(state.n_tokens[idx].max()), 64)
+    key = jax.random.key(seed) if isinstance(seed, int) else seed
+    outputs = _continue(
+        cfg, params, state.cache, state.logits, jnp.asarray(state.n_tokens, jnp.int32),
+        jnp.asarray(idx), jnp.asarray(chunk), jnp.asarray(chunk_mask), key, jnp.asarray(limits),
+        *_stopping(cfg, tokenizer, sampling, eos_ids),
+        jnp.asarray(tokenizer.pad_id, jnp.int32), max_new=sampling.max_new_tokens,
+        temperature=float(sampling.temperature), top_p=float(sampling.top_p), keep=keep)
+    return _result(tokenizer, outputs, len(rows), decode_text)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "remat", "with_entropy", "resp_len"))

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from models.config import ModelConfig
-from models.sampler import Generation, SamplingParams, generate
+from models.sampler import DecodeState, Generation, SamplingParams, continue_generation, generate
 from models.tokenizer import Tokenizer
 from models.transformer import Params
 from rl.types import Group, Policy, Prompt, Trajectory
@@ -25,6 +25,14 @@ class SamplerPolicy:
                  max_new_per_row: Sequence[int] | None = None) -> Generation:
         return generate(self.cfg, self.params, self.tokenizer, prompts, sampling, seed=seed,
                         max_new_per_row=max_new_per_row)
+
+    def continue_from(self, state: DecodeState, rows: Sequence[int],
+                      appended: Sequence[Sequence[int]], sampling: SamplingParams, seed: int,
+                      max_new_per_row: Sequence[int] | None = None) -> Generation:
+        """Continue rows of an earlier generation after reading `appended` tokens (multi-turn
+        environments: the observation), from its KV cache instead of re-reading the context."""
+        return continue_generation(self.cfg, self.params, self.tokenizer, state, rows, appended,
+                                   sampling, seed=seed, max_new_per_row=max_new_per_row)
 
 
 @dataclasses.dataclass(frozen=True)

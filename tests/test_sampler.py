@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from models import load_params
-from models.sampler import SamplingParams, generate, left_pad, token_logprobs
+from models.sampler import (
+    SamplingParams,
+    continue_generation,
+    generate,
+    left_pad,
+    token_logprobs,
+)
 from models.stops import _automaton, stop_tables
 
 
@@ -179,3 +185,46 @@ def test_ignore_eos_generates_exact_lengths(shipped):
     prompt = tok.encode_chat([{"role": "user", "content": "Say hi."}])
     g = generate(cfg, params, tok, [prompt], SamplingParams(40, temperature=0, ignore_eos=True))
     assert g.lengths.tolist() == [40] and g.finish == ("length",)
+
+
+def _assert_same_generation(got, ref):
+    assert got.token_lists() == ref.token_lists()
+    assert got.finish == ref.finish
+    for i, c in enumerate(ref.token_lists()):
+        np.testing.assert_allclose(got.logprobs[i, :len(c)], ref.logprobs[i, :len(c)],
+                                   atol=1e-4)
+
+
+def test_continuation_equals_generating_from_the_whole_context(tiny):
+    # turn 1 with early stops (holes in the cache), then two continuations of a reordered
+    # subset with observations of different lengths (one empty), against plain generate on
+    # the concatenated token lists
+    cfg, params, tok = tiny
+    prompts = _prompts(tok)
+    sp = SamplingParams(max_new_tokens=7, temperature=0, ignore_eos=True)
+    first = generate(cfg, params, tok, prompts, sp, max_new_per_row=[7, 2, 5])
+    context = [p + c for p, c in zip(prompts, first.token_lists())]
+    obs = {0: tok.encode(" <information> doc one </information>"), 2: []}
+    rows = [2, 0]
+    second = continue_generation(cfg, params, tok, first.state, rows, [obs[r] for r in rows],
+                                 SamplingParams(6, temperature=0, ignore_eos=True))
+    context2 = [context[r] + obs[r] for r in rows]
+    _assert_same_generation(second, generate(cfg, params, tok, context2,
+                                             SamplingParams(6, temperature=0, ignore_eos=True)))
+    context2 = [c + g for c, g in zip(context2, second.token_lists())]
+    more = [tok.encode(" and again"), tok.encode(" x")]
+    third = continue_generation(cfg, params, tok, second.state, [0, 1], more,
+                                SamplingParams(5, temperature=1.0, ignore_eos=True), seed=4)
+    ref = generate(cfg, params, tok, [c + m for c, m in zip(context2, more)],
+                   SamplingParams(5, temperature=1.0, ignore_eos=True), seed=4)
+    _assert_same_generation(third, ref)
+    assert list(third.state.n_tokens[:2]) == [len(c) + len(m) + 5 for c, m in zip(context2, more)]
+
+
+def test_continuation_rejects_bad_rows(tiny):
+    cfg, params, tok = tiny
+    g = generate(cfg, params, tok, _prompts(tok)[:2], SamplingParams(2, temperature=0))
+    with pytest.raises(ValueError, match="index the 2 rows"):
+        continue_generation(cfg, params, tok, g.state, [2], [[1]])
+    with pytest.raises(ValueError, match="differ in length"):
+        continue_generation(cfg, params, tok, g.state, [0, 1], [[1]])

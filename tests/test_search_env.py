@@ -132,3 +132,39 @@ def test_parse_action_and_prompt():
     p = search_prompt("Who?")
     assert p.startswith("Answer the given question.") and p.endswith("Question: Who?\n")
     assert "<answer> Beijing </answer>" in p
+
+
+class _ReprefillPolicy:
+    """The real sampler without ``continue_from``: every turn re-sends the whole context."""
+
+    def __init__(self, policy):
+        self.tokenizer, self._policy = policy.tokenizer, policy
+
+    def generate(self, *args, **kw):
+        return self._policy.generate(*args, **kw)
+
+
+def test_kv_continuation_equals_reprefilling_each_turn():
+    from models import load_params
+    from rl.envs import SamplerPolicy
+
+    cfg, params, tok = load_params("tiny", seed=5)
+    policy = SamplerPolicy(cfg, params, tok)
+    prompts = [Prompt(id=f"p{i}", messages=({"role": "user", "content": search_prompt(q)},))
+               for i, q in enumerate(["who?", "where is the big old tower of the city?"])]
+    env = SearchEnv(tok, SamplingParams(12, temperature=0), FixedRetriever(), topk=1,
+                    max_turns=2, max_response_tokens=120)
+    calls = []
+    orig = policy.continue_from
+    policy_spy = SamplerPolicy(cfg, params, tok)
+    object.__setattr__(policy_spy, "continue_from",
+                       lambda *a, **k: calls.append(1) or orig(*a, **k))
+    fast = env.rollout(policy_spy, prompts, group_size=2, seed=3)
+    slow = env.rollout(_ReprefillPolicy(policy), prompts, group_size=2, seed=3)
+    assert calls, "the search env should continue from the KV cache"
+    for gf, gs in zip(fast, slow):
+        for a, b in zip(gf.trajectories, gs.trajectories):
+            assert a.tokens == b.tokens and a.loss_mask == b.loss_mask
+            assert a.finish == b.finish and a.info == b.info
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+    assert any(t.info["turns"] > 1 for g in fast for t in g.trajectories)

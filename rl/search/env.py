@@ -7,7 +7,9 @@ message. Both are observations: their tokens get loss mask 0 (no loss, no KL). A
 `max_turns` turns, one final generation runs with search disabled.
 
 The whole batch advances turn by turn and only unfinished trajectories are sent to the sampler,
-so finished ones stop costing compute.
+so finished ones stop costing compute. When the policy can continue a generation
+(``continue_from``, e.g. the jitted sampler's KV cache), a turn reads only the new observation
+tokens instead of re-reading the whole context.
 """
 
 from __future__ import annotations
@@ -58,11 +60,15 @@ class _Row:
     turns: int = 0
     searches: int = 0
     invalid: int = 0
+    slot: int | None = None  # this row's index in the latest generation (for continuing it)
+    unread: list[int] = dataclasses.field(default_factory=list)  # observations since then
 
     def add(self, tokens: Sequence[int], action: bool, logprobs: Sequence[float] = ()) -> None:
         self.tokens += list(tokens)
         self.mask += [int(action)] * len(tokens)
         self.logprobs += list(logprobs) if action else [0.0] * len(tokens)
+        if not action:
+            self.unread += list(tokens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +101,7 @@ class SearchEnv:
         invalid_ids = self.tokenizer.encode(INVALID_ACTION)
         answer_only = dataclasses.replace(self.sampling, stop=("</answer>",))
         with_search = dataclasses.replace(self.sampling, stop=("</search>", "</answer>"))
+        state = None  # the latest generation's continuation state, if the policy has one
         for turn in range(self.max_turns + 1):
             active = [r for r in rows if not r.done]
             budget = [self.max_response_tokens - len(r.tokens) for r in active]
@@ -105,13 +112,19 @@ class SearchEnv:
             if not active:
                 break
             final = turn == self.max_turns
-            gen = policy.generate([r.prompt_tokens + r.tokens for r in active],
-                                  answer_only if final else with_search,
-                                  seed=seed * 1000 + turn,
-                                  max_new_per_row=[self.max_response_tokens - len(r.tokens)
-                                                   for r in active])
+            sampling = answer_only if final else with_search
+            limits = [self.max_response_tokens - len(r.tokens) for r in active]
+            if state is not None and hasattr(policy, "continue_from"):
+                gen = policy.continue_from(state, [r.slot for r in active],
+                                           [r.unread for r in active], sampling,
+                                           seed=seed * 1000 + turn, max_new_per_row=limits)
+            else:
+                gen = policy.generate([r.prompt_tokens + r.tokens for r in active], sampling,
+                                      seed=seed * 1000 + turn, max_new_per_row=limits)
+            state = getattr(gen, "state", None)
             searching: list[tuple[_Row, str]] = []
             for i, r in enumerate(active):
+                r.slot, r.unread = i, []
                 n = int(gen.lengths[i])
                 r.add(gen.tokens[i, :n].tolist(), True, gen.logprobs[i, :n].tolist())
                 r.turns += 1
