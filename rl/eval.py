@@ -32,28 +32,41 @@ from rl.types import Group
 log = logging.getLogger("rl.eval")
 
 
-def load_run_params(run_dir: str | Path, step: int | None = None) -> tuple[Any, Any, Any, int]:
-    """(model config, params, tokenizer, step) from a run folder's checkpoint."""
+def restore_run_params(run_dir: str | Path, params: Any,
+                       step: int | None = None) -> tuple[Any, int]:
+    """(params, step) from a run folder's checkpoint (``rl.train`` or ``rl.sft``), restored
+    into the structure of ``params`` (the base model of that run)."""
     from rl.checkpoint import Checkpointer
     from rl.optim import make_optimizer
     from rl.train_step import init_train_state
     from rl.trainer import optim_config
 
     run_dir = Path(run_dir)
-    cfg_path = run_dir / "config.yaml"
-    if not cfg_path.exists():
-        raise FileNotFoundError(f"{cfg_path}: not a run folder (no config.yaml)")
-    run_cfg = OmegaConf.to_container(OmegaConf.load(cfg_path), resolve=True)
-    model_cfg, params, tok = load_params(str(run_cfg["model"]["path"]))
+    run_cfg = run_config(run_dir)
     ckpt = Checkpointer(run_dir / "checkpoints")
     step = ckpt.latest_step() if step is None else step
     if step is None:
-        raise FileNotFoundError(f"{run_dir}/checkpoints: no checkpoint to evaluate")
+        raise FileNotFoundError(f"{run_dir}/checkpoints: no checkpoint to load")
     state = init_train_state(params, make_optimizer(optim_config(run_cfg)))
     restored, _ = ckpt.restore(step, {"state": state._asdict(),
                                       "rng": jax.random.key_data(jax.random.key(0))})
     ckpt.close()
-    return model_cfg, restored["state"]["params"], tok, step
+    return restored["state"]["params"], step
+
+
+def run_config(run_dir: str | Path) -> dict[str, Any]:
+    """The resolved config a run folder was written with."""
+    cfg_path = Path(run_dir) / "config.yaml"
+    if not cfg_path.exists():
+        raise FileNotFoundError(f"{cfg_path}: not a run folder (no config.yaml)")
+    return OmegaConf.to_container(OmegaConf.load(cfg_path), resolve=True)
+
+
+def load_run_params(run_dir: str | Path, step: int | None = None) -> tuple[Any, Any, Any, int]:
+    """(model config, params, tokenizer, step) from a run folder's checkpoint."""
+    model_cfg, params, tok = load_params(str(run_config(run_dir)["model"]["path"]))
+    params, step = restore_run_params(run_dir, params, step)
+    return model_cfg, params, tok, step
 
 
 def search_metrics(groups: Sequence[Group], judge: Any = None) -> tuple[dict, list[dict]]:

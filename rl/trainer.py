@@ -388,6 +388,26 @@ def optim_config(cfg: Mapping[str, Any]) -> OptimConfig:
                        min_lr_ratio=float(o.get("min_lr_ratio", 0.1)))
 
 
+def init_from_run(run_dir: str, cfg: Mapping[str, Any], params: Any) -> Any:
+    """Start from another run's latest weights (e.g. an ``rl.sft`` warm-up) instead of the
+    base model's; only the parameters are taken, not its optimizer state or step."""
+    from rl.eval import restore_run_params, run_config
+
+    try:
+        theirs = str(run_config(run_dir)["model"]["path"])
+    except FileNotFoundError as e:
+        raise ConfigError(f"trainer.init_from: {e}") from None
+    if theirs != str(cfg["model"]["path"]):
+        raise ConfigError(f"trainer.init_from: {run_dir} trained model {theirs!r}, this run "
+                          f"uses {cfg['model']['path']!r}")
+    try:
+        params, step = restore_run_params(run_dir, params)
+    except FileNotFoundError as e:
+        raise ConfigError(f"trainer.init_from: {e}") from None
+    log.info("initialised from %s (step %d)", run_dir, step)
+    return params
+
+
 def build_trainer(cfg: Mapping[str, Any], config_text: str = "") -> Trainer:
     """Validate, load, restore: everything up to the first step."""
     validate(cfg)
@@ -407,6 +427,8 @@ def build_trainer(cfg: Mapping[str, Any], config_text: str = "") -> Trainer:
     dtype = jnp.dtype(str(cfg["model"].get("dtype", "float32")))
     model_cfg, params, tokenizer = load_params(str(cfg["model"]["path"]), dtype,
                                                seed=int(t["seed"]))
+    if t.get("init_from") and latest is None:
+        params = init_from_run(str(t["init_from"]), cfg, params)
     meta = None
     if latest is not None:
         meta = ckpt.read_meta(latest)

@@ -22,10 +22,11 @@ from models.tokenizer import Tokenizer
 from rewards.qa import QA_REWARDS
 from rl.search.client import make_retriever
 from rl.search.datasets import QAExample, load_qa
+from rl.search.demos import corpus_titles, oracle_demonstrations
 from rl.search.env import SearchEnv, search_prompt
 from rl.search.world import write_world
 from rl.tasks import TASKS
-from rl.types import Prompt, Trajectory
+from rl.types import Group, Prompt, Trajectory
 
 
 def example_to_prompt(ex: QAExample) -> Prompt:
@@ -110,3 +111,18 @@ class SearchQATask:
 
     def outcome(self, prompt: Prompt, traj: Trajectory) -> float:
         return float(QA_REWARDS.get(self.reward)(traj.text, list(prompt.answer)))
+
+    def demonstrations(self, split: str, tokenizer: Tokenizer, n: int | None = None,
+                       max_new_tokens: int = 128) -> list[Group]:
+        """Oracle trajectories for a format warm-up (rl/search/demos.py): search each
+        supporting document's title, then answer. Needs supporting docs in the data and the
+        corpus they refer to (the shipped world has both)."""
+        corpus = (dict(self.retriever or {}).get("corpus_path") if self.train_path is not None
+                  else self._world()["corpus"])
+        if corpus is None:
+            raise ValueError("task.search_qa: demonstrations need the corpus file "
+                             "(task.retriever.corpus_path) to map supporting docs to titles")
+        prompts = self.prompts(split)[:n]
+        env = self.make_env(tokenizer, SamplingParams(max_new_tokens=max_new_tokens,
+                                                      temperature=0.0))
+        return oracle_demonstrations(env, prompts, corpus_titles(corpus), tokenizer)

@@ -1,0 +1,191 @@
+"""Supervised warm-up on task demonstrations: ``python -m rl.sft [key=value ...]`` (hydra).
+
+A policy too small to follow a task's protocol (SmolLM2-135M never writes a well-formed
+Search-R1 trajectory) gives GRPO only all-wrong groups, with zero advantages. A short SFT on
+demonstrations (``task.demonstrations``: for ``search_qa``, oracle trajectories through the
+real environment, rl/search/demos.py) teaches the format; RL then starts from it with
+``trainer.init_from=<this run folder>``.
+
+Loss over action tokens only (observations are context, not targets):
+    L = -sum_{b,t} m_bt log p_theta(y_bt | y_<bt) / sum_{b,t} m_bt
+
+The run folder holds the resolved config, ``metrics.jsonl`` (``sft/loss`` per step,
+``sft/dev_loss`` before and after on held-out demonstrations), TensorBoard events, a few
+demonstrations in ``samples.jsonl`` and the final checkpoint (the same format as ``rl.train``,
+so ``rl.eval eval.run=<folder>`` and ``trainer.init_from=<folder>`` read it).
+
+    python -m rl.sft task=search_qa sft.examples=128 optim.lr=1e-4
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import hydra
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from omegaconf import DictConfig, OmegaConf
+
+from models.config import ModelConfig
+from models.sampler import token_logprobs
+from models.transformer import Params
+from rl.optim import OptimConfig, lr_schedule, make_optimizer
+from rl.train_step import Batch, TrainState, init_train_state
+from rl.types import Trajectory
+
+log = logging.getLogger("rl.sft")
+
+
+def sft_loss(cfg: ModelConfig, params: Params, batch: Batch,
+             remat: bool = False) -> tuple[jax.Array, jax.Array]:
+    """(mean NLL over masked response tokens, number of those tokens).
+
+    batch: tokens, attn_mask [B,T]; resp_start [B]; loss_mask [B,R] over the response window.
+    """
+    mask = batch["loss_mask"].astype(jnp.float32)
+    logp = token_logprobs(cfg, params, batch["tokens"], batch["attn_mask"], remat=remat,
+                          resp_start=batch["resp_start"], resp_len=mask.shape[1])
+    n = jnp.sum(mask)
+    return -jnp.sum(logp * mask) / jnp.maximum(n, 1.0), n
+
+
+def make_sft_step(cfg: ModelConfig, optimizer: optax.GradientTransformation,
+                  lr_fn: Callable[[Any], Any] | None = None, remat: bool = False
+                  ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+    """The jitted ``sft_step(state, batch) -> (state, metrics)``: one optimizer update."""
+    grad_fn = jax.value_and_grad(lambda p, b: sft_loss(cfg, p, b, remat), has_aux=True)
+
+    def sft_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        (loss, n), grads = grad_fn(state.params, batch)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        metrics = {"sft/loss": loss, "sft/tokens": n, "grad_norm": optax.tree.norm(grads)}
+        if lr_fn is not None:
+            metrics["lr"] = jnp.asarray(lr_fn(state.step), jnp.float32)
+        return TrainState(state.step + 1, optax.apply_updates(state.params, updates),
+                          opt_state), metrics
+
+    return jax.jit(sft_step, donate_argnums=(0,))
+
+
+def demo_batch(trajs: Sequence[Trajectory], pad_id: int, resp_len: int) -> dict[str, Any]:
+    """The training arrays of ``rl.trainer.build_batch`` (advantages unused)."""
+    from rl.trainer import build_batch
+    from rl.types import Group
+
+    groups = [Group(prompt=None, trajectories=(t,)) for t in trajs]  # type: ignore[arg-type]
+    return build_batch(groups, np.zeros(len(trajs)), pad_id, resp_len)
+
+
+def mean_loss(cfg: ModelConfig, params: Params, trajs: Sequence[Trajectory], pad_id: int,
+              resp_len: int, batch_size: int) -> float:
+    """Token-weighted NLL of ``trajs`` under ``params`` (held-out loss)."""
+    loss_fn = jax.jit(lambda p, b: sft_loss(cfg, p, b))
+    total = count = 0.0
+    for i in range(0, len(trajs), batch_size):
+        batch = demo_batch(trajs[i:i + batch_size], pad_id, resp_len)
+        loss, n = loss_fn(params, {k: jnp.asarray(v) for k, v in batch.items()})
+        total, count = total + float(loss) * float(n), count + float(n)
+    return total / max(count, 1.0)
+
+
+def run(cfg: Mapping[str, Any], config_text: str = "") -> dict[str, Any]:
+    """Train on demonstrations; returns the last metrics record."""
+    from tqdm import tqdm
+
+    from models import load_params
+    from rl.checkpoint import Checkpointer
+    from rl.runlog import RunLog
+    from rl.tasks import make_task
+    from rl.trainer import ConfigError
+
+    t, s, o = cfg["trainer"], cfg["sft"], cfg["optim"]
+    run_dir = Path(str(t["run_dir"]))
+    ckpt = Checkpointer(run_dir / "checkpoints", keep=1)
+    if ckpt.latest_step() is not None:
+        raise ConfigError(f"trainer.run_dir: {run_dir} already holds checkpoints; choose "
+                          f"another run_dir")
+    for key in ("examples", "epochs", "batch_size"):
+        if int(s[key]) < 1:
+            raise ConfigError(f"sft.{key} must be >= 1, got {s[key]}")
+    task = make_task(cfg["task"])
+    if not hasattr(task, "demonstrations"):
+        raise ConfigError(f"task.name: task {cfg['task']['name']!r} has no demonstrations "
+                          f"for SFT")
+    model_cfg, params, tok = load_params(str(cfg["model"]["path"]),
+                                         jnp.dtype(str(cfg["model"].get("dtype", "float32"))),
+                                         seed=int(t["seed"]))
+    new = int(t["max_new_tokens"])
+    groups = task.demonstrations(str(s["split"]), tok, n=int(s["examples"]), max_new_tokens=new)
+    train = [g.trajectories[0] for g in groups]
+    dev_groups = task.demonstrations(str(s["eval_split"]), tok, n=int(s["eval_examples"]),
+                                     max_new_tokens=new) if int(s["eval_examples"]) else []
+    dev = [g.trajectories[0] for g in dev_groups]
+    outcome = float(np.mean([task.outcome(g.prompt, g.trajectories[0]) for g in groups]))
+    resp_len = max(len(x.tokens) for x in train + dev)
+    bs, epochs = int(s["batch_size"]), int(s["epochs"])
+    steps = epochs * -(-len(train) // bs)
+    oc = OptimConfig(lr=float(o["lr"]), weight_decay=float(o["weight_decay"]),
+                     grad_clip=float(o["grad_clip"]), warmup_steps=int(o["warmup_steps"]),
+                     schedule=str(o["schedule"]), total_steps=steps,
+                     min_lr_ratio=float(o.get("min_lr_ratio", 0.1)))
+    optimizer = make_optimizer(oc)
+    step_fn = make_sft_step(model_cfg, optimizer, lr_schedule(oc), bool(t.get("remat", False)))
+    state = init_train_state(params, optimizer)
+
+    runlog = RunLog(run_dir, tensorboard=bool(t.get("tensorboard", True)))
+    if config_text:
+        runlog.write_config(config_text)
+    runlog.samples(0, [{"prompt_id": g.prompt.id, "response": g.trajectories[0].text,
+                        "outcome": task.outcome(g.prompt, g.trajectories[0])}
+                       for g in groups[:8]])
+    log.info("%d demonstrations (mean outcome %.3f), %d held out, %d steps", len(train),
+             outcome, len(dev), steps)
+    if dev:
+        before = mean_loss(model_cfg, state.params, dev, tok.pad_id, resp_len, bs)
+        runlog.metrics(0, {"sft/dev_loss": before, "sft/demo_outcome": outcome})
+    rng = np.random.default_rng(int(t["seed"]))
+    record: dict[str, Any] = {}
+    bar = tqdm(total=steps, desc="sft", disable=not bool(t.get("progress", True)))
+    step = 0
+    for _ in range(epochs):
+        order = rng.permutation(len(train))
+        for i in range(0, len(order), bs):
+            t0 = time.perf_counter()
+            batch = demo_batch([train[j] for j in order[i:i + bs]], tok.pad_id, resp_len)
+            state, metrics = step_fn(state, {k: jnp.asarray(v) for k, v in batch.items()})
+            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            record = runlog.metrics(step, {**metrics, "time/step_s": time.perf_counter() - t0})
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}")
+    bar.close()
+    if dev:
+        after = mean_loss(model_cfg, state.params, dev, tok.pad_id, resp_len, bs)
+        record = runlog.metrics(step, {"sft/dev_loss": after})
+        log.info("held-out demonstration loss %.3f -> %.3f", before, after)
+    ckpt.save(step, {"state": state._asdict(),
+                     "rng": jax.random.key_data(jax.random.key(int(t["seed"])))},
+              {"step": step, "kind": "sft", "seed": int(t["seed"]), "data_position": 0})
+    ckpt.close()
+    runlog.close()
+    return record
+
+
+@hydra.main(config_path="../conf", config_name="sft", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    run(resolved, OmegaConf.to_yaml(resolved))
+    log.info("run folder: %s", cfg.trainer.run_dir)
+
+
+if __name__ == "__main__":
+    main()
