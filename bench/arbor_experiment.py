@@ -57,6 +57,7 @@ class Budget:
     eval_split: str = "test"
     eval_max_examples: int = 100
     save_every: int = 10
+    sft_examples: int = 0        # > 0: format warm-up (rl.sft) first; every run starts from it
 
     def train_overrides(self) -> list[str]:
         return [f"model={self.model}", "task=search_qa", f"judge={self.judge}",
@@ -95,13 +96,24 @@ def _algo_extra(algo: str, extra: Sequence[str]) -> list[str]:
 
 
 def train_command(algo: str, seed: int, run_dir: Path, budget: Budget,
-                  extra: Sequence[str]) -> list[str]:
+                  extra: Sequence[str], init_from: Path | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "rl.train", f"algo={algo}", *budget.train_overrides(),
            f"trainer.seed={seed}", f"trainer.run_dir={run_dir}", f"hydra.run.dir={run_dir}",
            *_algo_extra(algo, extra)]
+    if init_from is not None:
+        cmd.append(f"trainer.init_from={init_from}")
     if latest_checkpoint(run_dir) is not None:
         cmd.append("trainer.resume=true")
     return cmd
+
+
+def sft_command(run_dir: Path, budget: Budget, extra: Sequence[str]) -> list[str]:
+    """The shared format warm-up: oracle demonstrations under the same task settings."""
+    task_extra = [x for x in extra if x.startswith(("task.", "retriever"))]
+    return [sys.executable, "-m", "rl.sft", f"model={budget.model}", *budget.task_overrides(),
+            *task_extra, f"trainer.max_new_tokens={budget.max_new_tokens}",
+            f"sft.examples={budget.sft_examples}", "trainer.progress=false",
+            f"trainer.run_dir={run_dir}", f"hydra.run.dir={run_dir}"]
 
 
 def eval_command(run_dir: Path, budget: Budget, extra: Sequence[str]) -> list[str]:
@@ -125,7 +137,8 @@ def run_stats(run_dir: Path) -> dict[str, float] | None:
         return None
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     train = [r for r in rows if "reward/mean" in r]
-    if not train:
+    ev = run_dir / "eval.json"
+    if not train and not ev.exists():
         return None
     tail = train[-max(1, len(train) // 4):]
     out: dict[str, float] = {"steps": float(len(train))}
@@ -134,8 +147,8 @@ def run_stats(run_dir: Path) -> dict[str, float] | None:
                        ("groups/converted_frac", "converted"), ("outcome/mean", "outcome")):
         out[short] = mean([r.get(key) for r in train])
         out[f"{short}_last"] = mean([r.get(key) for r in tail])
-    out["commons_final"] = float(train[-1].get("memory/commons", float("nan")))
-    ev = run_dir / "eval.json"
+    out["commons_final"] = float(train[-1].get("memory/commons", float("nan"))) if train else \
+        float("nan")
     if ev.exists():
         avg = json.loads(ev.read_text()).get("results", {}).get("average", {})
         for k in ("em", "f1", "judge_acc", "valid"):
@@ -145,14 +158,17 @@ def run_stats(run_dir: Path) -> dict[str, float] | None:
 
 COLUMNS = (("homog", "homog"), ("homog_last", "homog(last25%)"), ("all_wrong", "all-wrong"),
            ("all_wrong_last", "all-wrong(last25%)"), ("converted", "converted"),
-           ("heldout_em", "EM"), ("heldout_f1", "F1"), ("heldout_judge_acc", "judge-acc"))
+           ("heldout_valid", "valid"), ("heldout_em", "EM"), ("heldout_f1", "F1"),
+           ("heldout_judge_acc", "judge-acc"))
 
 
 def summarize(out_dir: Path, algos: Sequence[str], seeds: Sequence[int]) -> dict[str, Any]:
     """Mean (and std over seeds) per algorithm, relative changes vs GRPO; printed and returned."""
     table: dict[str, dict[str, Any]] = {}
-    for algo in algos:
-        per_seed = {s: run_stats(out_dir / run_name(algo, s)) for s in seeds}
+    for algo in ("sft", *algos):  # "sft": the shared warm-up start, when there is one
+        folders = {0: out_dir / "sft"} if algo == "sft" else {
+            s: out_dir / run_name(algo, s) for s in seeds}
+        per_seed = {s: run_stats(f) for s, f in folders.items()}
         got = {s: v for s, v in per_seed.items() if v is not None}
         if not got:
             continue
@@ -199,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--judge", help=f"judge config (default {Budget.judge})")
     p.add_argument("--eval-max-examples", type=int,
                    help=f"held-out questions (default {Budget.eval_max_examples})")
+    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                   help="other budget fields, e.g. batch_prompts=2 group_size=4 max_turns=2")
+    p.add_argument("--sft-examples", type=int,
+                   help="format warm-up on this many oracle demonstrations first (rl.sft); "
+                        "every algorithm then starts from it (default 0 = none)")
     p.add_argument("--extra", nargs="*", default=[],
                    help="more hydra overrides for every run (algo.* ARBOR keys only reach ARBOR)")
     p.add_argument("--smoke", action="store_true",
@@ -210,7 +231,14 @@ def main(argv: list[str] | None = None) -> int:
 
     budget = SMOKE if a.smoke else Budget()
     changes = {k: v for k, v in (("steps", a.steps), ("model", a.model), ("judge", a.judge),
-                                 ("eval_max_examples", a.eval_max_examples)) if v is not None}
+                                 ("eval_max_examples", a.eval_max_examples),
+                                 ("sft_examples", a.sft_examples)) if v is not None}
+    for item in a.set:
+        key, sep, value = item.partition("=")
+        if not sep or key not in Budget.__dataclass_fields__:
+            p.error(f"--set {item!r}: expected FIELD=VALUE with FIELD one of "
+                    f"{sorted(Budget.__dataclass_fields__)}")
+        changes[key] = type(getattr(Budget, key))(value)
     budget = Budget(**{**budget.__dict__, **changes})
     extra = [*(SMOKE_EXTRA if a.smoke else ()), *a.extra]
     algos = [x.strip() for x in a.algos.split(",") if x.strip()]
@@ -221,6 +249,20 @@ def main(argv: list[str] | None = None) -> int:
     if not a.summary_only:
         print(f"budget: {budget}\nextra overrides: {extra}\nruns: {len(algos) * len(seeds)} "
               f"({', '.join(algos)} x seeds {seeds}) -> {out}/<algo>_s<seed>", flush=True)
+        init_from = None
+        if budget.sft_examples > 0:
+            init_from = out / "sft"
+            print("[sft]", flush=True)
+            if latest_checkpoint(init_from) is not None:
+                print("  trained (checkpoint): skip", flush=True)
+            elif not run_logged(sft_command(init_from, budget, extra),
+                                out / "logs" / "sft.train.log", a.dry_run):
+                print("FAILED: sft")
+                return 1
+            if not a.no_eval and not (init_from / "eval.json").exists():
+                if not run_logged(eval_command(init_from, budget, extra),
+                                  out / "logs" / "sft.eval.log", a.dry_run):
+                    failed.append("sft (eval)")
         for seed in seeds:  # seed-major: a partial experiment still compares algorithms
             for algo in algos:
                 name = run_name(algo, seed)
@@ -228,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{name}]", flush=True)
                 if latest_checkpoint(run_dir) == budget.steps:
                     print("  trained (checkpoint at the last step): skip", flush=True)
-                elif not run_logged(train_command(algo, seed, run_dir, budget, extra),
+                elif not run_logged(train_command(algo, seed, run_dir, budget, extra, init_from),
                               out / "logs" / f"{name}.train.log", a.dry_run):
                     failed.append(f"{name} (train)")
                     continue
