@@ -290,7 +290,7 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     tokens ``appended[i]`` (e.g. a tool's observation; may be empty) are read, then sampling
     proceeds as in :func:`generate`. The result equals ``generate`` on the concatenated token
     lists (context + generated + appended) up to float rounding, at the cost of the new tokens
-    only. Row counts are padded to a multiple of 8 (fewer recompiles; padding rows are idle).
+    only. Row counts are padded to a multiple of 4 (fewer recompiles; padding rows are idle).
     """
     if len(rows) != len(appended):
         raise ValueError(f"rows ({len(rows)}) and appended ({len(appended)}) differ in length")
@@ -300,7 +300,7 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     if min(rows) < 0 or max(rows) >= n_state:
         raise ValueError(f"rows must index the {n_state} rows of the state, got {list(rows)}")
     width = _bucket(max(len(a) for a in appended), 16)
-    b = _bucket(len(rows), 8)
+    b = _bucket(len(rows), 4)
     chunk = np.full((b, width), tokenizer.pad_id, np.int32)
     chunk_mask = np.zeros((b, width), bool)
     for i, ids in enumerate(appended):
