@@ -37,7 +37,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.experiment import fmt, latest_checkpoint, mean, print_table, run_logged, std
+from bench.experiment import (
+    fmt,
+    latest_checkpoint,
+    mean,
+    print_table,
+    run_logged,
+    std,
+    train_unless_done,
+    write_summary,
+)
 
 DEFAULT_ALGOS = ("grpo", "arbor", "arbor_no_memory")
 
@@ -267,11 +276,9 @@ def main(argv: list[str] | None = None) -> int:
             for algo in algos:
                 name = run_name(algo, seed)
                 run_dir = out / name
-                print(f"[{name}]", flush=True)
-                if latest_checkpoint(run_dir) == budget.steps:
-                    print("  trained (checkpoint at the last step): skip", flush=True)
-                elif not run_logged(train_command(algo, seed, run_dir, budget, extra, init_from),
-                              out / "logs" / f"{name}.train.log", a.dry_run):
+                if not train_unless_done(name, run_dir, budget.steps,
+                                         train_command(algo, seed, run_dir, budget, extra,
+                                                       init_from), out / "logs", a.dry_run):
                     failed.append(f"{name} (train)")
                     continue
                 if a.no_eval:
@@ -283,16 +290,8 @@ def main(argv: list[str] | None = None) -> int:
                     failed.append(f"{name} (eval)")
     if a.dry_run:
         return 0
-    table = summarize(out, algos, seeds)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps({"budget": budget.__dict__, "extra": extra,
-                                                  "table": table}, indent=1, default=str))
-    print(f"summary written to {out / 'summary.json'}; plots: notebooks/arbor.ipynb "
-          f"(ARBOR_RUNS={out})")
-    if failed:
-        print("FAILED:", ", ".join(failed))
-        return 1
-    return 0
+    return write_summary(out, budget, extra, summarize(out, algos, seeds), failed,
+                         f"notebooks/arbor.ipynb (ARBOR_RUNS={out})")
 
 
 if __name__ == "__main__":

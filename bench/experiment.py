@@ -70,3 +70,30 @@ def print_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     print("  ".join("-" * w for w in widths))
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+
+
+def train_unless_done(name: str, run_dir: Path, steps: int, cmd: list[str], logs: Path,
+                      dry: bool) -> bool:
+    """Train ``run_dir`` with ``cmd`` unless it already holds the checkpoint of its last step;
+    False when training failed."""
+    print(f"[{name}]", flush=True)
+    if latest_checkpoint(run_dir) == steps:
+        print("  trained (checkpoint at the last step): skip", flush=True)
+        return True
+    return run_logged(cmd, logs / f"{name}.train.log", dry)
+
+
+def write_summary(out: Path, budget: object, extra: Sequence[str], table: dict,
+                  failed: Sequence[str], plots: str) -> int:
+    """Write ``<out>/summary.json``, say where the plots are, report failures; the exit code."""
+    import json
+    from dataclasses import asdict
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps({"budget": asdict(budget), "extra": list(extra),
+                                                  "table": table}, indent=1, default=str))
+    print(f"summary written to {out / 'summary.json'}; plots: {plots}")
+    if failed:
+        print("FAILED:", ", ".join(failed))
+        return 1
+    return 0

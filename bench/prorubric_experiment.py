@@ -35,7 +35,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.experiment import fmt, latest_checkpoint, mean, print_table, run_logged, std
+from bench.experiment import (
+    fmt,
+    latest_checkpoint,
+    mean,
+    print_table,
+    std,
+    train_unless_done,
+    write_summary,
+)
 
 DEFAULT_ALGOS = ("rubric_rl", "prorubric", "raw_and")
 
@@ -174,24 +182,14 @@ def main(argv: list[str] | None = None) -> int:
             for algo in algos:
                 name = run_name(algo, seed)
                 run_dir = out / name
-                print(f"[{name}]", flush=True)
-                if latest_checkpoint(run_dir) == budget.steps:
-                    print("  trained (checkpoint at the last step): skip", flush=True)
-                elif not run_logged(train_command(algo, seed, run_dir, budget, extra),
-                                    out / "logs" / f"{name}.train.log", a.dry_run):
+                if not train_unless_done(name, run_dir, budget.steps,
+                                         train_command(algo, seed, run_dir, budget, extra),
+                                         out / "logs", a.dry_run):
                     failed.append(name)
     if a.dry_run:
         return 0
-    table = summarize(out, algos, seeds)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps({"budget": budget.__dict__, "extra": extra,
-                                                  "table": table}, indent=1, default=str))
-    print(f"summary written to {out / 'summary.json'}; plots: notebooks/prorubric.ipynb "
-          f"(PRORUBRIC_RUNS={out}/*)")
-    if failed:
-        print("FAILED:", ", ".join(failed))
-        return 1
-    return 0
+    return write_summary(out, budget, extra, summarize(out, algos, seeds), failed,
+                         f"notebooks/prorubric.ipynb (PRORUBRIC_RUNS={out}/*)")
 
 
 if __name__ == "__main__":

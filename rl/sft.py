@@ -74,12 +74,10 @@ def make_sft_step(cfg: ModelConfig, optimizer: optax.GradientTransformation,
 
 
 def demo_batch(trajs: Sequence[Trajectory], pad_id: int, resp_len: int) -> dict[str, Any]:
-    """The training arrays of ``rl.trainer.build_batch`` (advantages unused)."""
-    from rl.trainer import build_batch
-    from rl.types import Group
+    """The training arrays of ``rl.trainer.build_batch``, without advantages."""
+    from rl.trainer import trajectory_arrays
 
-    groups = [Group(prompt=None, trajectories=(t,)) for t in trajs]  # type: ignore[arg-type]
-    return build_batch(groups, np.zeros(len(trajs)), pad_id, resp_len)
+    return trajectory_arrays(trajs, pad_id, resp_len)
 
 
 def mean_loss(cfg: ModelConfig, params: Params, trajs: Sequence[Trajectory], pad_id: int,

@@ -41,7 +41,7 @@ from rl.rewarders import make_rewarder
 from rl.runlog import RunLog
 from rl.tasks import make_task
 from rl.train_step import LossConfig, TrainState, init_train_state, make_train_step
-from rl.types import Group, RewardOutput
+from rl.types import Group, RewardOutput, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,12 @@ def build_batch(groups: Sequence[Group], advantages: np.ndarray, pad_id: int,
     window's loss_mask [B,R]; advantages [B]. R is at least `resp_len` (the run's response
     budget) and T is rounded up to a multiple of 32, so shapes, and compilations, rarely change
     from step to step."""
-    trajs = [t for g in groups for t in g.trajectories]
+    batch = trajectory_arrays([t for g in groups for t in g.trajectories], pad_id, resp_len)
+    return {**batch, "advantages": np.asarray(advantages, np.float32).reshape(-1)}
+
+
+def trajectory_arrays(trajs: Sequence[Trajectory], pad_id: int, resp_len: int = 16) -> dict:
+    """:func:`build_batch` without advantages (the SFT warm-up trains on these)."""
     resp = _bucket(max(resp_len, *(len(t.tokens) for t in trajs)), 16)
     width = _bucket(max(len(t.prompt_tokens) for t in trajs) + resp, 32)
     b = len(trajs)
@@ -101,8 +106,7 @@ def build_batch(groups: Sequence[Group], advantages: np.ndarray, pad_id: int,
         attn[i, :p + n] = True
         loss[i, :n] = t.loss_mask
         start[i] = p
-    return {"tokens": tokens, "attn_mask": attn, "resp_start": start,
-            "loss_mask": loss, "advantages": np.asarray(advantages, np.float32).reshape(-1)}
+    return {"tokens": tokens, "attn_mask": attn, "resp_start": start, "loss_mask": loss}
 
 
 def fingerprint(cfg: Mapping[str, Any], model_cfg: Any) -> dict[str, Any]:
