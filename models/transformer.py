@@ -193,8 +193,12 @@ def forward(
             x = x + _mlp(p, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps))
             return x, None
 
-        if remat:
-            body = jax.checkpoint(body, prevent_cse=False)
+        # Backward keeps only each layer's weight-matmul outputs and recomputes the rest
+        # (attention scores and probabilities, norms, activations): storing [L,B,H,T,T]
+        # probabilities costs more than recomputing them, here ~10 % of a training step.
+        # remat=True recomputes the whole layer (least memory).
+        policy = None if remat else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+        body = jax.checkpoint(body, prevent_cse=False, policy=policy)
         x, _ = jax.lax.scan(body, x, params["layers"])
         new_cache = None
     else:
