@@ -22,7 +22,7 @@ import numpy as np
 from models.config import ModelConfig
 from models.stops import stop_tables
 from models.tokenizer import Tokenizer
-from models.transformer import KVCache, Params, forward, unembed
+from models.transformer import KVCache, Params, forward, unembed, unstack_layers
 
 FINISH_REASONS = ("length", "eos", "stop")
 
@@ -81,9 +81,43 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
     return tokens, mask
 
 
+def first_argmax(logits: jax.Array) -> jax.Array:
+    """argmax over the last axis (first index on ties) as two plain reductions: XLA:CPU runs
+    them ~5x faster than the (value, index) reduction of ``jnp.argmax``."""
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    iota = jnp.arange(logits.shape[-1], dtype=jnp.int32)
+    return jnp.min(jnp.where(logits == top, iota, logits.shape[-1]), axis=-1).astype(jnp.int32)
+
+
+def sample_categorical(key: jax.Array, logits: jax.Array, block: int = 128) -> jax.Array:
+    """One draw per row from softmax(logits [B,V]) by inverting the CDF at u ~ U[0, Z).
+
+    Two levels (blocks of `block` tokens, then tokens inside the chosen block) so the prefix
+    sums are small matmuls, and one uniform per row instead of a Gumbel per token (which made
+    ``jax.random.categorical`` ~25x slower at B=16, V=49k on CPU). Zero-probability tokens
+    (-inf logits, e.g. outside the top-p nucleus) are never drawn.
+    """
+    b, v = logits.shape
+    n_blocks = -(-v // block)
+    p = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+    p = jnp.pad(p, ((0, 0), (0, n_blocks * block - v))).reshape(b, n_blocks, block)
+    block_mass = p.sum(-1)                                                  # [B, nb]
+    cum_blocks = block_mass @ jnp.triu(jnp.ones((n_blocks, n_blocks), p.dtype))
+    u = jax.random.uniform(key, (b, 1), p.dtype) * cum_blocks[:, -1:]
+    chosen = jnp.minimum(jnp.sum(cum_blocks <= u, axis=-1), n_blocks - 1)   # [B]
+    before = (jnp.take_along_axis(cum_blocks, chosen[:, None], 1)
+              - jnp.take_along_axis(block_mass, chosen[:, None], 1))
+    inner = jnp.take_along_axis(p, chosen[:, None, None], 1)[:, 0]          # [B, block]
+    cum_inner = inner @ jnp.triu(jnp.ones((block, block), p.dtype))
+    idx = jnp.sum(cum_inner <= u - before, axis=-1)
+    # rounding can push u past the block's own sum: fall back to its last possible token
+    last = jnp.max(jnp.where(inner > 0, jnp.arange(block), 0), axis=-1)
+    return (chosen * block + jnp.minimum(idx, last)).astype(jnp.int32)
+
+
 def _sample(logits: jax.Array, key: jax.Array, temperature: float, top_p: float) -> jax.Array:
     if temperature == 0:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return first_argmax(logits)
     logits = logits / temperature
     if top_p < 1.0:
         # keep the smallest set of tokens whose probability mass reaches top_p
@@ -92,7 +126,7 @@ def _sample(logits: jax.Array, key: jax.Array, temperature: float, top_p: float)
         keep = (jnp.cumsum(sorted_probs, axis=-1) - sorted_probs) < top_p
         threshold = jnp.min(jnp.where(keep, sorted_probs, 1.0), axis=-1, keepdims=True)
         logits = jnp.where(probs >= threshold, logits, -jnp.inf)
-    return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+    return sample_categorical(key, logits)
 
 
 def _decode(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
@@ -107,6 +141,8 @@ def _decode(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
     cache, logits and counts describe each row's whole sequence and can be continued.
     """
     b = logits.shape[0]
+    # one buffer per layer's weights and cache inside the loop (see unstack_layers)
+    params, cache = unstack_layers(params), cache.per_layer()
     init = dict(
         step=jnp.zeros((), jnp.int32), logits=logits, cache=cache,
         out=jnp.full((b, max_new), pad_id, jnp.int32), logp=jnp.zeros((b, max_new), jnp.float32),
@@ -144,7 +180,7 @@ def _decode(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
 
     s = jax.lax.while_loop(cond, body, init)
     return (s["out"], s["logp"], s["length"], s["finish"],
-            (s["cache"], s["logits"], n_tokens + s["length"]))
+            (s["cache"].stacked(), s["logits"], n_tokens + s["length"]))
 
 
 _STATIC = ("cfg", "max_new", "temperature", "top_p")

@@ -9,8 +9,10 @@ from models import load_params
 from models.sampler import (
     SamplingParams,
     continue_generation,
+    first_argmax,
     generate,
     left_pad,
+    sample_categorical,
     token_logprobs,
 )
 from models.stops import _automaton, stop_tables
@@ -82,6 +84,33 @@ def test_top_p_restricts_to_nucleus(tiny):
     nucleus = generate(cfg, params, tok, prompt, SamplingParams(8, temperature=1.0,
                                                                 top_p=1e-6), seed=5)
     assert nucleus.token_lists() == greedy.token_lists()
+
+
+def test_sample_categorical_matches_softmax_frequencies():
+    # 300 tokens = two full blocks of 128 and a padded one; some tokens impossible (-inf)
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 1.5, 300)
+    logits[[0, 5, 128, 299]] = -np.inf
+    logits[[7, 200]] += 4.0  # a few likely tokens in different blocks
+    probs = np.exp(logits - logits[np.isfinite(logits)].max())
+    probs /= probs.sum()
+    n = 40_000
+    keys = jax.random.split(jax.random.key(1), n)
+    draws = jax.jit(jax.vmap(lambda k: sample_categorical(k, jnp.asarray(logits[None],
+                                                                          jnp.float32))[0]))(keys)
+    freq = np.bincount(np.asarray(draws), minlength=300) / n
+    assert freq[[0, 5, 128, 299]].sum() == 0
+    # binomial standard error <= sqrt(0.25 / n) = 0.0025; allow 5 sigma everywhere
+    assert np.max(np.abs(freq - probs)) < 0.0125
+    # and the mass of the likely tokens, each compared with its own standard error
+    for t in (7, 200):
+        assert abs(freq[t] - probs[t]) < 5 * np.sqrt(probs[t] * (1 - probs[t]) / n)
+
+
+def test_first_argmax_equals_numpy_argmax_with_ties():
+    x = np.asarray([[1.0, 3.0, 3.0, -2.0], [-np.inf, -1.0, -1.0, -1.0], [0.0, 0.0, 0.0, 5.0]],
+                   np.float32)
+    np.testing.assert_array_equal(np.asarray(first_argmax(jnp.asarray(x))), np.argmax(x, -1))
 
 
 def _run_dfa(tables, ids):
