@@ -131,12 +131,14 @@ def _sample(logits: jax.Array, key: jax.Array, temperature: float, top_p: float)
 
 def _decode(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
             n_tokens: jax.Array, start: int, key: jax.Array, max_new_per_row: jax.Array,
-            eos_ids: jax.Array, stop_next: jax.Array, stop_hit: jax.Array, pad_id: jax.Array,
-            max_new: int, temperature: float, top_p: float):
+            eos_ids: jax.Array, stop_next: jax.Array, stop_hit: jax.Array,
+            stop_state: jax.Array, pad_id: jax.Array, max_new: int, temperature: float,
+            top_p: float):
     """The decode loop shared by a fresh generation and a continued one.
 
     logits [B,V] are the next-token logits after each row's last real token, n_tokens [B] its
-    count of real tokens (the next RoPE position), ``start`` the first free cache slot. Every
+    count of real tokens (the next RoPE position), ``start`` the first free cache slot,
+    stop_state [B] each row's stop-string automaton state (0 = nothing matched yet). Every
     sampled token is written to the cache while its row is still running, so the returned
     cache, logits and counts describe each row's whole sequence and can be continued.
     """
@@ -147,7 +149,7 @@ def _decode(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
         step=jnp.zeros((), jnp.int32), logits=logits, cache=cache,
         out=jnp.full((b, max_new), pad_id, jnp.int32), logp=jnp.zeros((b, max_new), jnp.float32),
         done=max_new_per_row <= 0, finish=jnp.zeros((b,), jnp.int32),
-        length=jnp.zeros((b,), jnp.int32), stop_state=jnp.zeros((b,), jnp.int32),
+        length=jnp.zeros((b,), jnp.int32), stop_state=stop_state,
     )
 
     def cond(s: dict) -> jax.Array:
@@ -163,7 +165,7 @@ def _decode(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
         out = s["out"].at[:, step].set(tok)
         logps = s["logp"].at[:, step].set(logp)
         hit = stop_hit[s["stop_state"], tok]
-        stop_state = stop_next[s["stop_state"], tok]
+        stop_state = jnp.where(done, s["stop_state"], stop_next[s["stop_state"], tok])
         is_eos = jnp.any(tok[:, None] == eos_ids[None, :], axis=-1)
         at_limit = step + 1 >= max_new_per_row
         reason = jnp.where(is_eos, 1, jnp.where(hit, 2, 0))
@@ -180,7 +182,7 @@ def _decode(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
 
     s = jax.lax.while_loop(cond, body, init)
     return (s["out"], s["logp"], s["length"], s["finish"],
-            (s["cache"].stacked(), s["logits"], n_tokens + s["length"]))
+            (s["cache"].stacked(), s["logits"], n_tokens + s["length"], s["stop_state"]))
 
 
 _STATIC = ("cfg", "max_new", "temperature", "top_p")
@@ -201,15 +203,16 @@ def _generate(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Arr
     logits = unembed(cfg, params, hidden[rows, -1])
     n_tokens = jnp.sum(mask, axis=1).astype(jnp.int32)[rows]
     return _decode(cfg, params, cache, logits, n_tokens, tokens.shape[1], key, max_new_per_row,
-                   eos_ids, stop_next, stop_hit, pad_id, max_new, temperature, top_p)
+                   eos_ids, stop_next, stop_hit, jnp.zeros(rows.shape, jnp.int32), pad_id,
+                   max_new, temperature, top_p)
 
 
 @functools.partial(jax.jit, static_argnames=(*_STATIC, "keep"))
 def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
               n_tokens: jax.Array, rows: jax.Array, chunk: jax.Array, chunk_mask: jax.Array,
               key: jax.Array, max_new_per_row: jax.Array, eos_ids: jax.Array,
-              stop_next: jax.Array, stop_hit: jax.Array, pad_id: jax.Array, *,
-              max_new: int, temperature: float, top_p: float, keep: int):
+              stop_next: jax.Array, stop_hit: jax.Array, stop_state: jax.Array,
+              pad_id: jax.Array, *, max_new: int, temperature: float, top_p: float, keep: int):
     # Select the continuing rows, then right-align each row's real slots (a stable sort keeps
     # their order) and keep the last `keep` (>= every row's real-token count): the holes that
     # left padding and early stops left in the cache cost nothing in the next turn.
@@ -235,8 +238,8 @@ def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Arra
     appended = jnp.sum(chunk_mask, axis=1).astype(jnp.int32)
     logits = jnp.where(appended[:, None] > 0, unembed(cfg, params, hidden[:, -1]), logits)
     return _decode(cfg, params, cache, logits, n_tokens + appended, keep + chunk.shape[1], key,
-                   max_new_per_row, eos_ids, stop_next, stop_hit, pad_id, max_new, temperature,
-                   top_p)
+                   max_new_per_row, eos_ids, stop_next, stop_hit, stop_state, pad_id, max_new,
+                   temperature, top_p)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,11 +247,15 @@ class DecodeState:
     """Where the rows of a generation stopped, kept on device so that :func:`continue_generation`
     can extend them without re-reading their context: the KV cache (``cache.valid`` marks real
     tokens), the next-token logits after each row's last real token, and each row's count of
-    real tokens (``n_tokens``, on the host too: it sizes the next call)."""
+    real tokens (``n_tokens``, on the host too: it sizes the next call). ``stop_state`` is each
+    row's stop-string automaton state for the strings ``stops``, so a row continued without
+    new tokens still catches a stop string that straddles the two calls."""
 
     cache: KVCache
     logits: jax.Array
     n_tokens: np.ndarray
+    stop_state: np.ndarray | None = None
+    stops: tuple[str, ...] = ()
 
 
 def _stopping(cfg: ModelConfig, tokenizer: Tokenizer, sampling: SamplingParams,
@@ -267,6 +274,11 @@ def _stopping(cfg: ModelConfig, tokenizer: Tokenizer, sampling: SamplingParams,
     return jnp.asarray(eos), jnp.asarray(stop_next), jnp.asarray(stop_hit)
 
 
+def _canonical(stops: Sequence[str]) -> tuple[str, ...]:
+    """The stop set as the automaton sees it (its states are numbered for this set)."""
+    return tuple(sorted({s for s in stops if s}))
+
+
 def _limits(n_rows: int, sampling: SamplingParams,
             max_new_per_row: Sequence[int] | None) -> np.ndarray:
     limits = np.full(n_rows, sampling.max_new_tokens, np.int32)
@@ -275,16 +287,19 @@ def _limits(n_rows: int, sampling: SamplingParams,
     return limits
 
 
-def _result(tokenizer: Tokenizer, outputs: Any, n_rows: int, decode_text: bool) -> Generation:
-    out, logp, length, finish, (cache, logits, n_tokens) = outputs
-    out, logp, length, finish, n_host = jax.device_get((out, logp, length, finish, n_tokens))
+def _result(tokenizer: Tokenizer, outputs: Any, n_rows: int, decode_text: bool,
+            stops: tuple[str, ...]) -> Generation:
+    out, logp, length, finish, (cache, logits, n_tokens, stop_state) = outputs
+    out, logp, length, finish, n_host, stop_host = jax.device_get(
+        (out, logp, length, finish, n_tokens, stop_state))
     out, logp, length, finish = out[:n_rows], logp[:n_rows], length[:n_rows], finish[:n_rows]
     lists = [row[:k].tolist() for row, k in zip(out, length)]
     texts = tuple(tokenizer.decode_batch(lists)) if decode_text else ()
     return Generation(tokens=np.asarray(out), logprobs=np.asarray(logp),
                       lengths=np.asarray(length),
                       finish=tuple(FINISH_REASONS[int(f)] for f in finish), texts=texts,
-                      state=DecodeState(cache, logits, np.asarray(n_host)))
+                      state=DecodeState(cache, logits, np.asarray(n_host), np.asarray(stop_host),
+                                        _canonical(stops)))
 
 
 def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
@@ -311,7 +326,7 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
         jnp.asarray(tokenizer.pad_id, jnp.int32), max_new=n,
         temperature=float(sampling.temperature), top_p=float(sampling.top_p),
         cache_len=tokens.shape[1] + _bucket(n, 16))
-    return _result(tokenizer, outputs, len(prompts), decode_text)
+    return _result(tokenizer, outputs, len(prompts), decode_text, sampling.stop)
 
 
 def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
@@ -326,7 +341,9 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     tokens ``appended[i]`` (e.g. a tool's observation; may be empty) are read, then sampling
     proceeds as in :func:`generate`. The result equals ``generate`` on the concatenated token
     lists (context + generated + appended) up to float rounding, at the cost of the new tokens
-    only. Row counts are padded to a multiple of 4 (fewer recompiles; padding rows are idle).
+    only. A row continued with nothing appended and the same stop strings resumes its stop
+    matching where it was (a stop string may straddle the two calls); any other row starts
+    matching afresh. Row counts are padded to a multiple of 4 (fewer recompiles).
     """
     if len(rows) != len(appended):
         raise ValueError(f"rows ({len(rows)}) and appended ({len(appended)}) differ in length")
@@ -348,14 +365,18 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     idx = np.full(b, rows[0], np.int32)
     idx[:len(rows)] = rows
     keep = _bucket(int(state.n_tokens[idx].max()), 64)
+    stop_state = np.zeros(b, np.int32)
+    if state.stop_state is not None and state.stops == _canonical(sampling.stop):
+        resume = np.asarray([len(a) == 0 for a in appended])
+        stop_state[:len(rows)] = np.where(resume, state.stop_state[np.asarray(rows)], 0)
     key = jax.random.key(seed) if isinstance(seed, int) else seed
     outputs = _continue(
         cfg, params, state.cache, state.logits, jnp.asarray(state.n_tokens, jnp.int32),
         jnp.asarray(idx), jnp.asarray(chunk), jnp.asarray(chunk_mask), key, jnp.asarray(limits),
-        *_stopping(cfg, tokenizer, sampling, eos_ids),
+        *_stopping(cfg, tokenizer, sampling, eos_ids), jnp.asarray(stop_state),
         jnp.asarray(tokenizer.pad_id, jnp.int32), max_new=sampling.max_new_tokens,
         temperature=float(sampling.temperature), top_p=float(sampling.top_p), keep=keep)
-    return _result(tokenizer, outputs, len(rows), decode_text)
+    return _result(tokenizer, outputs, len(rows), decode_text, sampling.stop)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "remat", "with_entropy", "resp_len"))

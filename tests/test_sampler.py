@@ -1,5 +1,7 @@
 """Batched KV-cache sampler: greedy consistency, stop strings, logprobs, seeding."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -248,6 +250,35 @@ def test_continuation_equals_generating_from_the_whole_context(tiny):
                    SamplingParams(5, temperature=1.0, ignore_eos=True), seed=4)
     _assert_same_generation(third, ref)
     assert list(third.state.n_tokens[:2]) == [len(c) + len(m) + 5 for c, m in zip(context2, more)]
+
+
+def test_stop_string_straddling_two_continued_calls_is_caught(shipped):
+    # a stop string made of the last byte of token k-1 and the first byte of token k: cut the
+    # generation between them, continue with nothing appended, and it must still stop at k
+    cfg, params, tok = shipped
+    prompt = tok.encode_chat([{"role": "user", "content": "Name three rivers in Europe."}])
+    greedy = SamplingParams(16, temperature=0, ignore_eos=True)
+    ids = generate(cfg, params, tok, [prompt], greedy).token_lists()[0]
+    tb = [tok.token_bytes[i] for i in ids]
+    for k in range(2, len(ids)):
+        stop = tb[k - 1][-1:] + tb[k][:1]
+        if len(stop) == 2 and stop.isascii() and stop.decode().isprintable() \
+                and stop not in b"".join(tb[:k]):
+            break
+    else:
+        raise AssertionError(f"no two-byte stop string to test in {tb}")
+    sp = dataclasses.replace(greedy, stop=(stop.decode(),))
+    whole = generate(cfg, params, tok, [prompt], sp)
+    assert whole.lengths[0] == k + 1 and whole.finish[0] == "stop"
+    head = generate(cfg, params, tok, [prompt], dataclasses.replace(sp, max_new_tokens=k))
+    assert head.lengths[0] == k and head.finish[0] == "length"
+    tail = continue_generation(cfg, params, tok, head.state, [0], [[]], sp)
+    assert tail.token_lists()[0] == ids[k:k + 1] and tail.finish[0] == "stop"
+    # a row that reads new tokens starts matching afresh
+    fresh = continue_generation(cfg, params, tok, head.state, [0], [[ids[k]]],
+                                dataclasses.replace(sp, max_new_tokens=1))
+    assert fresh.finish[0] != "stop" or stop in b"".join(tok.token_bytes[i] for i in
+                                                           fresh.token_lists()[0])
 
 
 def test_continuation_rejects_bad_rows(tiny):
