@@ -209,8 +209,8 @@ def _generate(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Arr
 
 @functools.partial(jax.jit, static_argnames=(*_STATIC, "keep"))
 def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
-              n_tokens: jax.Array, rows: jax.Array, chunk: jax.Array, chunk_mask: jax.Array,
-              key: jax.Array, max_new_per_row: jax.Array, eos_ids: jax.Array,
+              n_tokens: jax.Array, rows: jax.Array, readers: jax.Array, chunk: jax.Array,
+              chunk_mask: jax.Array, key: jax.Array, max_new_per_row: jax.Array, eos_ids: jax.Array,
               stop_next: jax.Array, stop_hit: jax.Array, stop_state: jax.Array,
               pad_id: jax.Array, *, max_new: int, temperature: float, top_p: float, keep: int):
     # Select the continuing rows, then right-align each row's real slots (a stable sort keeps
@@ -230,13 +230,24 @@ def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Arra
     k = jnp.pad(k, ((0, 0), (0, 0), (0, grow), (0, 0), (0, 0)))
     v = jnp.pad(v, ((0, 0), (0, 0), (0, grow), (0, 0), (0, 0)))
     valid = jnp.pad(valid, ((0, 0), (0, grow)))
-    # append each row's new tokens (left-padded chunk) after its context
+    # Only the rows that read new tokens (`readers`; an out-of-range index pads the list and
+    # is dropped on the way back) run the chunk forward: each appends its left-padded chunk.
     n_tokens, logits = n_tokens[rows], logits[rows]
-    positions = n_tokens[:, None] + jnp.maximum(jnp.cumsum(chunk_mask, axis=1) - 1, 0)
-    hidden, cache = forward(cfg, params, chunk, chunk_mask, positions=positions,
-                            cache=KVCache(k, v, valid), cache_index=keep, return_hidden=True)
-    appended = jnp.sum(chunk_mask, axis=1).astype(jnp.int32)
-    logits = jnp.where(appended[:, None] > 0, unembed(cfg, params, hidden[:, -1]), logits)
+    appended = jnp.zeros_like(n_tokens)
+    if chunk.shape[1]:
+        take = functools.partial(jnp.take, indices=readers, mode="clip")
+        sub = KVCache(take(k, axis=1), take(v, axis=1), take(valid, axis=0))
+        n_sub = take(n_tokens, axis=0)
+        positions = n_sub[:, None] + jnp.maximum(jnp.cumsum(chunk_mask, axis=1) - 1, 0)
+        hidden, sub = forward(cfg, params, chunk, chunk_mask, positions=positions, cache=sub,
+                              cache_index=keep, return_hidden=True)
+        k = k.at[:, readers].set(sub.k, mode="drop")
+        v = v.at[:, readers].set(sub.v, mode="drop")
+        valid = valid.at[readers].set(sub.valid, mode="drop")
+        logits = logits.at[readers].set(unembed(cfg, params, hidden[:, -1]), mode="drop")
+        appended = appended.at[readers].set(jnp.sum(chunk_mask, axis=1, dtype=jnp.int32),
+                                            mode="drop")
+    cache = KVCache(k, v, valid)
     return _decode(cfg, params, cache, logits, n_tokens + appended, keep + chunk.shape[1], key,
                    max_new_per_row, eos_ids, stop_next, stop_hit, stop_state, pad_id, max_new,
                    temperature, top_p)
@@ -352,14 +363,18 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     n_state = len(state.n_tokens)
     if min(rows) < 0 or max(rows) >= n_state:
         raise ValueError(f"rows must index the {n_state} rows of the state, got {list(rows)}")
-    width = _bucket(max(len(a) for a in appended), 16)
+    longest = max(len(a) for a in appended)
+    width = _bucket(longest, 16) if longest else 0  # nothing to read: go straight to decoding
     b = _bucket(len(rows), 4)
-    chunk = np.full((b, width), tokenizer.pad_id, np.int32)
-    chunk_mask = np.zeros((b, width), bool)
-    for i, ids in enumerate(appended):
-        if len(ids):
-            chunk[i, width - len(ids):] = ids
-            chunk_mask[i, width - len(ids):] = True
+    readers = [i for i, ids in enumerate(appended) if len(ids)]
+    reader_idx = np.full(_bucket(len(readers), 4) if readers else 0, b, np.int32)
+    reader_idx[:len(readers)] = readers
+    chunk = np.full((len(reader_idx), width), tokenizer.pad_id, np.int32)
+    chunk_mask = np.zeros((len(reader_idx), width), bool)
+    for j, i in enumerate(readers):
+        ids = appended[i]
+        chunk[j, width - len(ids):] = ids
+        chunk_mask[j, width - len(ids):] = True
     limits = np.zeros(b, np.int32)  # padding rows: done before they start
     limits[:len(rows)] = _limits(len(rows), sampling, max_new_per_row)
     idx = np.full(b, rows[0], np.int32)
@@ -372,7 +387,8 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     key = jax.random.key(seed) if isinstance(seed, int) else seed
     outputs = _continue(
         cfg, params, state.cache, state.logits, jnp.asarray(state.n_tokens, jnp.int32),
-        jnp.asarray(idx), jnp.asarray(chunk), jnp.asarray(chunk_mask), key, jnp.asarray(limits),
+        jnp.asarray(idx), jnp.asarray(reader_idx), jnp.asarray(chunk), jnp.asarray(chunk_mask),
+        key, jnp.asarray(limits),
         *_stopping(cfg, tokenizer, sampling, eos_ids), jnp.asarray(stop_state),
         jnp.asarray(tokenizer.pad_id, jnp.int32), max_new=sampling.max_new_tokens,
         temperature=float(sampling.temperature), top_p=float(sampling.top_p), keep=keep)

@@ -1,5 +1,7 @@
 """Multi-turn search environment on scripted policies (the environment is under test)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -125,6 +127,82 @@ def test_final_turn_has_search_disabled(tok):
     assert traj.info["turns"] == 3 and traj.info["searches"] == 2
 
 
+class ChunkedScriptedPolicy(ScriptedPolicy):
+    """The same scripts served a few tokens at a time through ``continue_from``, like the real
+    sampler's continuation: a row resumes its turn when nothing is appended and starts its next
+    scripted turn after an observation; stop strings may complete in a later call."""
+
+    def generate(self, prompts, sampling, seed, max_new_per_row=None):
+        self.pending: dict[int, list[int]] = {}
+        self.emitted: dict[int, str] = {}
+        self.eos: dict[int, bool] = {}
+        rows = [self._identify(p) for p in prompts]
+        return self._serve(rows, [True] * len(rows), sampling, max_new_per_row)
+
+    def continue_from(self, state, slots, appended, sampling, seed, max_new_per_row=None):
+        rows = [state[s] for s in slots]
+        return self._serve(rows, [len(a) > 0 for a in appended], sampling, max_new_per_row)
+
+    def _serve(self, rows, new_turn, sampling, limits):
+        self.calls.append(rows)
+        self.mixed = getattr(self, "mixed", False) or 0 < sum(new_turn) < len(rows)
+        outs, finishes = [], []
+        for row, start, limit in zip(rows, new_turn, limits):
+            if start:
+                turn = self._turn.get(row, 0)
+                self._turn[row] = turn + 1
+                text = self.scripts[row][turn]
+                self.eos[row] = text.endswith("[EOS]")
+                self.pending[row] = self.tokenizer.encode(text.removesuffix("[EOS]"))
+                self.emitted[row] = ""
+            out, finish = [], "length"
+            while self.pending[row] and len(out) < limit:
+                before = self.emitted[row]
+                out.append(self.pending[row].pop(0))
+                self.emitted[row] = self.tokenizer.decode(
+                    self.tokenizer.encode(before) + out[-1:])
+                if any(s in self.emitted[row] and s not in before for s in sampling.stop):
+                    finish = "stop"
+                    break
+                if self.eos[row] and not self.pending[row]:
+                    finish = "eos"
+            outs.append(out)
+            finishes.append(finish)
+        n = max(1, max(len(o) for o in outs))
+        tokens = np.zeros((len(outs), n), np.int32)
+        for i, o in enumerate(outs):
+            tokens[i, :len(o)] = o
+        return Generation(tokens=tokens, logprobs=np.full((len(outs), n), -0.5, np.float32),
+                          lengths=np.asarray([len(o) for o in outs]), finish=tuple(finishes),
+                          texts=tuple(self.tokenizer.decode(o) for o in outs), state=rows)
+
+
+def test_chunked_turns_equal_whole_turns(tok):
+    # served 3 tokens per call, rows start their next turn while others are mid-turn, and the
+    # trajectories are exactly those of whole-turn generation; a final turn that closes a
+    # search before its answer is not cut at `</search>`
+    scripts = [
+        ["<think>need info</think><search> alpha </search> ignored tail",
+         "<think>ok</think><answer> Alpha </answer>"],
+        ["<answer> beta </answer>"],
+        ["I am not sure", "<search> gamma </search>",
+         "<search> late </search> then <answer> g </answer> more"],
+        ["I give up.[EOS]"],
+    ]
+    env, whole, prompts, _ = _setup(tok, scripts, max_turns=2)
+    ref = [g.trajectories[0] for g in env.rollout(whole, prompts, group_size=1, seed=0)]
+    env2, chunked, _, retriever = _setup(tok, scripts, max_turns=2)
+    chunked.__class__ = ChunkedScriptedPolicy
+    env3 = dataclasses.replace(env2, chunk_tokens=3)
+    got = [g.trajectories[0] for g in env3.rollout(chunked, prompts, group_size=1, seed=0)]
+    assert chunked.mixed  # some call had rows starting a turn next to rows mid-turn
+    assert retriever.queries == ["alpha", "gamma"]
+    for a, b in zip(got, ref):
+        assert a.tokens == b.tokens and a.loss_mask == b.loss_mask
+        assert a.finish == b.finish and a.info == b.info
+    assert "then <answer> g </answer>" in got[2].text and " more" not in got[2].text
+
+
 def test_parse_action_and_prompt():
     assert parse_action("x <search> q1 </search> <answer> y </answer>") == ("search", "q1")
     assert parse_action("<answer>\n Paris </answer>") == ("answer", "Paris")
@@ -152,8 +230,10 @@ def test_kv_continuation_equals_reprefilling_each_turn():
     policy = SamplerPolicy(cfg, params, tok)
     prompts = [Prompt(id=f"p{i}", messages=({"role": "user", "content": search_prompt(q)},))
                for i, q in enumerate(["who?", "where is the big old tower of the city?"])]
+    # chunks of 5 tokens for the continuing policy (turns of 12 end mid-chunk), whole turns
+    # for the re-prefilling one
     env = SearchEnv(tok, SamplingParams(12, temperature=0), FixedRetriever(), topk=1,
-                    max_turns=2, max_response_tokens=120)
+                    max_turns=2, max_response_tokens=120, chunk_tokens=5)
     calls = []
     orig = policy.continue_from
     policy_spy = SamplerPolicy(cfg, params, tok)

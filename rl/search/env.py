@@ -6,15 +6,19 @@ as `\\n\\n<information>...</information>\\n\\n`; anything else appends the inval
 message. Both are observations: their tokens get loss mask 0 (no loss, no KL). After
 `max_turns` turns, one final generation runs with search disabled.
 
-The whole batch advances turn by turn and only unfinished trajectories are sent to the sampler,
-so finished ones stop costing compute. When the policy can continue a generation
-(``continue_from``, e.g. the jitted sampler's KV cache), a turn reads only the new observation
-tokens instead of re-reading the whole context.
+Only unfinished trajectories are sent to the sampler, so finished ones stop costing compute.
+When the policy can continue a generation (``continue_from``, e.g. the jitted sampler's KV
+cache), a turn reads only the new observation tokens instead of re-reading the whole context,
+and the batch advances in chunks of ``chunk_tokens`` instead of whole turns: a row whose turn
+ended (its action executed, its observation appended) starts its next turn in the next chunk
+while the others go on with theirs, so no row waits for the batch's slowest turn. Turn
+boundaries, stop strings and budgets are exactly those of turn-by-turn generation.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -62,6 +66,7 @@ class _Row:
     invalid: int = 0
     slot: int | None = None  # this row's index in the latest generation (for continuing it)
     unread: list[int] = dataclasses.field(default_factory=list)  # observations since then
+    turn_tokens: list[int] = dataclasses.field(default_factory=list)  # this turn's, so far
 
     def add(self, tokens: Sequence[int], action: bool, logprobs: Sequence[float] = ()) -> None:
         self.tokens += list(tokens)
@@ -74,7 +79,8 @@ class _Row:
 @dataclasses.dataclass(frozen=True)
 class SearchEnv:
     """`sampling.max_new_tokens` bounds each turn; `max_response_tokens` bounds a whole
-    trajectory (actions + observations); `max_obs_tokens` truncates retrieved text."""
+    trajectory (actions + observations); `max_obs_tokens` truncates retrieved text;
+    `chunk_tokens` is the decode granularity with a policy that can continue generations."""
 
     tokenizer: Tokenizer
     sampling: SamplingParams
@@ -83,6 +89,11 @@ class SearchEnv:
     max_turns: int = 4
     max_response_tokens: int = 512
     max_obs_tokens: int = 256
+    chunk_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        if self.chunk_tokens < 1:
+            raise ValueError(f"task.chunk_tokens must be >= 1, got {self.chunk_tokens}")
 
     def _observe(self, rows: list[_Row], queries: list[str]) -> None:
         results = self.retriever.retrieve(queries, topk=self.topk) if queries else []
@@ -99,36 +110,58 @@ class SearchEnv:
         base = [self.tokenizer.encode_chat(list(p.messages)) for p in prompts]
         rows = [_Row(list(ids)) for ids in base for _ in range(group_size)]
         invalid_ids = self.tokenizer.encode(INVALID_ACTION)
-        answer_only = dataclasses.replace(self.sampling, stop=("</answer>",))
-        with_search = dataclasses.replace(self.sampling, stop=("</search>", "</answer>"))
+        per_turn = self.sampling.max_new_tokens
+        # Chunked decoding needs a policy that can continue a generation; any other policy
+        # generates whole turns, the batch in lockstep, the last one without search.
+        chunked = hasattr(policy, "continue_from")
+        chunk = min(self.chunk_tokens, per_turn) if chunked else per_turn
+        with_search = dataclasses.replace(self.sampling, stop=("</search>", "</answer>"),
+                                          max_new_tokens=chunk)
+        answer_only = dataclasses.replace(with_search, stop=("</answer>",))
         state = None  # the latest generation's continuation state, if the policy has one
-        for turn in range(self.max_turns + 1):
+        for call in itertools.count():
             active = [r for r in rows if not r.done]
-            budget = [self.max_response_tokens - len(r.tokens) for r in active]
-            for r, b in zip(active, budget):
-                if b <= 0:
+            for r in active:
+                if len(r.tokens) >= self.max_response_tokens:
                     r.done, r.finish = True, "length"
-            active = [r for r, b in zip(active, budget) if b > 0]
+            active = [r for r in active if not r.done]
             if not active:
                 break
-            final = turn == self.max_turns
-            sampling = answer_only if final else with_search
-            limits = [self.max_response_tokens - len(r.tokens) for r in active]
-            if state is not None and hasattr(policy, "continue_from"):
+            # Chunks always stop at both tags (the automaton state carries over between
+            # chunks only for an unchanged stop set); a final-turn row that stops at
+            # `</search>` simply goes on in the next chunk, as if only `</answer>` stopped it.
+            final_only = all(r.turns == self.max_turns for r in active)
+            sampling = answer_only if final_only and not chunked else with_search
+            limits = [min(chunk, per_turn - len(r.turn_tokens),
+                          self.max_response_tokens - len(r.tokens)) for r in active]
+            if state is not None and chunked:
                 gen = policy.continue_from(state, [r.slot for r in active],
                                            [r.unread for r in active], sampling,
-                                           seed=seed * 1000 + turn, max_new_per_row=limits)
+                                           seed=seed * 1000 + call, max_new_per_row=limits)
             else:
                 gen = policy.generate([r.prompt_tokens + r.tokens for r in active], sampling,
-                                      seed=seed * 1000 + turn, max_new_per_row=limits)
+                                      seed=seed * 1000 + call, max_new_per_row=limits)
             state = getattr(gen, "state", None)
             searching: list[tuple[_Row, str]] = []
             for i, r in enumerate(active):
                 r.slot, r.unread = i, []
                 n = int(gen.lengths[i])
                 r.add(gen.tokens[i, :n].tolist(), True, gen.logprobs[i, :n].tolist())
+                r.turn_tokens += gen.tokens[i, :n].tolist()
+                final = r.turns == self.max_turns
+                out_of_budget = (len(r.turn_tokens) >= per_turn
+                                 or len(r.tokens) >= self.max_response_tokens)
+                if (chunked and gen.finish[i] == "length" and n == limits[i]
+                        and not out_of_budget):
+                    continue  # the chunk ended mid-turn
+                text = (gen.texts[i] if len(r.turn_tokens) == n
+                        else self.tokenizer.decode(r.turn_tokens))
+                if (chunked and final and gen.finish[i] == "stop" and "</answer>" not in text
+                        and not out_of_budget):
+                    continue  # a final turn ignores `</search>`
                 r.turns += 1
-                kind, content = parse_action(gen.texts[i])
+                r.turn_tokens = []
+                kind, content = parse_action(text)
                 if kind == "answer":
                     r.done, r.finish = True, "answer"
                 elif kind == "search" and not final:
