@@ -188,6 +188,21 @@ def _decode(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
 _STATIC = ("cfg", "max_new", "temperature", "top_p")
 
 
+def _stacked(cache: KVCache) -> KVCache:
+    """Unstacked parameters (see decode_params) return a per-layer cache."""
+    return cache.stacked() if isinstance(cache.k, tuple) else cache
+
+
+def decode_params(params: Params) -> Params:
+    """``params`` with each layer's weights in their own buffers, for the sampler. Passing these
+    to generate / continue_generation saves one copy of all layer weights per call (the
+    sampler otherwise makes it itself); multi-turn rollouts make many calls per update."""
+    return _unstack_jit(params)
+
+
+_unstack_jit = jax.jit(unstack_layers)
+
+
 @functools.partial(jax.jit, static_argnames=(*_STATIC, "cache_len"))
 def _generate(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array,
               rows: jax.Array, key: jax.Array, max_new_per_row: jax.Array, eos_ids: jax.Array,
@@ -199,6 +214,7 @@ def _generate(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Arr
     cache = KVCache.zeros(cfg, tokens.shape[0], cache_len, dtype)
     hidden, cache = forward(cfg, params, tokens, mask, cache=cache, cache_index=0,
                             return_hidden=True)
+    cache = _stacked(cache)
     cache = KVCache(cache.k[:, rows], cache.v[:, rows], cache.valid[rows])
     logits = unembed(cfg, params, hidden[rows, -1])
     n_tokens = jnp.sum(mask, axis=1).astype(jnp.int32)[rows]
@@ -241,6 +257,7 @@ def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Arra
         positions = n_sub[:, None] + jnp.maximum(jnp.cumsum(chunk_mask, axis=1) - 1, 0)
         hidden, sub = forward(cfg, params, chunk, chunk_mask, positions=positions, cache=sub,
                               cache_index=keep, return_hidden=True)
+        sub = _stacked(sub)
         k = k.at[:, readers].set(sub.k, mode="drop")
         v = v.at[:, readers].set(sub.v, mode="drop")
         valid = valid.at[readers].set(sub.valid, mode="drop")

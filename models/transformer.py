@@ -145,6 +145,8 @@ def unstack_layers(params: Params) -> Params:
     """``params`` with "layers" as a tuple of per-layer dicts, for :func:`forward` with a
     per-layer cache. In a decode loop this matters: scanning the stacked arrays slices (copies)
     every layer's weights at every step, ~25 % of a batch-8 decode step on CPU."""
+    if isinstance(params["layers"], (tuple, list)):
+        return params
     n = jax.tree.leaves(params["layers"])[0].shape[0]
     return params | {"layers": tuple(jax.tree.map(lambda a, i=i: a[i], params["layers"])
                                      for i in range(n))}

@@ -7,7 +7,14 @@ import dataclasses
 from collections.abc import Sequence
 
 from models.config import ModelConfig
-from models.sampler import DecodeState, Generation, SamplingParams, continue_generation, generate
+from models.sampler import (
+    DecodeState,
+    Generation,
+    SamplingParams,
+    continue_generation,
+    decode_params,
+    generate,
+)
 from models.tokenizer import Tokenizer
 from models.transformer import Params
 from rl.types import Group, Policy, Prompt, Trajectory
@@ -15,11 +22,15 @@ from rl.types import Group, Policy, Prompt, Trajectory
 
 @dataclasses.dataclass(frozen=True)
 class SamplerPolicy:
-    """The policy as the environments see it: current parameters behind the jitted sampler."""
+    """The policy as the environments see it: current parameters behind the jitted sampler
+    (kept in the sampler's per-layer form, made once per policy)."""
 
     cfg: ModelConfig
     params: Params
     tokenizer: Tokenizer
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", decode_params(self.params))
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seed: int,
                  max_new_per_row: Sequence[int] | None = None) -> Generation:
