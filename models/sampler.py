@@ -182,7 +182,7 @@ def _decode(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
 
     s = jax.lax.while_loop(cond, body, init)
     return (s["out"], s["logp"], s["length"], s["finish"],
-            (s["cache"].stacked(), s["logits"], n_tokens + s["length"], s["stop_state"]))
+            (s["cache"], s["logits"], n_tokens + s["length"], s["stop_state"]))
 
 
 _STATIC = ("cfg", "max_new", "temperature", "top_p")
@@ -231,35 +231,36 @@ def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Arra
               pad_id: jax.Array, *, max_new: int, temperature: float, top_p: float, keep: int):
     # Select the continuing rows, then right-align each row's real slots (a stable sort keeps
     # their order) and keep the last `keep` (>= every row's real-token count): the holes that
-    # left padding and early stops left in the cache cost nothing in the next turn.
-    k, v, valid = cache.k[:, rows], cache.v[:, rows], cache.valid[rows]
-    if keep > valid.shape[1]:
-        extra = keep - valid.shape[1]
-        k = jnp.pad(k, ((0, 0), (0, 0), (extra, 0), (0, 0), (0, 0)))
-        v = jnp.pad(v, ((0, 0), (0, 0), (extra, 0), (0, 0), (0, 0)))
-        valid = jnp.pad(valid, ((0, 0), (extra, 0)))
-    order = jnp.argsort(valid, axis=1, stable=True)[:, -keep:]
-    k = jnp.take_along_axis(k, order[None, :, :, None, None], axis=2)
-    v = jnp.take_along_axis(v, order[None, :, :, None, None], axis=2)
-    valid = jnp.take_along_axis(valid, order, axis=1)
+    # left padding and early stops left in the cache cost nothing in the next turn. The cache
+    # is per layer (see unstack_layers): each layer is gathered once, straight into its new
+    # buffer with room for the chunk and the new tokens.
+    valid = cache.valid[rows]
+    extra = max(0, keep - valid.shape[1])
+    valid = jnp.pad(valid, ((0, 0), (extra, 0)))
+    order = jnp.argsort(valid, axis=1, stable=True)[:, -keep:]  # [B, keep] slots to keep
     grow = chunk.shape[1] + _bucket(max_new, 16)
-    k = jnp.pad(k, ((0, 0), (0, 0), (0, grow), (0, 0), (0, 0)))
-    v = jnp.pad(v, ((0, 0), (0, 0), (0, grow), (0, 0), (0, 0)))
-    valid = jnp.pad(valid, ((0, 0), (0, grow)))
+
+    def compact(layer: jax.Array) -> jax.Array:  # [B_state,S,KV,hd] -> [B,keep+grow,KV,hd]
+        layer = jnp.pad(layer[rows], ((0, 0), (extra, 0), (0, 0), (0, 0)))
+        layer = jnp.take_along_axis(layer, order[:, :, None, None], axis=1)
+        return jnp.pad(layer, ((0, 0), (0, grow), (0, 0), (0, 0)))
+
+    k, v = tuple(map(compact, cache.k)), tuple(map(compact, cache.v))
+    valid = jnp.pad(jnp.take_along_axis(valid, order, axis=1), ((0, 0), (0, grow)))
     # Only the rows that read new tokens (`readers`; an out-of-range index pads the list and
     # is dropped on the way back) run the chunk forward: each appends its left-padded chunk.
     n_tokens, logits = n_tokens[rows], logits[rows]
     appended = jnp.zeros_like(n_tokens)
     if chunk.shape[1]:
-        take = functools.partial(jnp.take, indices=readers, mode="clip")
-        sub = KVCache(take(k, axis=1), take(v, axis=1), take(valid, axis=0))
-        n_sub = take(n_tokens, axis=0)
+        take = functools.partial(jnp.take, indices=readers, axis=0, mode="clip")
+        sub = KVCache(tuple(map(take, k)), tuple(map(take, v)), take(valid))
+        n_sub = take(n_tokens)
         positions = n_sub[:, None] + jnp.maximum(jnp.cumsum(chunk_mask, axis=1) - 1, 0)
-        hidden, sub = forward(cfg, params, chunk, chunk_mask, positions=positions, cache=sub,
-                              cache_index=keep, return_hidden=True)
-        sub = _stacked(sub)
-        k = k.at[:, readers].set(sub.k, mode="drop")
-        v = v.at[:, readers].set(sub.v, mode="drop")
+        hidden, sub = forward(cfg, unstack_layers(params), chunk, chunk_mask,
+                              positions=positions, cache=sub, cache_index=keep,
+                              return_hidden=True)
+        k = tuple(a.at[readers].set(b, mode="drop") for a, b in zip(k, sub.k))
+        v = tuple(a.at[readers].set(b, mode="drop") for a, b in zip(v, sub.v))
         valid = valid.at[readers].set(sub.valid, mode="drop")
         logits = logits.at[readers].set(unembed(cfg, params, hidden[:, -1]), mode="drop")
         appended = appended.at[readers].set(jnp.sum(chunk_mask, axis=1, dtype=jnp.int32),
@@ -273,11 +274,12 @@ def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Arra
 @dataclasses.dataclass(frozen=True)
 class DecodeState:
     """Where the rows of a generation stopped, kept on device so that :func:`continue_generation`
-    can extend them without re-reading their context: the KV cache (``cache.valid`` marks real
-    tokens), the next-token logits after each row's last real token, and each row's count of
-    real tokens (``n_tokens``, on the host too: it sizes the next call). ``stop_state`` is each
-    row's stop-string automaton state for the strings ``stops``, so a row continued without
-    new tokens still catches a stop string that straddles the two calls."""
+    can extend them without re-reading their context: the KV cache, per layer
+    (``cache.valid`` marks real tokens), the next-token logits after each row's last real
+    token, and each row's count of real tokens (``n_tokens``, on the host too: it sizes the
+    next call). ``stop_state`` is each row's stop-string automaton state for the strings
+    ``stops``, so a row continued without new tokens still catches a stop string that
+    straddles the two calls."""
 
     cache: KVCache
     logits: jax.Array
