@@ -62,9 +62,10 @@ def main() -> None:
         b = a.batch or 8
         ids = jnp.asarray(rng.integers(100, 40000, (b, a.seq)), jnp.int32)
         mask = jnp.ones((b, a.seq), bool)
-        fn = jax.jit(jax.grad(lambda p: -token_logprobs(cfg, p, ids, mask).mean()))
-        run = lambda: jax.block_until_ready(fn(params))  # noqa: E731
-        hlo = fn.lower(params).compile().as_text()
+        grad = jax.jit(jax.grad(lambda p: -token_logprobs(cfg, p, ids, mask).mean()))
+        compiled = grad.lower(params).compile()  # compiled once: run it and read its HLO
+        run = lambda: jax.block_until_ready(compiled(params))  # noqa: E731
+        hlo = compiled.as_text()
     else:
         b = a.batch or 16
         dp = decode_params(params)

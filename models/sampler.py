@@ -188,11 +188,6 @@ def _decode(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
 _STATIC = ("cfg", "max_new", "temperature", "top_p")
 
 
-def _stacked(cache: KVCache) -> KVCache:
-    """Unstacked parameters (see decode_params) return a per-layer cache."""
-    return cache.stacked() if isinstance(cache.k, tuple) else cache
-
-
 def decode_params(params: Params) -> Params:
     """``params`` with each layer's weights in their own buffers, for the sampler. Passing these
     to generate / continue_generation saves one copy of all layer weights per call (the
@@ -214,8 +209,9 @@ def _generate(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Arr
     cache = KVCache.zeros(cfg, tokens.shape[0], cache_len, dtype)
     hidden, cache = forward(cfg, params, tokens, mask, cache=cache, cache_index=0,
                             return_hidden=True)
-    cache = _stacked(cache)
-    cache = KVCache(cache.k[:, rows], cache.v[:, rows], cache.valid[rows])
+    cache = cache.per_layer()  # the decode loop's form (a no-op for unstacked params)
+    cache = KVCache(tuple(k[rows] for k in cache.k), tuple(v[rows] for v in cache.v),
+                    cache.valid[rows])
     logits = unembed(cfg, params, hidden[rows, -1])
     n_tokens = jnp.sum(mask, axis=1).astype(jnp.int32)[rows]
     return _decode(cfg, params, cache, logits, n_tokens, tokens.shape[1], key, max_new_per_row,
@@ -234,6 +230,7 @@ def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Arra
     # left padding and early stops left in the cache cost nothing in the next turn. The cache
     # is per layer (see unstack_layers): each layer is gathered once, straight into its new
     # buffer with room for the chunk and the new tokens.
+    params = unstack_layers(params)
     valid = cache.valid[rows]
     extra = max(0, keep - valid.shape[1])
     valid = jnp.pad(valid, ((0, 0), (extra, 0)))
@@ -256,9 +253,8 @@ def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Arra
         sub = KVCache(tuple(map(take, k)), tuple(map(take, v)), take(valid))
         n_sub = take(n_tokens)
         positions = n_sub[:, None] + jnp.maximum(jnp.cumsum(chunk_mask, axis=1) - 1, 0)
-        hidden, sub = forward(cfg, unstack_layers(params), chunk, chunk_mask,
-                              positions=positions, cache=sub, cache_index=keep,
-                              return_hidden=True)
+        hidden, sub = forward(cfg, params, chunk, chunk_mask, positions=positions, cache=sub,
+                              cache_index=keep, return_hidden=True)
         k = tuple(a.at[readers].set(b, mode="drop") for a, b in zip(k, sub.k))
         v = tuple(a.at[readers].set(b, mode="drop") for a, b in zip(v, sub.v))
         valid = valid.at[readers].set(sub.valid, mode="drop")

@@ -122,7 +122,7 @@ class KVCache(NamedTuple):
     """Keys/values for every layer, [L,B,S,KV,hd], and which slots hold real tokens, [B,S].
 
     ``per_layer()`` holds k and v as tuples of L arrays [B,S,KV,hd] instead (the decode loop's
-    form, see :func:`unstack_layers`); ``stacked()`` turns it back."""
+    form, see :func:`unstack_layers`, and what :class:`models.sampler.DecodeState` keeps)."""
 
     k: jax.Array | tuple[jax.Array, ...]
     v: jax.Array | tuple[jax.Array, ...]
@@ -135,10 +135,9 @@ class KVCache(NamedTuple):
                        jnp.zeros((batch, length), bool))
 
     def per_layer(self) -> KVCache:
+        if isinstance(self.k, tuple):
+            return self
         return KVCache(tuple(self.k), tuple(self.v), self.valid)
-
-    def stacked(self) -> KVCache:
-        return KVCache(jnp.stack(self.k), jnp.stack(self.v), self.valid)
 
 
 def unstack_layers(params: Params) -> Params:
@@ -240,6 +239,7 @@ def forward(
             return ck, cv, (ck, cv)
 
         if isinstance(params["layers"], (tuple, list)):  # unstacked: one buffer per layer
+            cache = cache.per_layer()
             ks, vs = [], []
             for p, ck, cv in zip(params["layers"], cache.k, cache.v, strict=True):
                 x, (ck, cv) = layer(p, x, mask, lambda k, v, ck=ck, cv=cv: write(ck, cv, k, v))
