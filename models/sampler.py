@@ -237,12 +237,15 @@ def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Arra
     order = jnp.argsort(valid, axis=1, stable=True)[:, -keep:]  # [B, keep] slots to keep
     grow = chunk.shape[1] + _bucket(max_new, 16)
 
-    def compact(layer: jax.Array) -> jax.Array:  # [B_state,S,KV,hd] -> [B,keep+grow,KV,hd]
-        layer = jnp.pad(layer[rows], ((0, 0), (extra, 0), (0, 0), (0, 0)))
-        layer = jnp.take_along_axis(layer, order[:, :, None, None], axis=1)
-        return jnp.pad(layer, ((0, 0), (0, grow), (0, 0), (0, 0)))
+    def compact(layer: jax.Array, axis: int) -> jax.Array:  # gather `order` along slot axis
+        pad = [(0, 0)] * layer.ndim
+        layer = jnp.pad(layer[rows], pad[:axis] + [(extra, 0)] + pad[axis + 1:])
+        idx = jnp.expand_dims(order, [d for d in range(1, layer.ndim) if d != axis])
+        layer = jnp.take_along_axis(layer, idx, axis=axis)
+        return jnp.pad(layer, pad[:axis] + [(0, grow)] + pad[axis + 1:])
 
-    k, v = tuple(map(compact, cache.k)), tuple(map(compact, cache.v))
+    k = tuple(compact(a, 2) for a in cache.k)  # [B_state,KV,S,hd] -> [B,KV,keep+grow,hd]
+    v = tuple(compact(a, 3) for a in cache.v)  # [B_state,KV,hd,S] -> [B,KV,hd,keep+grow]
     valid = jnp.pad(jnp.take_along_axis(valid, order, axis=1), ((0, 0), (0, grow)))
     # Only the rows that read new tokens (`readers`; an out-of-range index pads the list and
     # is dropped on the way back) run the chunk forward: each appends its left-padded chunk.

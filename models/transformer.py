@@ -106,23 +106,26 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention. q [B,T,H,hd]; k, v [B,S,KV,hd]; mask [B,T,S] (True = attend)."""
+    """Grouped-query attention. q [B,T,H,hd]; k [B,KV,S,hd], v [B,KV,hd,S] (the cache's layout,
+    see :func:`cached_keys`); mask [B,T,S] (True = attend)."""
     b, t, h, hd = q.shape
-    kv = k.shape[2]
+    kv = k.shape[1]
     q = q.reshape(b, t, kv, h // kv, hd)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * (1.0 / np.sqrt(hd))
     scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    out = jnp.einsum("bkgts,bkds->btkgd", probs, v)
     return out.reshape(b, t, h * hd)
 
 
 class KVCache(NamedTuple):
-    """Keys/values for every layer, [L,B,S,KV,hd], and which slots hold real tokens, [B,S].
+    """Keys [L,B,KV,S,hd] and values [L,B,KV,hd,S] for every layer (layouts: see
+    :func:`cached_keys`), and which slots hold real tokens, [B,S].
 
-    ``per_layer()`` holds k and v as tuples of L arrays [B,S,KV,hd] instead (the decode loop's
-    form, see :func:`unstack_layers`, and what :class:`models.sampler.DecodeState` keeps)."""
+    ``per_layer()`` holds them as tuples of L arrays [B,KV,S,hd] / [B,KV,hd,S] instead (the
+    decode loop's form, see :func:`unstack_layers`, and what
+    :class:`models.sampler.DecodeState` keeps)."""
 
     k: jax.Array | tuple[jax.Array, ...]
     v: jax.Array | tuple[jax.Array, ...]
@@ -130,14 +133,32 @@ class KVCache(NamedTuple):
 
     @staticmethod
     def zeros(cfg: ModelConfig, batch: int, length: int, dtype: Any = jnp.float32) -> KVCache:
-        shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
-        return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype),
+        k_shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
+        v_shape = (cfg.num_layers, batch, cfg.num_kv_heads, cfg.head_dim, length)
+        return KVCache(jnp.zeros(k_shape, dtype), jnp.zeros(v_shape, dtype),
                        jnp.zeros((batch, length), bool))
 
     def per_layer(self) -> KVCache:
         if isinstance(self.k, tuple):
             return self
         return KVCache(tuple(self.k), tuple(self.v), self.valid)
+
+
+def cached_keys(k: jax.Array) -> jax.Array:
+    """Keys [B,T,KV,hd] as projected -> [B,KV,T,hd] as cached and attended over.
+
+    With values cached as [B,KV,hd,S], both attention dots contract the minor axis of the
+    cache operand (q.k over hd, p.v over slots), the form XLA:CPU hands to its fused matmul
+    library as it is. The former [B,S,KV,hd] made XLA transpose every layer's cache at every
+    decode step; the two dots alone measured 2.3x faster at batch 8 and 448 slots (163 vs
+    379 us per layer), a whole decode step ~5 % faster there (within this machine's noise).
+    A cache operand contracted over its second-minor axis falls back to a loop ~4x slower."""
+    return k.transpose(0, 2, 1, 3)
+
+
+def cached_values(v: jax.Array) -> jax.Array:
+    """Values [B,T,KV,hd] as projected -> [B,KV,hd,T] as cached (see :func:`cached_keys`)."""
+    return v.transpose(0, 2, 3, 1)
 
 
 def unstack_layers(params: Params) -> Params:
@@ -214,7 +235,7 @@ def forward(
         mask = causal[None] & attn_mask[:, None, :]
 
         def body(x, p):
-            return layer(p, x, mask, lambda k, v: (k, v, None))
+            return layer(p, x, mask, lambda k, v: (cached_keys(k), cached_values(v), None))
 
         # Backward keeps only each layer's weight-matmul outputs and recomputes the rest
         # (attention scores and probabilities, norms, activations): storing [L,B,H,T,T]
@@ -233,9 +254,10 @@ def forward(
         at = jnp.asarray(cache_index, jnp.int32)
 
         def write(ck: jax.Array, cv: jax.Array, k: jax.Array, v: jax.Array):
-            """Write the new keys/values at slot `cache_index` of one layer's [B,S,KV,hd]."""
-            ck = jax.lax.dynamic_update_slice_in_dim(ck, k.astype(ck.dtype), at, axis=1)
-            cv = jax.lax.dynamic_update_slice_in_dim(cv, v.astype(cv.dtype), at, axis=1)
+            """Write the new keys/values at slot `cache_index` of one layer's [B,KV,S,hd]."""
+            k, v = cached_keys(k).astype(ck.dtype), cached_values(v).astype(cv.dtype)
+            ck = jax.lax.dynamic_update_slice_in_dim(ck, k, at, axis=2)
+            cv = jax.lax.dynamic_update_slice_in_dim(cv, v, at, axis=3)
             return ck, cv, (ck, cv)
 
         if isinstance(params["layers"], (tuple, list)):  # unstacked: one buffer per layer
@@ -253,9 +275,11 @@ def forward(
 
                 def attend(k, v):  # write the new slots of layer i in the stacked cache
                     zero = jnp.zeros((), jnp.int32)
-                    idx = (i, zero, at, zero, zero)
-                    ck2 = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), idx)
-                    cv2 = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), idx)
+                    k, v = cached_keys(k)[None], cached_values(v)[None]
+                    ck2 = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype),
+                                                       (i, zero, zero, at, zero))
+                    cv2 = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype),
+                                                       (i, zero, zero, zero, at))
                     return ck2[i], cv2[i], (ck2, cv2)
 
                 x, (ck, cv) = layer(p, x, mask, attend)
