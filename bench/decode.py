@@ -4,8 +4,10 @@ transformers ``generate`` (PyTorch CPU), same model, batch and lengths, in one r
     python -m bench.decode [--batches 8 32] [--prompt-len 64] [--new-tokens 64]
 
 Prefill tok/s = batch*prompt_len / time(generate 1 token); decode tok/s = batch*(N-1) /
-(time(N tokens) - time(1 token)). Greedy, EOS ignored, best of --repeats timed runs after a
-warm-up (compilation excluded for JAX; PyTorch has no compile step).
+(time(N tokens) - time(1 token)). Greedy, EOS ignored. After one warm-up call each
+(compilation excluded for JAX; PyTorch has no compile step), the four calls (ours and HF, 1 and
+N tokens) run in turn for --repeats rounds and each keeps its best time. Ours uses the
+sampler's per-layer weights (`decode_params`, made once, as the RL policy does).
 """
 
 from __future__ import annotations
@@ -16,33 +18,38 @@ import time
 import numpy as np
 
 
-def _best(fn, repeats: int) -> float:
-    fn()  # warm-up / compile
-    times = []
+def _alternating_best(fns: dict, repeats: int) -> dict[str, float]:
+    """Each function's best time over `repeats` rounds that run them in turn (after one
+    warm-up call each): this machine's speed drifts by 10-20 % over minutes, which timing one
+    side entirely after the other would put into the ratio."""
+    for fn in fns.values():
+        fn()  # warm-up / compile
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: min(ts) for name, ts in times.items()}
 
 
-def bench_ours(batch: int, prompt_len: int, new: int, repeats: int) -> tuple[float, float]:
+def ours(batch: int, prompt_len: int, new: int) -> dict:
     from models import load_params
-    from models.sampler import SamplingParams, generate
+    from models.sampler import SamplingParams, decode_params, generate
 
     cfg, params, tok = load_params("smollm2_135m")
+    weights = decode_params(params)  # per-layer buffers, made once (as the RL policy does)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(100, 40000, prompt_len).tolist() for _ in range(batch)]
 
     def run(n):
-        return lambda: generate(cfg, params, tok, prompts, SamplingParams(n, temperature=0),
+        return lambda: generate(cfg, weights, tok, prompts, SamplingParams(n, temperature=0),
                                 eos_ids=[], decode_text=False)
 
-    t1, tn = _best(run(1), repeats), _best(run(new), repeats)
-    return batch * prompt_len / t1, batch * (new - 1) / (tn - t1)
+    return {"ours_1": run(1), "ours_n": run(new)}
 
 
-def bench_hf(batch: int, prompt_len: int, new: int, repeats: int) -> tuple[float, float]:
+def hf(batch: int, prompt_len: int, new: int) -> dict:
     import torch
     import transformers
 
@@ -50,7 +57,7 @@ def bench_hf(batch: int, prompt_len: int, new: int, repeats: int) -> tuple[float
 
     path = shipped_gguf_path()
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, torch_dtype=torch.float32).eval()
+        str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     rng = np.random.default_rng(0)
     ids = torch.tensor(rng.integers(100, 40000, (batch, prompt_len)))
 
@@ -61,8 +68,7 @@ def bench_hf(batch: int, prompt_len: int, new: int, repeats: int) -> tuple[float
                                min_new_tokens=n, do_sample=False, pad_token_id=0)
         return go
 
-    t1, tn = _best(run(1), repeats), _best(run(new), repeats)
-    return batch * prompt_len / t1, batch * (new - 1) / (tn - t1)
+    return {"hf_1": run(1), "hf_n": run(new)}
 
 
 def main() -> None:
@@ -70,17 +76,19 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     print(f"SmolLM2-135M f32 CPU, prompt {a.prompt_len} tokens, {a.new_tokens} new tokens, greedy")
     print(f"{'batch':>5} | {'prefill ours':>12} {'prefill HF':>10} {'ratio':>6} | "
           f"{'decode ours':>11} {'decode HF':>9} {'ratio':>6}   (tokens/s)")
     for b in a.batches:
-        po, do = bench_ours(b, a.prompt_len, a.new_tokens, a.repeats)
-        ph, dh = bench_hf(b, a.prompt_len, a.new_tokens, a.repeats)
+        t = _alternating_best(ours(b, a.prompt_len, a.new_tokens)
+                              | hf(b, a.prompt_len, a.new_tokens), a.repeats)
+        po, ph = b * a.prompt_len / t["ours_1"], b * a.prompt_len / t["hf_1"]
+        do = b * (a.new_tokens - 1) / (t["ours_n"] - t["ours_1"])
+        dh = b * (a.new_tokens - 1) / (t["hf_n"] - t["hf_1"])
         print(f"{b:>5} | {po:>12.0f} {ph:>10.0f} {po / ph:>6.2f} | {do:>11.0f} {dh:>9.0f} "
               f"{do / dh:>6.2f}", flush=True)
-
 
 if __name__ == "__main__":
     main()

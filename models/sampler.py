@@ -372,7 +372,8 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     lists (context + generated + appended) up to float rounding, at the cost of the new tokens
     only. A row continued with nothing appended and the same stop strings resumes its stop
     matching where it was (a stop string may straddle the two calls); any other row starts
-    matching afresh. Row counts are padded to a multiple of 4 (fewer recompiles).
+    matching afresh. Row counts are padded to a multiple of 4 (fewer recompiles), the rows
+    that read appended tokens to 1, 2 or a multiple of 4.
     """
     if len(rows) != len(appended):
         raise ValueError(f"rows ({len(rows)}) and appended ({len(appended)}) differ in length")
@@ -385,7 +386,10 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     width = _bucket(longest, 16) if longest else 0  # nothing to read: go straight to decoding
     b = _bucket(len(rows), 4)
     readers = [i for i, ids in enumerate(appended) if len(ids)]
-    reader_idx = np.full(_bucket(len(readers), 4) if readers else 0, b, np.int32)
+    # readers: 1, 2, 4, then multiples of 4 (a read costs per row and token; one reader
+    # padded to four would read four times the tokens)
+    n_read = _bucket(len(readers), 4) if len(readers) > 2 else len(readers)
+    reader_idx = np.full(n_read, b, np.int32)
     reader_idx[:len(readers)] = readers
     chunk = np.full((len(reader_idx), width), tokenizer.pad_id, np.int32)
     chunk_mask = np.zeros((len(reader_idx), width), bool)
