@@ -33,12 +33,12 @@ def _alternating_best(fns: dict, repeats: int) -> dict[str, float]:
     return {name: min(ts) for name, ts in times.items()}
 
 
-def ours(batch: int, prompt_len: int, new: int) -> dict:
+def ours(batch: int, prompt_len: int, new: int, dtype: str) -> dict:
     from models import load_params
     from models.sampler import SamplingParams, decode_params, generate
 
     cfg, params, tok = load_params("smollm2_135m")
-    weights = decode_params(params)  # per-layer buffers, made once (as the RL policy does)
+    weights = decode_params(params, dtype)  # made once (as the RL policy does)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(100, 40000, prompt_len).tolist() for _ in range(batch)]
 
@@ -49,7 +49,7 @@ def ours(batch: int, prompt_len: int, new: int) -> dict:
     return {"ours_1": run(1), "ours_n": run(new)}
 
 
-def hf(batch: int, prompt_len: int, new: int) -> dict:
+def hf(batch: int, prompt_len: int, new: int, dtype: str) -> dict:
     import torch
     import transformers
 
@@ -57,7 +57,7 @@ def hf(batch: int, prompt_len: int, new: int) -> dict:
 
     path = shipped_gguf_path()
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+        str(path.parent), gguf_file=path.name, dtype=getattr(torch, dtype)).eval()
     rng = np.random.default_rng(0)
     ids = torch.tensor(rng.integers(100, 40000, (batch, prompt_len)))
 
@@ -77,13 +77,18 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="weights for both: ours bfloat16 matmuls and KV cache with float32 "
+                         "accumulation and residual stream (decode_params); HF's model in "
+                         "torch.bfloat16")
     a = ap.parse_args()
-    print(f"SmolLM2-135M f32 CPU, prompt {a.prompt_len} tokens, {a.new_tokens} new tokens, greedy")
+    print(f"SmolLM2-135M {a.dtype} CPU, prompt {a.prompt_len} tokens, {a.new_tokens} new "
+          "tokens, greedy")
     print(f"{'batch':>5} | {'prefill ours':>12} {'prefill HF':>10} {'ratio':>6} | "
           f"{'decode ours':>11} {'decode HF':>9} {'ratio':>6}   (tokens/s)")
     for b in a.batches:
-        t = _alternating_best(ours(b, a.prompt_len, a.new_tokens)
-                              | hf(b, a.prompt_len, a.new_tokens), a.repeats)
+        t = _alternating_best(ours(b, a.prompt_len, a.new_tokens, a.dtype)
+                              | hf(b, a.prompt_len, a.new_tokens, a.dtype), a.repeats)
         po, ph = b * a.prompt_len / t["ours_1"], b * a.prompt_len / t["hf_1"]
         do = b * (a.new_tokens - 1) / (t["ours_n"] - t["ours_1"])
         dh = b * (a.new_tokens - 1) / (t["hf_n"] - t["hf_1"])

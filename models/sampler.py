@@ -188,14 +188,38 @@ def _decode(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
 _STATIC = ("cfg", "max_new", "temperature", "top_p")
 
 
-def decode_params(params: Params) -> Params:
-    """``params`` with each layer's weights in their own buffers, for the sampler. Passing these
-    to generate / continue_generation saves one copy of all layer weights per call (the
-    sampler otherwise makes it itself); multi-turn rollouts make many calls per update."""
-    return _unstack_jit(params)
+def decode_params(params: Params, dtype: Any = None) -> Params:
+    """``params`` in the sampler's form: each layer's weights in their own buffers. Passing
+    these to generate / continue_generation saves one copy of all layer weights per call (the
+    sampler otherwise makes it itself); multi-turn rollouts make many calls per update.
+
+    ``dtype`` (e.g. ``jnp.bfloat16``) casts the matrices (layer projections and the output
+    layer, kept as a [D,V] "unembed") for decoding: matmuls run on ``dtype`` inputs with
+    float32 accumulation, the KV cache is kept in ``dtype``; embeddings, norms, the residual
+    stream, softmax and logits stay float32. Half the bytes per step for weights and cache;
+    on a CPU with AVX512-BF16 ~1.5x the matmul throughput at batch 32. Samples then come from
+    a slightly different distribution than the float32 policy's (the trainer recomputes
+    log-probabilities in float32, so its importance ratios stay exact)."""
+    return _decode_params_jit(params, None if dtype is None else jnp.dtype(dtype))
 
 
-_unstack_jit = jax.jit(unstack_layers)
+@functools.partial(jax.jit, static_argnames="dtype")
+def _decode_params_jit(params: Params, dtype: Any) -> Params:
+    params = unstack_layers(params)
+    if dtype is None or dtype == params["embed"].dtype:
+        return params
+    cast = lambda a: a.astype(dtype) if a.ndim == 2 else a  # noqa: E731 (matrices only)
+    out = dict(params, layers=tuple(jax.tree.map(cast, p) for p in params["layers"]))
+    out["unembed"] = (params["lm_head"] if "lm_head" in params else params["embed"].T
+                      ).astype(dtype)
+    out.pop("lm_head", None)
+    return out
+
+
+def _cache_dtype(params: Params) -> Any:
+    """The KV cache keeps the layer weights' dtype (see decode_params)."""
+    layers = params["layers"]
+    return (layers[0] if isinstance(layers, (tuple, list)) else layers)["wk"].dtype
 
 
 @functools.partial(jax.jit, static_argnames=(*_STATIC, "cache_len"))
@@ -205,8 +229,7 @@ def _generate(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Arr
               max_new: int, temperature: float, top_p: float, cache_len: int):
     # Prefill each distinct prompt once (GRPO samples a group per prompt), then give every
     # row a copy of its prompt's cache: rows[b] is the distinct prompt of output row b.
-    dtype = params["embed"].dtype
-    cache = KVCache.zeros(cfg, tokens.shape[0], cache_len, dtype)
+    cache = KVCache.zeros(cfg, tokens.shape[0], cache_len, _cache_dtype(params))
     hidden, cache = forward(cfg, params, tokens, mask, cache=cache, cache_index=0,
                             return_hidden=True)
     cache = cache.per_layer()  # the decode loop's form (a no-op for unstacked params)

@@ -110,13 +110,14 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     see :func:`cached_keys`); mask [B,T,S] (True = attend)."""
     b, t, h, hd = q.shape
     kv = k.shape[1]
-    q = q.reshape(b, t, kv, h // kv, hd)
+    out_dtype = q.dtype
+    q = q.reshape(b, t, kv, h // kv, hd).astype(k.dtype)  # a bfloat16 cache: bfloat16 dots
     scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * (1.0 / np.sqrt(hd))
     scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bkds->btkgd", probs, v)
-    return out.reshape(b, t, h * hd)
+    out = jnp.einsum("bkgts,bkds->btkgd", probs, v, preferred_element_type=jnp.float32)
+    return out.reshape(b, t, h * hd).astype(out_dtype)
 
 
 class KVCache(NamedTuple):
@@ -174,8 +175,12 @@ def unstack_layers(params: Params) -> Params:
 
 def dense(x: jax.Array, w: jax.Array) -> jax.Array:
     """x [..., D] @ w [D, F] as one 2-D matmul over the flattened leading axes (XLA:CPU runs
-    the weight gradient of a 3-D x, which contracts two axes, ~1.5x slower)."""
-    return (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
+    the weight gradient of a 3-D x, which contracts two axes, ~1.5x slower). x is cast to w's
+    dtype and the product accumulated in float32, returned in x's dtype: bfloat16 decode
+    weights (see models.sampler.decode_params) keep a float32 residual stream."""
+    y = jnp.dot(x.reshape(-1, x.shape[-1]).astype(w.dtype), w,
+                preferred_element_type=jnp.float32)
+    return y.astype(x.dtype).reshape(*x.shape[:-1], w.shape[-1])
 
 
 def _qkv(cfg: ModelConfig, p: Params, h: jax.Array, positions: jax.Array, inv_freq: jax.Array):
@@ -297,9 +302,13 @@ def forward(
 
 
 def unembed(cfg: ModelConfig, params: Params, x: jax.Array) -> jax.Array:
-    """Logits from final hidden states (tied embeddings use embed^T)."""
-    w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-    return jnp.einsum("...d,dv->...v", x, w, preferred_element_type=jnp.float32)
+    """Logits (float32) from final hidden states: x @ lm_head, embed^T for tied embeddings, or
+    the [D,V] "unembed" matrix that decode_params makes for a narrower decode dtype."""
+    if "unembed" in params:
+        w = params["unembed"]
+    else:
+        w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+    return jnp.einsum("...d,dv->...v", x.astype(w.dtype), w, preferred_element_type=jnp.float32)
 
 
 # ----------------------------------------------------------------------------- NNX module

@@ -23,14 +23,16 @@ from rl.types import Group, Policy, Prompt, Trajectory
 @dataclasses.dataclass(frozen=True)
 class SamplerPolicy:
     """The policy as the environments see it: current parameters behind the jitted sampler
-    (kept in the sampler's per-layer form, made once per policy)."""
+    (kept in the sampler's per-layer form, made once per policy; ``dtype`` "bfloat16" samples
+    with bfloat16 matmuls and KV cache, see models.sampler.decode_params)."""
 
     cfg: ModelConfig
     params: Params
     tokenizer: Tokenizer
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "params", decode_params(self.params))
+        object.__setattr__(self, "params", decode_params(self.params, self.dtype))
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seed: int,
                  max_new_per_row: Sequence[int] | None = None) -> Generation:

@@ -55,6 +55,9 @@ def _require(ok: bool, key: str, msg: str) -> None:
         raise ConfigError(f"{key}: {msg}")
 
 
+ROLLOUT_DTYPES = ("float32", "bfloat16")  # the sampler's weights and KV cache (decode_params)
+
+
 def validate(cfg: Mapping[str, Any]) -> None:
     """Check the values the loop relies on, naming the offending key."""
     a, t = cfg["algo"], cfg["trainer"]
@@ -68,6 +71,8 @@ def validate(cfg: Mapping[str, Any]) -> None:
         _require(int(t[key]) >= 1, f"trainer.{key}", f"must be >= 1, got {t[key]}")
     _require(float(t["temperature"]) > 0, "trainer.temperature", "must be > 0 for RL sampling")
     _require(0 < float(t["top_p"]) <= 1, "trainer.top_p", "must be in (0, 1]")
+    _require(t.get("rollout_dtype", "float32") in ROLLOUT_DTYPES, "trainer.rollout_dtype",
+             f"must be one of {', '.join(ROLLOUT_DTYPES)}, got {t.get('rollout_dtype')}")
     rows = int(t["batch_prompts"]) * int(a["group_size"])
     per_update = int(t["mini_batches"]) * int(t["micro_batches"])
     _require(rows % per_update == 0, "trainer.mini_batches",
@@ -153,8 +158,11 @@ class Trainer:
         return int(getattr(self.task, "max_response_tokens", 0)
                    or self.cfg["trainer"]["max_new_tokens"])
 
-    def policy(self) -> SamplerPolicy:
-        return SamplerPolicy(self.model_cfg, self.state.params, self.tokenizer)
+    def policy(self, evaluation: bool = False) -> SamplerPolicy:
+        """The sampler on the current weights; training rollouts in trainer.rollout_dtype,
+        evaluation always in float32 (numbers comparable across runs)."""
+        dtype = "float32" if evaluation else self.cfg["trainer"].get("rollout_dtype", "float32")
+        return SamplerPolicy(self.model_cfg, self.state.params, self.tokenizer, dtype=dtype)
 
     def collect(self, step: int) -> tuple[list[Group], RewardOutput, dict[str, float]]:
         """Rollout + rewards; with DAPO dynamic sampling, keep drawing until the batch is full
@@ -298,7 +306,7 @@ class Trainer:
         sampling = SamplingParams(max_new_tokens=int(t["max_new_tokens"]), temperature=0.0)
         env = self.task.make_env(self.tokenizer, sampling)
         t0 = time.perf_counter()
-        groups = env.rollout(self.policy(), prompts, 1, seed=0)
+        groups = env.rollout(self.policy(evaluation=True), prompts, 1, seed=0)
         scores = np.asarray([self.task.outcome(g.prompt, g.trajectories[0]) for g in groups])
         lengths = [g.trajectories[0].num_action_tokens for g in groups]
         extra = {}

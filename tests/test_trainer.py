@@ -126,12 +126,26 @@ def test_incompatible_checkpoint_is_refused(tmp_path):
                                "trainer.resume=true"))
 
 
+def test_bfloat16_rollouts_train_and_evaluate_in_float32(tmp_path):
+    t = build_trainer(make_cfg(tmp_path / "bf", *LEARN, "trainer.max_steps=1",
+                               "trainer.batch_prompts=2", "algo.group_size=2",
+                               "trainer.max_new_tokens=4", "trainer.rollout_dtype=bfloat16"))
+    assert t.policy().params["layers"][0]["wq"].dtype == jax.numpy.bfloat16
+    assert t.policy(evaluation=True).params["layers"][0]["wq"].dtype == jax.numpy.float32
+    t.run()
+    t.close()
+    recs = [json.loads(x) for x in (tmp_path / "bf" / "metrics.jsonl").read_text().splitlines()]
+    assert any("reward/mean" in r for r in recs)
+    assert all(np.isfinite(r["loss"]) for r in recs if "loss" in r)
+
+
 @pytest.mark.parametrize("override, key", [
     ("algo.group_size=1", "algo.group_size"),
     ("algo.eps_low=-0.1", "algo.eps_low"),
     ("algo.beta=-1", "algo.beta"),
     ("trainer.mini_batches=3", "trainer.mini_batches"),
     ("algo.dual_clip=0.5", "algo.dual_clip"),
+    ("trainer.rollout_dtype=float16", "trainer.rollout_dtype"),
 ])
 def test_invalid_config_names_the_key(tmp_path, override, key):
     with pytest.raises(ConfigError, match=key.replace(".", "\\.")):
