@@ -197,7 +197,8 @@ def decode_params(params: Params, dtype: Any = None) -> Params:
     layer, kept as a [D,V] "unembed") for decoding: matmuls run on ``dtype`` inputs with
     float32 accumulation, the KV cache is kept in ``dtype``; embeddings, norms, the residual
     stream, softmax and logits stay float32. Half the bytes per step for weights and cache;
-    on a CPU with AVX512-BF16 ~1.5x the matmul throughput at batch 32. Samples then come from
+    on a CPU with AVX512-BF16, ~1.5x the matmul throughput at batch 32 and, measured end to
+    end on the shipped model, decode 1.26x and prefill 1.86x faster. Samples then come from
     a slightly different distribution than the float32 policy's (the trainer recomputes
     log-probabilities in float32, so its importance ratios stay exact)."""
     return _decode_params_jit(params, None if dtype is None else jnp.dtype(dtype))

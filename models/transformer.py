@@ -259,7 +259,8 @@ def forward(
         at = jnp.asarray(cache_index, jnp.int32)
 
         def write(ck: jax.Array, cv: jax.Array, k: jax.Array, v: jax.Array):
-            """Write the new keys/values at slot `cache_index` of one layer's [B,KV,S,hd]."""
+            """Write the new keys/values at slot `cache_index` of one layer's cache (keys
+            [B,KV,S,hd], values [B,KV,hd,S])."""
             k, v = cached_keys(k).astype(ck.dtype), cached_values(v).astype(cv.dtype)
             ck = jax.lax.dynamic_update_slice_in_dim(ck, k, at, axis=2)
             cv = jax.lax.dynamic_update_slice_in_dim(cv, v, at, axis=3)
