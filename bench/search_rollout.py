@@ -28,6 +28,8 @@ def main() -> None:
     ap.add_argument("--turn-tokens", type=int, default=48)
     ap.add_argument("--max-turns", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each, alternating")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="the sampler's weights and KV cache, both sides (decode_params)")
     ap.add_argument("--reprefill", action="store_true",
                     help="re-send the whole context every turn instead of continuing the cache")
     a = ap.parse_args()
@@ -42,7 +44,7 @@ def main() -> None:
                       "max_response_tokens": a.turn_tokens * (a.max_turns + 1) * 2})
     sampling = SamplingParams(max_new_tokens=a.turn_tokens, temperature=1.0)
     env = task.make_env(tok, sampling)
-    policy = _Timed(SamplerPolicy(cfg, params, tok), reprefill=a.reprefill)
+    policy = _Timed(SamplerPolicy(cfg, params, tok, dtype=a.dtype), reprefill=a.reprefill)
     prompts = task.prompts("dev")[: a.batch]
 
     env.rollout(policy, prompts, 1, seed=1)  # compile the shapes this run will use
@@ -56,7 +58,7 @@ def main() -> None:
     # trajectory (the same length spread: what is left is the cost of the turns themselves).
     ids = [tok.encode_chat(list(p.messages)) for p in prompts]
     mean_len = max(1, round(sum(lengths) / len(lengths)))
-    weights = decode_params(params)
+    weights = decode_params(params, a.dtype)
 
     def plain(per_row: list[int]):
         sp = SamplingParams(max_new_tokens=max(per_row), temperature=1.0, ignore_eos=True)
@@ -84,7 +86,7 @@ def main() -> None:
     s_tps = search_tokens / best["search"]
     i = times["search"].index(best["search"])
 
-    print(f"SmolLM2-135M f32 CPU, batch {a.batch}, {a.turn_tokens} tokens/turn, "
+    print(f"SmolLM2-135M {a.dtype} CPU, batch {a.batch}, {a.turn_tokens} tokens/turn, "
           f"max_turns {a.max_turns} (mean {turns:.2f} turns/trajectory, {min(lengths)}-"
           f"{max(lengths)} tokens/row), "
           f"{'re-prefill' if a.reprefill else 'KV-cache continuation'} between turns; "
