@@ -95,5 +95,6 @@ def main() -> None:
         print(f"{b:>5} | {po:>12.0f} {ph:>10.0f} {po / ph:>6.2f} | {do:>11.0f} {dh:>9.0f} "
               f"{do / dh:>6.2f}", flush=True)
 
+
 if __name__ == "__main__":
     main()

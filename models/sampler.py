@@ -136,15 +136,14 @@ def _decode(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
             top_p: float):
     """The decode loop shared by a fresh generation and a continued one.
 
-    logits [B,V] are the next-token logits after each row's last real token, n_tokens [B] its
+    params are per layer (see unstack_layers), as is the cache. logits [B,V] are the next-token
+    logits after each row's last real token, n_tokens [B] its
     count of real tokens (the next RoPE position), ``start`` the first free cache slot,
     stop_state [B] each row's stop-string automaton state (0 = nothing matched yet). Every
     sampled token is written to the cache while its row is still running, so the returned
     cache, logits and counts describe each row's whole sequence and can be continued.
     """
     b = logits.shape[0]
-    # one buffer per layer's weights and cache inside the loop (see unstack_layers)
-    params, cache = unstack_layers(params), cache.per_layer()
     init = dict(
         step=jnp.zeros((), jnp.int32), logits=logits, cache=cache,
         out=jnp.full((b, max_new), pad_id, jnp.int32), logp=jnp.zeros((b, max_new), jnp.float32),
@@ -218,9 +217,8 @@ def _decode_params_jit(params: Params, dtype: Any) -> Params:
 
 
 def _cache_dtype(params: Params) -> Any:
-    """The KV cache keeps the layer weights' dtype (see decode_params)."""
-    layers = params["layers"]
-    return (layers[0] if isinstance(layers, (tuple, list)) else layers)["wk"].dtype
+    """The KV cache keeps the (per-layer) weights' dtype (see decode_params)."""
+    return params["layers"][0]["wk"].dtype
 
 
 @functools.partial(jax.jit, static_argnames=(*_STATIC, "cache_len"))
@@ -230,10 +228,10 @@ def _generate(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Arr
               max_new: int, temperature: float, top_p: float, cache_len: int):
     # Prefill each distinct prompt once (GRPO samples a group per prompt), then give every
     # row a copy of its prompt's cache: rows[b] is the distinct prompt of output row b.
+    params = unstack_layers(params)  # a no-op for decode_params
     cache = KVCache.zeros(cfg, tokens.shape[0], cache_len, _cache_dtype(params))
     hidden, cache = forward(cfg, params, tokens, mask, cache=cache, cache_index=0,
                             return_hidden=True)
-    cache = cache.per_layer()  # the decode loop's form (a no-op for unstacked params)
     cache = KVCache(tuple(k[rows] for k in cache.k), tuple(v[rows] for v in cache.v),
                     cache.valid[rows])
     logits = unembed(cfg, params, hidden[rows, -1])

@@ -121,28 +121,23 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
 
 
 class KVCache(NamedTuple):
-    """Keys [L,B,KV,S,hd] and values [L,B,KV,hd,S] for every layer (layouts: see
-    :func:`cached_keys`), and which slots hold real tokens, [B,S].
+    """Keys and values, one buffer per layer (a tuple of L arrays each: keys [B,KV,S,hd],
+    values [B,KV,hd,S], layouts: see :func:`cached_keys`), and which slots hold real tokens,
+    [B,S]. Per-layer buffers, like the per-layer weights of :func:`unstack_layers`, keep a
+    decode loop from slicing (copying) stacked arrays at every step."""
 
-    ``per_layer()`` holds them as tuples of L arrays [B,KV,S,hd] / [B,KV,hd,S] instead (the
-    decode loop's form, see :func:`unstack_layers`, and what
-    :class:`models.sampler.DecodeState` keeps)."""
-
-    k: jax.Array | tuple[jax.Array, ...]
-    v: jax.Array | tuple[jax.Array, ...]
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
     valid: jax.Array
 
     @staticmethod
     def zeros(cfg: ModelConfig, batch: int, length: int, dtype: Any = jnp.float32) -> KVCache:
-        k_shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
-        v_shape = (cfg.num_layers, batch, cfg.num_kv_heads, cfg.head_dim, length)
-        return KVCache(jnp.zeros(k_shape, dtype), jnp.zeros(v_shape, dtype),
+        k_shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
+        v_shape = (batch, cfg.num_kv_heads, cfg.head_dim, length)
+        n = cfg.num_layers
+        return KVCache(tuple(jnp.zeros(k_shape, dtype) for _ in range(n)),
+                       tuple(jnp.zeros(v_shape, dtype) for _ in range(n)),
                        jnp.zeros((batch, length), bool))
-
-    def per_layer(self) -> KVCache:
-        if isinstance(self.k, tuple):
-            return self
-        return KVCache(tuple(self.k), tuple(self.v), self.valid)
 
 
 def cached_keys(k: jax.Array) -> jax.Array:
@@ -163,8 +158,8 @@ def cached_values(v: jax.Array) -> jax.Array:
 
 
 def unstack_layers(params: Params) -> Params:
-    """``params`` with "layers" as a tuple of per-layer dicts, for :func:`forward` with a
-    per-layer cache. In a decode loop this matters: scanning the stacked arrays slices (copies)
+    """``params`` with "layers" as a tuple of per-layer dicts (what :func:`forward` with a
+    cache runs on). In a decode loop this matters: scanning the stacked arrays slices (copies)
     every layer's weights at every step, ~25 % of a batch-8 decode step on CPU."""
     if isinstance(params["layers"], (tuple, list)):
         return params
@@ -266,35 +261,13 @@ def forward(
             cv = jax.lax.dynamic_update_slice_in_dim(cv, v, at, axis=3)
             return ck, cv, (ck, cv)
 
-        if isinstance(params["layers"], (tuple, list)):  # unstacked: one buffer per layer
-            cache = cache.per_layer()
-            ks, vs = [], []
-            for p, ck, cv in zip(params["layers"], cache.k, cache.v, strict=True):
-                x, (ck, cv) = layer(p, x, mask, lambda k, v, ck=ck, cv=cv: write(ck, cv, k, v))
-                ks.append(ck)
-                vs.append(cv)
-            new_cache = KVCache(tuple(ks), tuple(vs), valid)
-        else:
-            def body(carry, xs):
-                x, ck, cv = carry
-                p, i = xs
-
-                def attend(k, v):  # write the new slots of layer i in the stacked cache
-                    zero = jnp.zeros((), jnp.int32)
-                    k, v = cached_keys(k)[None], cached_values(v)[None]
-                    ck2 = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype),
-                                                       (i, zero, zero, at, zero))
-                    cv2 = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype),
-                                                       (i, zero, zero, zero, at))
-                    return ck2[i], cv2[i], (ck2, cv2)
-
-                x, (ck, cv) = layer(p, x, mask, attend)
-                return (x, ck, cv), None
-
-            layers = jnp.arange(cfg.num_layers, dtype=jnp.int32)
-            (x, ck, cv), _ = jax.lax.scan(body, (x, cache.k, cache.v),
-                                          (params["layers"], layers))
-            new_cache = KVCache(ck, cv, valid)
+        ks, vs = [], []
+        layers = unstack_layers(params)["layers"]
+        for p, ck, cv in zip(layers, cache.k, cache.v, strict=True):
+            x, (ck, cv) = layer(p, x, mask, lambda k, v, ck=ck, cv=cv: write(ck, cv, k, v))
+            ks.append(ck)
+            vs.append(cv)
+        new_cache = KVCache(tuple(ks), tuple(vs), valid)
 
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     if return_hidden:
