@@ -126,11 +126,11 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
         scores = jnp.sum(q1[..., None] * k[:, :, None].astype(f32), axis=3)  # [B,KV,G,S]
         scores = scores[:, :, :, None, :]
     else:
-        # several tokens (prefill, training): two dots over the cache transposed, each then
-        # contracting its operands' minor axes. XLA folds such a transpose into the dot;
-        # its matmul for a transposed operand takes float32 only (not bfloat16 -> float32).
-        k = k.swapaxes(2, 3).astype(f32)
-        scores = jnp.einsum("btkgd,bksd->bkgts", q.astype(f32), k, preferred_element_type=f32)
+        # several tokens (prefill, training): two dots, each contracting its operands' minor
+        # axes, in the cache's dtype with float32 accumulation (XLA:CPU has no bfloat16 dot
+        # for a transposed cache operand; the sampler's cache is float32, see decode_params)
+        scores = jnp.einsum("btkgd,bksd->bkgts", q.astype(k.dtype), k.swapaxes(2, 3),
+                            preferred_element_type=f32)
     scores = scores * (1.0 / np.sqrt(hd))
     scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1)
@@ -138,7 +138,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
         p1 = probs[:, :, :, 0, :, None]                                      # [B,KV,G,S,1]
         out = jnp.sum(p1 * v[:, :, None].astype(f32), axis=3)[:, None]      # [B,1,KV,G,hd]
     else:
-        out = jnp.einsum("bkgts,bkds->btkgd", probs, v.swapaxes(2, 3).astype(f32),
+        out = jnp.einsum("bkgts,bkds->btkgd", probs.astype(v.dtype), v.swapaxes(2, 3),
                          preferred_element_type=f32)
     return out.reshape(b, t, h * hd).astype(out_dtype)
 
