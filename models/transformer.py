@@ -155,6 +155,10 @@ class KVCache(NamedTuple):
 
     @staticmethod
     def zeros(cfg: ModelConfig, batch: int, length: int, dtype: Any = jnp.float32) -> KVCache:
+        """An empty cache of `length` slots. Keep float32 on CPU: XLA:CPU has no bfloat16 dot
+        for the cache operand of a several-token forward (prefill), and a decode step reads a
+        float32 cache faster than it converts a bfloat16 one; on an accelerator bfloat16
+        halves the cache."""
         k_shape = (batch, cfg.num_kv_heads, cfg.head_dim, length)
         v_shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
         n = cfg.num_layers
