@@ -24,7 +24,7 @@ from rl.types import Group, Policy, Prompt, Trajectory
 class SamplerPolicy:
     """The policy as the environments see it: current parameters behind the jitted sampler
     (kept in the sampler's per-layer form, made once per policy; ``dtype`` "bfloat16" samples
-    with bfloat16 matmuls and KV cache, see models.sampler.decode_params)."""
+    with bfloat16 matmuls, see models.sampler.decode_params)."""
 
     cfg: ModelConfig
     params: Params

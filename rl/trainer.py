@@ -55,7 +55,7 @@ def _require(ok: bool, key: str, msg: str) -> None:
         raise ConfigError(f"{key}: {msg}")
 
 
-ROLLOUT_DTYPES = ("float32", "bfloat16")  # the sampler's weights and KV cache (decode_params)
+ROLLOUT_DTYPES = ("float32", "bfloat16")  # the sampler's weights (decode_params)
 
 
 def validate(cfg: Mapping[str, Any]) -> None:
