@@ -13,24 +13,10 @@ sampler's per-layer weights (`decode_params`, made once, as the RL policy does).
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
-
-def _alternating_best(fns: dict, repeats: int) -> dict[str, float]:
-    """Each function's best time over `repeats` rounds that run them in turn (after one
-    warm-up call each): this machine's speed drifts by 10-20 % over minutes, which timing one
-    side entirely after the other would put into the ratio."""
-    for fn in fns.values():
-        fn()  # warm-up / compile
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: min(ts) for name, ts in times.items()}
+from bench.timing import alternating_times
 
 
 def ours(batch: int, prompt_len: int, new: int, dtype: str) -> dict:
@@ -78,8 +64,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                    help="weights for both: ours bfloat16 matmuls and KV cache with float32 "
-                         "accumulation and residual stream (decode_params); HF's model in "
+                    help="weights for both: ours bfloat16 matmuls with float32 accumulation, "
+                         "residual stream and KV cache (decode_params); HF's model in "
                          "torch.bfloat16")
     a = ap.parse_args()
     print(f"SmolLM2-135M {a.dtype} CPU, prompt {a.prompt_len} tokens, {a.new_tokens} new "
@@ -87,8 +73,9 @@ def main() -> None:
     print(f"{'batch':>5} | {'prefill ours':>12} {'prefill HF':>10} {'ratio':>6} | "
           f"{'decode ours':>11} {'decode HF':>9} {'ratio':>6}   (tokens/s)")
     for b in a.batches:
-        t = _alternating_best(ours(b, a.prompt_len, a.new_tokens, a.dtype)
-                              | hf(b, a.prompt_len, a.new_tokens, a.dtype), a.repeats)
+        runs = (ours(b, a.prompt_len, a.new_tokens, a.dtype)
+                | hf(b, a.prompt_len, a.new_tokens, a.dtype))
+        t = {name: min(ts) for name, ts in alternating_times(runs, a.repeats).items()}
         po, ph = b * a.prompt_len / t["ours_1"], b * a.prompt_len / t["hf_1"]
         do = b * (a.new_tokens - 1) / (t["ours_n"] - t["ours_1"])
         dh = b * (a.new_tokens - 1) / (t["hf_n"] - t["hf_1"])

@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from bench.timing import alternating_times
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
@@ -29,7 +31,7 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each, alternating")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                    help="the sampler's weights and KV cache, both sides (decode_params)")
+                    help="the sampler's weights, both sides (decode_params)")
     ap.add_argument("--reprefill", action="store_true",
                     help="re-send the whole context every turn instead of continuing the cache")
     a = ap.parse_args()
@@ -47,8 +49,7 @@ def main() -> None:
     policy = _Timed(SamplerPolicy(cfg, params, tok, dtype=a.dtype), reprefill=a.reprefill)
     prompts = task.prompts("dev")[: a.batch]
 
-    env.rollout(policy, prompts, 1, seed=1)  # compile the shapes this run will use
-    groups = env.rollout(policy, prompts, 1, seed=1)
+    groups = env.rollout(policy, prompts, 1, seed=1)  # the trajectories (and compiling)
     trajs = [g.trajectories[0] for g in groups]
     lengths = [t.num_action_tokens for t in trajs]
     turns = sum(t.info["turns"] for t in trajs) / len(trajs)
@@ -64,23 +65,17 @@ def main() -> None:
         sp = SamplingParams(max_new_tokens=max(per_row), temperature=1.0, ignore_eos=True)
         return lambda: generate(cfg, weights, tok, ids, sp, seed=1, max_new_per_row=per_row)
 
-    runs = {"search": lambda: env.rollout(policy, prompts, 1, seed=1),
-            "plain_mean": plain([mean_len] * len(ids)), "plain_same": plain(lengths)}
-    for name in ("plain_mean", "plain_same"):
-        runs[name]()  # compile
-    # Alternate (same seeds: the same work each time) and keep each one's best time: this
-    # machine's speed drifts by 10-20 % over minutes, which a single timing of each, one after
-    # the other, would put into the ratio.
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    in_policy = []
-    for _ in range(a.repeats):
-        for name, run in runs.items():
-            policy.seconds = 0.0
-            t0 = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - t0)
-            if name == "search":
-                in_policy.append(policy.seconds)
+    in_policy: list[float] = []  # seconds inside policy calls, per search run
+
+    def search():
+        policy.seconds = 0.0
+        env.rollout(policy, prompts, 1, seed=1)
+        in_policy.append(policy.seconds)
+
+    # same seeds: the same work every call
+    times = alternating_times({"search": search, "plain_mean": plain([mean_len] * len(ids)),
+                               "plain_same": plain(lengths)}, a.repeats)
+    in_policy = in_policy[1:]  # the first was the warm-up call
     best = {name: min(ts) for name, ts in times.items()}
     search_tokens = sum(lengths)
     s_tps = search_tokens / best["search"]

@@ -118,29 +118,27 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     18 (1.8x at batch 8 too)."""
     b, t, h, hd = q.shape
     kv = k.shape[1]
-    out_dtype = q.dtype
-    q = q.reshape(b, t, kv, h // kv, hd)
+    qg = q.reshape(b, t, kv, h // kv, hd)
     f32 = jnp.float32
     if t == 1:
-        q1 = q[:, 0].astype(f32)                                             # [B,KV,G,hd]
-        scores = jnp.sum(q1[..., None] * k[:, :, None].astype(f32), axis=3)  # [B,KV,G,S]
-        scores = scores[:, :, :, None, :]
+        scores = jnp.sum(qg[:, 0, ..., None].astype(f32) * k[:, :, None].astype(f32), axis=3)
+        probs = _masked_softmax(scores, mask[:, None, None, 0, :], hd)       # [B,KV,G,S]
+        out = jnp.sum(probs[..., None] * v[:, :, None].astype(f32), axis=3)  # [B,KV,G,hd]
     else:
         # several tokens (prefill, training): two dots, each contracting its operands' minor
         # axes, in the cache's dtype with float32 accumulation (XLA:CPU has no bfloat16 dot
         # for a transposed cache operand; the sampler's cache is float32, see decode_params)
-        scores = jnp.einsum("btkgd,bksd->bkgts", q.astype(k.dtype), k.swapaxes(2, 3),
+        scores = jnp.einsum("btkgd,bksd->bkgts", qg.astype(k.dtype), k.swapaxes(2, 3),
                             preferred_element_type=f32)
-    scores = scores * (1.0 / np.sqrt(hd))
-    scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1)
-    if t == 1:
-        p1 = probs[:, :, :, 0, :, None]                                      # [B,KV,G,S,1]
-        out = jnp.sum(p1 * v[:, :, None].astype(f32), axis=3)[:, None]      # [B,1,KV,G,hd]
-    else:
+        probs = _masked_softmax(scores, mask[:, None, None, :, :], hd)      # [B,KV,G,T,S]
         out = jnp.einsum("bkgts,bkds->btkgd", probs.astype(v.dtype), v.swapaxes(2, 3),
                          preferred_element_type=f32)
-    return out.reshape(b, t, h * hd).astype(out_dtype)
+    return out.reshape(b, t, h * hd).astype(q.dtype)
+
+
+def _masked_softmax(scores: jax.Array, mask: jax.Array, hd: int) -> jax.Array:
+    """softmax(scores / sqrt(hd)) over the last axis, masked slots set to NEG_INF first."""
+    return jax.nn.softmax(jnp.where(mask, scores * (1.0 / np.sqrt(hd)), NEG_INF), axis=-1)
 
 
 class KVCache(NamedTuple):
