@@ -256,9 +256,11 @@ def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Arra
 
     def compact(layer: jax.Array, axis: int) -> jax.Array:  # gather `order` along slot axis
         pad = [(0, 0)] * layer.ndim
-        layer = jnp.pad(layer[rows], pad[:axis] + [(extra, 0)] + pad[axis + 1:])
-        idx = jnp.expand_dims(order, [d for d in range(1, layer.ndim) if d != axis])
-        layer = jnp.take_along_axis(layer, idx, axis=axis)
+        layer = jnp.pad(layer, pad[:axis] + [(extra, 0)] + pad[axis + 1:])
+        # one row at a time (vmap): XLA:CPU gathers the keys' minor slot axis ~2x faster
+        # this way than with a take_along_axis index broadcast over the other axes
+        slots = (slice(None),) * (axis - 1)
+        layer = jax.vmap(lambda r, o: layer[r][slots + (o,)])(rows, order)
         return jnp.pad(layer, pad[:axis] + [(0, grow)] + pad[axis + 1:])
 
     k = tuple(compact(a, 3) for a in cache.k)  # [B_state,KV,hd,S] -> [B,KV,hd,keep+grow]
@@ -269,18 +271,21 @@ def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Arra
     n_tokens, logits = n_tokens[rows], logits[rows]
     appended = jnp.zeros_like(n_tokens)
     if chunk.shape[1]:
-        take = functools.partial(jnp.take, indices=readers, axis=0, mode="clip")
-        sub = KVCache(tuple(map(take, k)), tuple(map(take, v)), take(valid))
-        n_sub = take(n_tokens)
-        positions = n_sub[:, None] + jnp.maximum(jnp.cumsum(chunk_mask, axis=1) - 1, 0)
-        hidden, sub = forward(cfg, params, chunk, chunk_mask, positions=positions, cache=sub,
+        if readers.shape[0] == n_tokens.shape[0]:  # every row reads (readers == arange)
+            pick, put = (lambda a: a), (lambda a, b: b)
+        else:
+            pick = functools.partial(jnp.take, indices=readers, axis=0, mode="clip")
+            put = lambda a, b: a.at[readers].set(b, mode="drop")  # noqa: E731
+        read = jnp.sum(chunk_mask, axis=1, dtype=jnp.int32)
+        positions = pick(n_tokens)[:, None] + jnp.maximum(jnp.cumsum(chunk_mask, axis=1) - 1, 0)
+        hidden, sub = forward(cfg, params, chunk, chunk_mask, positions=positions,
+                              cache=KVCache(tuple(map(pick, k)), tuple(map(pick, v)), pick(valid)),
                               cache_index=keep, return_hidden=True)
-        k = tuple(a.at[readers].set(b, mode="drop") for a, b in zip(k, sub.k))
-        v = tuple(a.at[readers].set(b, mode="drop") for a, b in zip(v, sub.v))
-        valid = valid.at[readers].set(sub.valid, mode="drop")
-        logits = logits.at[readers].set(unembed(cfg, params, hidden[:, -1]), mode="drop")
-        appended = appended.at[readers].set(jnp.sum(chunk_mask, axis=1, dtype=jnp.int32),
-                                            mode="drop")
+        k, v, valid = tuple(map(put, k, sub.k)), tuple(map(put, v, sub.v)), put(valid, sub.valid)
+        # a row with nothing to read (only when every row is sent) keeps its logits
+        logits = put(logits, jnp.where(read[:, None] > 0, unembed(cfg, params, hidden[:, -1]),
+                                       pick(logits)))
+        appended = put(appended, read)
     cache = KVCache(k, v, valid)
     return _decode(cfg, params, cache, logits, n_tokens + appended, keep + chunk.shape[1], key,
                    max_new_per_row, eos_ids, stop_next, stop_hit, stop_state, pad_id, max_new,
@@ -406,14 +411,18 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     # readers: 1, 2, 4, then multiples of 4 (a read costs per row and token; one reader
     # padded to four would read four times the tokens)
     n_read = _bucket(len(readers), 4) if len(readers) > 2 else len(readers)
-    reader_idx = np.full(n_read, b, np.int32)
-    reader_idx[:len(readers)] = readers
+    # chunk line j is read by row reader_idx[j]; b (out of range) pads the list. When the
+    # padded list is as long as the batch, every row gets its own line instead (a row with
+    # nothing to read gets an empty one) and the reader rows need no gather and scatter.
+    reader_idx = (np.arange(b, dtype=np.int32) if n_read >= b else
+                  np.asarray(readers + [b] * (n_read - len(readers)), np.int32))
     chunk = np.full((len(reader_idx), width), tokenizer.pad_id, np.int32)
     chunk_mask = np.zeros((len(reader_idx), width), bool)
-    for j, i in enumerate(readers):
-        ids = appended[i]
-        chunk[j, width - len(ids):] = ids
-        chunk_mask[j, width - len(ids):] = True
+    for j, i in enumerate(reader_idx):
+        ids = appended[i] if i < len(rows) else ()
+        if len(ids):
+            chunk[j, width - len(ids):] = ids
+            chunk_mask[j, width - len(ids):] = True
     limits = np.zeros(b, np.int32)  # padding rows: done before they start
     limits[:len(rows)] = _limits(len(rows), sampling, max_new_per_row)
     idx = np.full(b, rows[0], np.int32)

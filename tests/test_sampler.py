@@ -253,6 +253,24 @@ def test_continuation_equals_generating_from_the_whole_context(tiny):
     assert list(third.state.n_tokens[:2]) == [len(c) + len(m) + 5 for c, m in zip(context2, more)]
 
 
+def test_continuation_where_nearly_every_row_reads(tiny):
+    # 3 of 4 rows read (padded, that is a read line per row: the path without gather and
+    # scatter), one row continues without reading and must keep its own next-token logits;
+    # then all 4 read
+    cfg, params, tok = tiny
+    prompts = _prompts(tok) + [tok.encode("fourth")]
+    sp = SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True)
+    first = generate(cfg, params, tok, prompts, sp, max_new_per_row=[4, 1, 3, 4])
+    context = [p + c for p, c in zip(prompts, first.token_lists())]
+    for obs in ([tok.encode(" doc one"), [], tok.encode(" a longer second document"),
+                 tok.encode(" x")],
+                [tok.encode(" a"), tok.encode(" b c"), tok.encode(" d e f"), tok.encode(" g")]):
+        rows = [3, 1, 0, 2]
+        got = continue_generation(cfg, params, tok, first.state, rows, obs, sp)
+        ref = generate(cfg, params, tok, [context[r] + o for r, o in zip(rows, obs)], sp)
+        _assert_same_generation(got, ref)
+
+
 def test_stop_string_straddling_two_continued_calls_is_caught(shipped):
     # a stop string made of the last byte of token k-1 and the first byte of token k: cut the
     # generation between them, continue with nothing appended, and it must still stop at k
