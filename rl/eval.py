@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from models import load_params
 from models.sampler import SamplingParams
+from rl.compile_cache import use_compile_cache
 from rl.envs import SamplerPolicy
 from rl.types import Group
 
@@ -164,6 +165,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    use_compile_cache(cfg.get("compile_cache"))
     run(cfg)
 
 

@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from models.config import ModelConfig
 from models.sampler import token_logprobs
 from models.transformer import Params
+from rl.compile_cache import use_compile_cache
 from rl.optim import OptimConfig, lr_schedule, make_optimizer
 from rl.train_step import Batch, TrainState, init_train_state
 from rl.types import Trajectory
@@ -180,6 +181,7 @@ def main(cfg: DictConfig) -> None:
     from absl import logging as absl_logging
 
     absl_logging.set_verbosity(absl_logging.WARNING)
+    use_compile_cache(cfg.get("compile_cache"))
     resolved = OmegaConf.to_container(cfg, resolve=True)
     run(resolved, OmegaConf.to_yaml(resolved))
     log.info("run folder: %s", cfg.trainer.run_dir)

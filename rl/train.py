@@ -12,6 +12,8 @@ import logging
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from rl.compile_cache import use_compile_cache
+
 log = logging.getLogger("rl.train")
 
 
@@ -33,6 +35,7 @@ def run(cfg: DictConfig) -> list[dict]:
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    use_compile_cache(cfg.get("compile_cache"))
     run(cfg)
 
 

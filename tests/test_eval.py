@@ -34,13 +34,17 @@ def test_search_metrics_by_hand():
 
 def test_eval_cli_on_run_checkpoint(tmp_path):
     run = tmp_path / "run"
+    cache = tmp_path / "jax"
     common = ["model=tiny", "trainer.batch_prompts=2", "algo.group_size=2",
-              "trainer.max_new_tokens=4", "task.eval_size=4", "trainer.progress=false"]
+              "trainer.max_new_tokens=4", "task.eval_size=4", "trainer.progress=false",
+              f"compile_cache={cache}"]
     res = subprocess.run([sys.executable, "-m", "rl.train", *common, "trainer.max_steps=1",
                           "trainer.eval_at_ends=false", f"trainer.run_dir={run}",
                           f"hydra.run.dir={tmp_path / 'h1'}"],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
+    stored = set(cache.iterdir())  # the training step and the sampler, compiled once
+    assert any("train_step" in p.name for p in stored), sorted(p.name for p in stored)
     res = subprocess.run([sys.executable, "-m", "rl.eval", *common, f"eval.run={run}",
                           "eval.splits=[dev]", f"trainer.run_dir={tmp_path / 'h'}",
                           f"hydra.run.dir={tmp_path / 'h2'}"],
