@@ -126,8 +126,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
         out = jnp.sum(probs[..., None] * v[:, :, None].astype(f32), axis=3)  # [B,KV,G,hd]
     else:
         # several tokens (prefill, training): two dots, each contracting its operands' minor
-        # axes, in the cache's dtype with float32 accumulation (XLA:CPU has no bfloat16 dot
-        # for a transposed cache operand; the sampler's cache is float32, see decode_params)
+        # axes, in the cache's dtype with float32 accumulation
         scores = jnp.einsum("btkgd,bksd->bkgts", qg.astype(k.dtype), k.swapaxes(2, 3),
                             preferred_element_type=f32)
         probs = _masked_softmax(scores, mask[:, None, None, :, :], hd)      # [B,KV,G,T,S]
@@ -153,10 +152,9 @@ class KVCache(NamedTuple):
 
     @staticmethod
     def zeros(cfg: ModelConfig, batch: int, length: int, dtype: Any = jnp.float32) -> KVCache:
-        """An empty cache of `length` slots. Keep float32 on CPU: XLA:CPU has no bfloat16 dot
-        for the cache operand of a several-token forward (prefill), and a decode step reads a
-        float32 cache faster than it converts a bfloat16 one; on an accelerator bfloat16
-        halves the cache."""
+        """An empty cache of `length` slots. On an accelerator bfloat16 halves the cache; on
+        CPU float32 is faster (a decode step reads a float32 cache faster than it converts
+        a bfloat16 one, and a several-token forward reads a bfloat16 cache in float32)."""
         k_shape = (batch, cfg.num_kv_heads, cfg.head_dim, length)
         v_shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
         n = cfg.num_layers
@@ -274,6 +272,9 @@ def forward(
         causal = slots[None, :] <= (cache_index + jnp.arange(t))[:, None]  # [T,S]
         mask = causal[None] & valid[:, None, :]
         at = jnp.asarray(cache_index, jnp.int32)
+        # XLA:CPU cannot run a bfloat16 x bfloat16 -> float32 dot on a cache buffer
+        # ("DotThunk"): a several-token forward there reads a bfloat16 cache in float32
+        upcast = t > 1 and cache.k[0].dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
 
         def write(ck: jax.Array, cv: jax.Array, k: jax.Array, v: jax.Array):
             """Write the new keys/values at slot `cache_index` of one layer's cache (keys
@@ -281,6 +282,8 @@ def forward(
             k, v = cached_keys(k).astype(ck.dtype), cached_values(v).astype(cv.dtype)
             ck = jax.lax.dynamic_update_slice_in_dim(ck, k, at, axis=3)
             cv = jax.lax.dynamic_update_slice_in_dim(cv, v, at, axis=2)
+            if upcast:
+                return ck.astype(jnp.float32), cv.astype(jnp.float32), (ck, cv)
             return ck, cv, (ck, cv)
 
         ks, vs = [], []

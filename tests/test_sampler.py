@@ -341,3 +341,24 @@ def test_bfloat16_decoding_follows_the_float32_model(shipped):
     chat = tok.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
     answer = generate(cfg, dp, tok, [chat], SamplingParams(24, temperature=0))
     assert "Paris" in answer.texts[0]
+
+
+def test_bfloat16_kv_cache_prefill_and_decode(tiny):
+    # a user-built bfloat16 cache: a several-token forward and a decode step both run (on CPU
+    # the cache is read in float32 for the first) and give the float32 cache's logits up to
+    # bfloat16 rounding of the cached keys and values
+    from models.transformer import KVCache, forward
+
+    cfg, params, tok = tiny
+    tokens = jnp.asarray([tok.encode("the cat sat on the mat")[:6]] * 2, jnp.int32)
+    step = jax.jit(forward, static_argnames="cfg")
+    logits = {}
+    for dt in (jnp.float32, jnp.bfloat16):
+        cache = KVCache.zeros(cfg, 2, 8, dt)
+        first, cache = step(cfg, params, tokens[:, :5], cache=cache, cache_index=0)
+        last, cache = step(cfg, params, tokens[:, 5:], cache=cache, cache_index=5)
+        assert cache.k[0].dtype == dt
+        logits[dt] = np.concatenate([np.asarray(first), np.asarray(last)], axis=1)
+    ref, got = logits[jnp.float32], logits[jnp.bfloat16]
+    np.testing.assert_allclose(got, ref, atol=0.05 * np.abs(ref).max())
+    assert (got[:, -1].argmax(-1) == ref[:, -1].argmax(-1)).all()
