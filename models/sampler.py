@@ -252,15 +252,17 @@ def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Arra
     extra = max(0, keep - valid.shape[1])
     valid = jnp.pad(valid, ((0, 0), (extra, 0)))
     order = jnp.argsort(valid, axis=1, stable=True)[:, -keep:]  # [B, keep] slots to keep
+    # the same slots in the unpadded cache: the `extra` padding slots are invalid, so any
+    # real slot's (finite) contents can stand in for them, and the cache is never padded
+    source = jnp.maximum(order - extra, 0)
     grow = chunk.shape[1] + _bucket(max_new, 16)
 
-    def compact(layer: jax.Array, axis: int) -> jax.Array:  # gather `order` along slot axis
-        pad = [(0, 0)] * layer.ndim
-        layer = jnp.pad(layer, pad[:axis] + [(extra, 0)] + pad[axis + 1:])
+    def compact(layer: jax.Array, axis: int) -> jax.Array:  # gather `source` along slot axis
         # one row at a time (vmap): XLA:CPU gathers the keys' minor slot axis ~2x faster
         # this way than with a take_along_axis index broadcast over the other axes
         slots = (slice(None),) * (axis - 1)
-        layer = jax.vmap(lambda r, o: layer[r][slots + (o,)])(rows, order)
+        layer = jax.vmap(lambda r, o: layer[r][slots + (o,)])(rows, source)
+        pad = [(0, 0)] * layer.ndim
         return jnp.pad(layer, pad[:axis] + [(0, grow)] + pad[axis + 1:])
 
     k = tuple(compact(a, 3) for a in cache.k)  # [B_state,KV,hd,S] -> [B,KV,hd,keep+grow]
