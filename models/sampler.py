@@ -5,7 +5,7 @@ token into the same cache slot, so a decode step is one dense ``dynamic_update_s
 positions count real tokens only, so padding never shifts a row's positions.
 
 Returned log-probabilities are those of the unmodified model distribution (temperature 1, no
-top-p), i.e. exactly what :func:`token_logprobs` recomputes for the PPO ratio.
+top-p), i.e. exactly what :func:`group_logprobs` recomputes for the PPO ratio.
 """
 
 from __future__ import annotations
@@ -22,7 +22,14 @@ import numpy as np
 from models.config import ModelConfig
 from models.stops import stop_tables
 from models.tokenizer import Tokenizer
-from models.transformer import KVCache, Params, forward, unembed, unstack_layers
+from models.transformer import (
+    KVCache,
+    Params,
+    forward,
+    forward_with_prefix,
+    unembed,
+    unstack_layers,
+)
 
 FINISH_REASONS = ("length", "eos", "stop")
 
@@ -445,33 +452,42 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     return _result(tokenizer, outputs, len(rows), decode_text, sampling.stop)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "remat", "with_entropy", "resp_len"))
+@functools.partial(jax.jit, static_argnames=("cfg", "remat", "with_entropy"))
 def token_logprobs(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array,
-                   remat: bool = False, with_entropy: bool = False,
-                   resp_start: jax.Array | None = None, resp_len: int | None = None) -> Any:
-    """log p(tokens[:, t] | tokens[:, <t]).
-
-    Without a window: shape [B, T], position 0 gets 0. With `resp_start` [B] and a static
-    `resp_len` R: only the response window, shape [B, R], entry j scoring token
-    resp_start[b] + j — logits are computed for those positions only, which is most of the
-    saving in RL where prompts are long and responses short. mask [B, T] marks real tokens.
-    With `with_entropy`, also returns the policy entropy at the same positions.
-    """
+                   remat: bool = False, with_entropy: bool = False) -> Any:
+    """log p(tokens[:, t] | tokens[:, <t]), shape [B, T] (position 0 gets 0); mask [B, T]
+    marks real tokens. With `with_entropy`, also the policy entropy at the same positions."""
     hidden, _ = forward(cfg, params, tokens, mask, remat=remat, return_hidden=True)
-    if resp_start is None:
-        pred_pos = jnp.broadcast_to(jnp.arange(tokens.shape[1] - 1), (tokens.shape[0],
-                                                                      tokens.shape[1] - 1))
-    else:
-        pred_pos = jnp.clip(resp_start[:, None] - 1 + jnp.arange(resp_len), 0,
-                            tokens.shape[1] - 2)
-    h = jnp.take_along_axis(hidden, pred_pos[..., None], axis=1)
-    targets = jnp.take_along_axis(tokens, pred_pos + 1, axis=1)
-    logits = unembed(cfg, params, h)
+    out = _score(cfg, params, hidden[:, :-1], tokens[:, 1:], with_entropy)
+    return jax.tree.map(lambda a: jnp.pad(a, ((0, 0), (1, 0))), out)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "remat", "with_entropy"))
+def group_logprobs(cfg: ModelConfig, params: Params, prefix: jax.Array, prefix_mask: jax.Array,
+                   tokens: jax.Array, mask: jax.Array, remat: bool = False,
+                   with_entropy: bool = False) -> Any:
+    """log p(tokens[n, g, t] | prefix[n], tokens[n, g, <t]), shape [N, G, T], for G
+    continuations [N,G,T] (right padded, mask) of each of N prefixes [N,P] (prefix_mask; any
+    padding): a GRPO group's trajectories after their shared prompt. The prefix runs once per
+    group (:func:`models.transformer.forward_with_prefix`); logits are computed for the
+    continuations only, which is what RL scores. With `with_entropy`, also the entropy."""
+    n, g, _ = tokens.shape
+    prefix_h, hidden = forward_with_prefix(cfg, params, prefix, prefix_mask, tokens, mask,
+                                           remat=remat)
+    last = jnp.max(jnp.where(prefix_mask, jnp.arange(prefix.shape[1]), 0), axis=1)
+    first = jnp.take_along_axis(prefix_h, last[:, None, None], axis=1)  # [N,1,D]
+    first = jnp.broadcast_to(first[:, None], (n, g, 1, first.shape[-1]))
+    return _score(cfg, params, jnp.concatenate([first, hidden[:, :, :-1]], axis=2), tokens,
+                  with_entropy)
+
+
+def _score(cfg: ModelConfig, params: Params, hidden: jax.Array, targets: jax.Array,
+           with_entropy: bool) -> Any:
+    """log p(targets) under the logits of `hidden` (same leading shape), and the entropy."""
+    logits = unembed(cfg, params, hidden)
     logz = jax.nn.logsumexp(logits, axis=-1)
     logp = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0] - logz
-    pad = ((0, 0), (1, 0)) if resp_start is None else ((0, 0), (0, 0))
     if not with_entropy:
-        return jnp.pad(logp, pad)
+        return logp
     probs = jnp.exp(logits - logz[..., None])
-    ent = logz - jnp.sum(probs * logits, axis=-1)
-    return jnp.pad(logp, pad), jnp.pad(ent, pad)
+    return logp, logz - jnp.sum(probs * logits, axis=-1)

@@ -144,5 +144,11 @@ def batch_sharding(mesh: Mesh, ndim: int = 2, batch_size: int | None = None,
     return NamedSharding(mesh, _spec(shape, names, mesh, rules))
 
 
+def batch_shards(mesh: Mesh, rules: Mapping[str, Any] = DEFAULT_RULES) -> int:
+    """How many shards :func:`batch_sharding` cuts the batch axis into."""
+    rule = rules["batch"]
+    return math.prod(mesh.shape[a] for a in ((rule,) if isinstance(rule, str) else rule))
+
+
 def shard(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(jax.device_put, tree, shardings)

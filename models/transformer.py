@@ -243,27 +243,15 @@ def forward(
     x = params["embed"][tokens]
 
     def layer(p: Params, x: jax.Array, mask: jax.Array, attend: Any) -> tuple[jax.Array, Any]:
-        """One decoder layer; attend(k, v) -> (keys, values to attend over, its cache)."""
-        h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-        q, k, v = _qkv(cfg, p, h, positions, inv_freq)
-        keys, values, layer_cache = attend(k, v)
-        x = x + dense(attention(q, keys, values, mask), p["wo"])
-        return x + _mlp(p, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)), layer_cache
+        return _layer(cfg, p, x, positions, inv_freq, mask, attend)
 
     if cache is None:
-        causal = jnp.tril(jnp.ones((t, t), bool))
-        mask = causal[None] & attn_mask[:, None, :]
+        mask = _causal(t)[None] & attn_mask[:, None, :]
 
         def body(x, p):
             return layer(p, x, mask, lambda k, v: (cached_keys(k), cached_values(v), None))
 
-        # Backward keeps only each layer's weight-matmul outputs and recomputes the rest
-        # (attention scores and probabilities, norms, activations): storing [L,B,H,T,T]
-        # probabilities costs more than recomputing them, here ~10 % of a training step.
-        # remat=True recomputes the whole layer (least memory).
-        policy = None if remat else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-        body = jax.checkpoint(body, prevent_cse=False, policy=policy)
-        x, _ = jax.lax.scan(body, x, params["layers"])
+        x, _ = _scan_layers(body, x, params["layers"], remat)
         new_cache = None
     else:
         s = cache.valid.shape[1]
@@ -298,6 +286,73 @@ def forward(
     if return_hidden:
         return x, new_cache
     return unembed(cfg, params, x), new_cache
+
+
+def _layer(cfg: ModelConfig, p: Params, x: jax.Array, positions: jax.Array,
+           inv_freq: jax.Array, mask: jax.Array, attend: Any) -> tuple[jax.Array, Any]:
+    """One decoder layer; attend(k, v) -> (keys, values to attend over, anything to return)."""
+    h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+    q, k, v = _qkv(cfg, p, h, positions, inv_freq)
+    keys, values, out = attend(k, v)
+    x = x + dense(attention(q, keys, values, mask), p["wo"])
+    return x + _mlp(p, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)), out
+
+
+def _causal(t: int) -> jax.Array:
+    return jnp.tril(jnp.ones((t, t), bool))
+
+
+def _scan_layers(body: Any, carry: Any, layers: Params, remat: bool) -> tuple[Any, Any]:
+    """Run ``body(carry, layer_params)`` over the stacked layers, rematerialised per layer.
+
+    Backward keeps only each layer's weight-matmul outputs and recomputes the rest (attention
+    scores and probabilities, norms, activations): storing [L,B,H,T,T] probabilities costs
+    more than recomputing them, here ~10 % of a training step. remat=True recomputes the
+    whole layer (least memory)."""
+    policy = None if remat else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    return jax.lax.scan(jax.checkpoint(body, prevent_cse=False, policy=policy), carry, layers)
+
+
+def forward_with_prefix(cfg: ModelConfig, params: Params, prefix: jax.Array,
+                        prefix_mask: jax.Array, tokens: jax.Array, attn_mask: jax.Array,
+                        remat: bool = False) -> tuple[jax.Array, jax.Array]:
+    """Final hidden states of G continuations of each of N shared prefixes, the prefix run once.
+
+    prefix [N,P] and prefix_mask (any padding); tokens [N,G,T] continue prefix n, right padded
+    (attn_mask [N,G,T]). Returns (prefix hidden [N,P,D], continuation hidden [N,G,T,D]), equal
+    to :func:`forward` on each concatenation prefix[n] + tokens[n,g] up to float rounding.
+    Every layer runs prefix n once and attends its G continuations to its keys and values:
+    a GRPO group reads its prompt once instead of G times (training scores all G).
+    """
+    n, g, t = tokens.shape
+    prefix_mask, attn_mask = prefix_mask.astype(bool), attn_mask.reshape(n * g, t).astype(bool)
+    inv_freq = jnp.asarray(rope_inv_freq(cfg))
+    prefix_pos = jnp.maximum(jnp.cumsum(prefix_mask, axis=1) - 1, 0)
+    seen = jnp.repeat(jnp.sum(prefix_mask, axis=1), g)  # real prefix tokens before each row
+    pos = seen[:, None] + jnp.maximum(jnp.cumsum(attn_mask, axis=1) - 1, 0)
+    prefix_attn = _causal(prefix.shape[1])[None] & prefix_mask[:, None, :]
+    cont_attn = jnp.concatenate(  # [NG,T,P+T]: the whole prefix, then causal over the row
+        [jnp.broadcast_to(jnp.repeat(prefix_mask, g, axis=0)[:, None], (n * g, t,
+                                                                         prefix.shape[1])),
+         _causal(t)[None] & attn_mask[:, None, :]], axis=2)
+
+    def body(carry, p):
+        xp, x = carry
+
+        def own(k, v):
+            k, v = cached_keys(k), cached_values(v)
+            return k, v, (k, v)
+
+        xp, (kp, vp) = _layer(cfg, p, xp, prefix_pos, inv_freq, prefix_attn, own)
+        x, _ = _layer(cfg, p, x, pos, inv_freq, cont_attn, lambda k, v: (
+            jnp.concatenate([jnp.repeat(kp, g, axis=0), cached_keys(k)], axis=3),
+            jnp.concatenate([jnp.repeat(vp, g, axis=0), cached_values(v)], axis=2), None))
+        return (xp, x), None
+
+    xs = (params["embed"][prefix], params["embed"][tokens.reshape(n * g, t)])
+    (xp, x), _ = _scan_layers(body, xs, params["layers"], remat)
+    norm = lambda a: rms_norm(a, params["final_norm"], cfg.rms_norm_eps)  # noqa: E731
+    return norm(xp), norm(x).reshape(n, g, t, -1)
 
 
 def unembed(cfg: ModelConfig, params: Params, x: jax.Array) -> jax.Array:

@@ -33,8 +33,9 @@ import optax
 from omegaconf import DictConfig, OmegaConf
 
 from models.config import ModelConfig
-from models.sampler import token_logprobs
+from models.sampler import group_logprobs
 from models.transformer import Params
+from rl.batch import trajectory_arrays
 from rl.compile_cache import use_compile_cache
 from rl.optim import OptimConfig, lr_schedule, make_optimizer
 from rl.train_step import Batch, TrainState, init_train_state
@@ -47,11 +48,11 @@ def sft_loss(cfg: ModelConfig, params: Params, batch: Batch,
              remat: bool = False) -> tuple[jax.Array, jax.Array]:
     """(mean NLL over masked response tokens, number of those tokens).
 
-    batch: tokens, attn_mask [B,T]; resp_start [B]; loss_mask [B,R] over the response window.
+    batch: prefix, prefix_mask [N,P]; tokens, attn_mask, loss_mask [N,G,R] (``rl.batch``).
     """
     mask = batch["loss_mask"].astype(jnp.float32)
-    logp = token_logprobs(cfg, params, batch["tokens"], batch["attn_mask"], remat=remat,
-                          resp_start=batch["resp_start"], resp_len=mask.shape[1])
+    logp = group_logprobs(cfg, params, batch["prefix"], batch["prefix_mask"], batch["tokens"],
+                          batch["attn_mask"], remat=remat)
     n = jnp.sum(mask)
     return -jnp.sum(logp * mask) / jnp.maximum(n, 1.0), n
 
@@ -75,10 +76,8 @@ def make_sft_step(cfg: ModelConfig, optimizer: optax.GradientTransformation,
 
 
 def demo_batch(trajs: Sequence[Trajectory], pad_id: int, resp_len: int) -> dict[str, Any]:
-    """The training arrays of ``rl.trainer.build_batch``, without advantages."""
-    from rl.trainer import trajectory_arrays
-
-    return trajectory_arrays(trajs, pad_id, resp_len)
+    """The training arrays of ``rl.batch``, one demonstration per group."""
+    return trajectory_arrays([[t] for t in trajs], pad_id, resp_len)
 
 
 def mean_loss(cfg: ModelConfig, params: Params, trajs: Sequence[Trajectory], pad_id: int,

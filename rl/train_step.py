@@ -1,7 +1,8 @@
 """The jitted policy update: ``train_step(state, batch) -> (state, metrics)``.
 
-One call is one optimizer update on one mini-batch, accumulating gradients over
-`micro_batches` slices with ``lax.scan``. The host loop calls it for every PPO epoch and
+One call is one optimizer update on one mini-batch (``rl.batch``'s layout: each group's
+prompt once), accumulating gradients over `micro_batches` slices of its groups with
+``lax.scan``. The host loop calls it for every PPO epoch and
 mini-batch of a rollout batch.
 
 Loss per token (only where loss_mask = 1):
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from models.config import ModelConfig
-from models.sampler import token_logprobs
+from models.sampler import group_logprobs
 from models.transformer import Params
 from rl.kl import kl_penalty
 from rl.losses import agg_loss, masked_mean, ppo_clip_loss
@@ -66,19 +67,20 @@ def init_train_state(params: Params, optimizer: optax.GradientTransformation) ->
 
 def policy_loss(cfg: ModelConfig, lc: LossConfig, params: Params,
                 batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Scalar loss and metrics for one (micro-)batch.
+    """Scalar loss and metrics for one (micro-)batch, laid out as ``rl.batch`` describes.
 
-    batch: tokens, attn_mask [B,T]; resp_start [B] (first response position); loss_mask [B,R]
-    over the response window; advantages [B]; logp_old [B,R] unless on_policy; logp_ref [B,R]
-    when beta > 0.
+    batch: prefix, prefix_mask [N,P]; tokens, attn_mask, loss_mask [N,G,R]; advantages [N,G];
+    logp_old [N,G,R] unless on_policy; logp_ref [N,G,R] when beta > 0. The loss sees the
+    N*G trajectories as rows.
     """
-    logp, entropy = token_logprobs(cfg, params, batch["tokens"], batch["attn_mask"],
-                                   remat=lc.remat, with_entropy=True,
-                                   resp_start=batch["resp_start"],
-                                   resp_len=batch["loss_mask"].shape[1])
-    mask = batch["loss_mask"].astype(jnp.float32)
-    logp_old = jax.lax.stop_gradient(logp) if lc.on_policy else batch["logp_old"]
-    per_token, stats = ppo_clip_loss(logp, logp_old, batch["advantages"], mask,
+    logp, entropy = group_logprobs(cfg, params, batch["prefix"], batch["prefix_mask"],
+                                   batch["tokens"], batch["attn_mask"], remat=lc.remat,
+                                   with_entropy=True)
+    rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731  [N,G,R] -> [N*G,R]
+    logp, entropy = rows(logp), rows(entropy)
+    mask = rows(batch["loss_mask"]).astype(jnp.float32)
+    logp_old = jax.lax.stop_gradient(logp) if lc.on_policy else rows(batch["logp_old"])
+    per_token, stats = ppo_clip_loss(logp, logp_old, batch["advantages"].reshape(-1), mask,
                                      eps_low=lc.eps_low, eps_high=lc.eps_high,
                                      dual_clip=lc.dual_clip)
     pg_loss = agg_loss(per_token, mask, lc.loss_agg, lc.max_len_norm)
@@ -86,7 +88,7 @@ def policy_loss(cfg: ModelConfig, lc: LossConfig, params: Params,
     metrics = {"pg_loss": pg_loss, "clip_frac": stats["clip_frac"],
                "approx_kl": stats["approx_kl"], "entropy": masked_mean(entropy, mask)}
     if lc.beta > 0:
-        kl = kl_penalty(logp, batch["logp_ref"], lc.kl_estimator)
+        kl = kl_penalty(logp, rows(batch["logp_ref"]), lc.kl_estimator)
         kl_loss = agg_loss(kl, mask, lc.loss_agg, lc.max_len_norm)
         loss = loss + lc.beta * kl_loss
         metrics["kl"] = masked_mean(kl, mask)

@@ -22,15 +22,17 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from models import load_params
-from models.sampler import SamplingParams, token_logprobs
+from models.sampler import SamplingParams, group_logprobs
 from models.sharding import (
     batch_sharding,
+    batch_shards,
     initialize_distributed,
     make_mesh,
     param_shardings,
     shard,
 )
 from rl.advantages import group_advantages
+from rl.batch import build_batch
 from rl.checkpoint import Checkpointer
 from rl.dapo import overlong_penalty
 from rl.data import PromptStream
@@ -41,7 +43,7 @@ from rl.rewarders import make_rewarder
 from rl.runlog import RunLog
 from rl.tasks import make_task
 from rl.train_step import LossConfig, TrainState, init_train_state, make_train_step
-from rl.types import Group, RewardOutput, Trajectory
+from rl.types import Group, RewardOutput
 
 log = logging.getLogger(__name__)
 
@@ -80,38 +82,6 @@ def validate(cfg: Mapping[str, Any]) -> None:
              f"= {per_update}")
     if a.get("dynamic_sampling"):
         _require(int(a["max_gen_batches"]) >= 1, "algo.max_gen_batches", "must be >= 1")
-
-
-def _bucket(n: int, size: int = 32) -> int:
-    return max(size, -(-n // size) * size)
-
-
-def build_batch(groups: Sequence[Group], advantages: np.ndarray, pad_id: int,
-                resp_len: int = 16) -> dict:
-    """Right-padded training arrays: tokens, attn_mask [B,T]; resp_start [B]; the response
-    window's loss_mask [B,R]; advantages [B]. R is at least `resp_len` (the run's response
-    budget) and T is rounded up to a multiple of 32, so shapes, and compilations, rarely change
-    from step to step."""
-    batch = trajectory_arrays([t for g in groups for t in g.trajectories], pad_id, resp_len)
-    return {**batch, "advantages": np.asarray(advantages, np.float32).reshape(-1)}
-
-
-def trajectory_arrays(trajs: Sequence[Trajectory], pad_id: int, resp_len: int = 16) -> dict:
-    """:func:`build_batch` without advantages (the SFT warm-up trains on these)."""
-    resp = _bucket(max(resp_len, *(len(t.tokens) for t in trajs)), 16)
-    width = _bucket(max(len(t.prompt_tokens) for t in trajs) + resp, 32)
-    b = len(trajs)
-    tokens = np.full((b, width), pad_id, np.int32)
-    attn = np.zeros((b, width), bool)
-    loss = np.zeros((b, resp), np.float32)
-    start = np.zeros(b, np.int32)
-    for i, t in enumerate(trajs):
-        p, n = len(t.prompt_tokens), len(t.tokens)
-        tokens[i, :p + n] = (*t.prompt_tokens, *t.tokens)
-        attn[i, :p + n] = True
-        loss[i, :n] = t.loss_mask
-        start[i] = p
-    return {"tokens": tokens, "attn_mask": attn, "resp_start": start, "loss_mask": loss}
 
 
 def fingerprint(cfg: Mapping[str, Any], model_cfg: Any) -> dict[str, Any]:
@@ -221,8 +191,7 @@ class Trainer:
 
     def update(self, batch: dict) -> tuple[list[dict], float]:
         t = self.cfg["trainer"]
-        rows = batch["tokens"].shape[0]
-        mb = rows // int(t["mini_batches"])
+        mb = batch["tokens"].shape[0] // int(t["mini_batches"])  # groups per mini-batch
         metrics = []
         t0 = time.perf_counter()
         for _ in range(int(t["ppo_epochs"])):
@@ -236,10 +205,17 @@ class Trainer:
         return metrics, time.perf_counter() - t0
 
     def logprobs_with(self, params: Any, batch: dict) -> np.ndarray:
-        return np.asarray(token_logprobs(
-            self.model_cfg, params, jnp.asarray(batch["tokens"]), jnp.asarray(batch["attn_mask"]),
-            remat=self.loss_cfg.remat, resp_start=jnp.asarray(batch["resp_start"]),
-            resp_len=batch["loss_mask"].shape[1]))
+        keys = ("prefix", "prefix_mask", "tokens", "attn_mask")
+        return np.asarray(group_logprobs(self.model_cfg, params,
+                                         *(jnp.asarray(batch[k]) for k in keys),
+                                         remat=self.loss_cfg.remat))
+
+    def update_slices(self) -> int:
+        """How many equal parts an update cuts the batch into along its group axis: mini-
+        batches x micro-batches x the mesh's data-parallel shards."""
+        t = self.cfg["trainer"]
+        shards = 1 if self.mesh is None else batch_shards(self.mesh)
+        return int(t["mini_batches"]) * int(t["micro_batches"]) * shards
 
     # ------------------------------------------------------------------------- loop
 
@@ -250,7 +226,8 @@ class Trainer:
         rewards = self.shaped_rewards(groups, out.rewards)
         adv = np.asarray(group_advantages(jnp.asarray(rewards, jnp.float32),
                                           str(self.cfg["algo"]["advantage"])))
-        batch = build_batch(groups, adv, self.tokenizer.pad_id, self.response_budget())
+        batch = build_batch(groups, adv, self.tokenizer.pad_id, self.response_budget(),
+                            self.update_slices())
         t0 = time.perf_counter()
         if self.loss_cfg.beta > 0:
             batch["logp_ref"] = self.logprobs_with(self.ref_params, batch)
@@ -276,7 +253,8 @@ class Trainer:
             "time/rollout_s": info.pop("time/rollout_s"), "time/judge_s": info.pop(
                 "time/reward_s"), "time/reference_s": ref_s, "time/train_s": train_s,
             "time/step_s": step_s,
-            "tokens_per_s": float(batch["attn_mask"].sum()) / step_s,
+            "tokens_per_s": sum(len(tr.prompt_tokens) + len(tr.tokens) for g in groups
+                                for tr in g.trajectories) / step_s,
             **info, **dict(out.metrics),
         }
         if self.judge is not None:  # cumulative counters: calls, retries, fallbacks, cache hits

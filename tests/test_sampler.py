@@ -14,6 +14,7 @@ from models.sampler import (
     decode_params,
     first_argmax,
     generate,
+    group_logprobs,
     left_pad,
     sample_categorical,
     token_logprobs,
@@ -199,17 +200,51 @@ def test_repeated_prompts_share_one_prefill(tiny):
     assert len({tuple(x) for x in sampled}) > 1  # the copies still sample independently
 
 
-def test_response_window_logprobs_equal_full(tiny):
+def _concat_rows(prefixes, conts, pad_id):
+    """Right-padded rows prefix + continuation, and where each continuation starts."""
+    rows = [list(p) + list(c) for p, group in zip(prefixes, conts) for c in group]
+    width = max(map(len, rows))
+    toks = np.full((len(rows), width), pad_id, np.int32)
+    mask = np.zeros((len(rows), width), bool)
+    for i, r in enumerate(rows):
+        toks[i, :len(r)], mask[i, :len(r)] = r, True
+    starts = [len(p) for p, group in zip(prefixes, conts) for _ in group]
+    return jnp.asarray(toks), jnp.asarray(mask), starts
+
+
+def test_group_logprobs_equal_full_sequences_with_gradients(tiny):
+    """The prefix read once per group gives every continuation the log-probs, entropies and
+    gradients of running prefix + continuation as one sequence."""
     cfg, params, tok = tiny
-    toks, mask = left_pad(_prompts(tok), tok.pad_id)
-    toks, mask = jnp.asarray(toks), jnp.asarray(mask)
-    full, ent_full = token_logprobs(cfg, params, toks, mask, with_entropy=True)
-    start = jnp.asarray([3, 7, 10])
-    win, ent = token_logprobs(cfg, params, toks, mask, with_entropy=True, resp_start=start,
-                              resp_len=5)
-    for i, s in enumerate([3, 7, 10]):
-        np.testing.assert_allclose(win[i], full[i, s:s + 5], atol=1e-5)
-        np.testing.assert_allclose(ent[i], ent_full[i, s:s + 5], atol=1e-5)
+    prefixes = [tok.encode("the shared prompt of group one"), tok.encode("group two")]
+    conts = [[tok.encode(" a reply"), tok.encode(" another, longer reply here")],
+             [tok.encode(" yes"), tok.encode(" no thanks")]]
+    width = max(len(c) for g in conts for c in g) + 3  # right padding on every row
+    pre, pre_mask = left_pad(prefixes, tok.pad_id)
+    toks = np.full((2, 2, width), tok.pad_id, np.int32)
+    mask = np.zeros_like(toks, bool)
+    for i, j in np.ndindex(2, 2):
+        toks[i, j, :len(conts[i][j])] = conts[i][j]
+        mask[i, j, :len(conts[i][j])] = True
+    args = (jnp.asarray(pre), jnp.asarray(pre_mask), jnp.asarray(toks), jnp.asarray(mask))
+    lp, ent = group_logprobs(cfg, params, *args, with_entropy=True)
+    assert lp.shape == toks.shape
+    flat, flat_mask, starts = _concat_rows(prefixes, conts, tok.pad_id)
+    full, ent_full = token_logprobs(cfg, params, flat, flat_mask, with_entropy=True)
+    for r, (i, j) in enumerate(np.ndindex(2, 2)):
+        n, s = len(conts[i][j]), starts[r]
+        np.testing.assert_allclose(lp[i, j, :n], full[r, s:s + n], atol=1e-5)
+        np.testing.assert_allclose(ent[i, j, :n], ent_full[r, s:s + n], atol=1e-5)
+
+    weights = np.random.default_rng(0).normal(size=toks.shape).astype(np.float32) * mask
+    flat_w = np.zeros(flat.shape, np.float32)  # the same weights on the same tokens
+    for r, (i, j) in enumerate(np.ndindex(2, 2)):
+        flat_w[r, starts[r]:starts[r] + len(conts[i][j])] = weights[i, j, :len(conts[i][j])]
+    g_group = jax.grad(lambda p: jnp.sum(group_logprobs(cfg, p, *args) * weights))(params)
+    g_full = jax.grad(lambda p: jnp.sum(token_logprobs(cfg, p, flat, flat_mask) * flat_w))(
+        params)
+    for a, b in zip(jax.tree.leaves(g_group), jax.tree.leaves(g_full)):
+        np.testing.assert_allclose(a, b, atol=1e-5 * float(jnp.max(jnp.abs(b))) + 1e-7)
 
 
 def test_ignore_eos_generates_exact_lengths(shipped):

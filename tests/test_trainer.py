@@ -194,13 +194,15 @@ def test_sharded_train_step_matches_single_device():
         opt = optax.sgd(1.0)  # update = -grad: compares gradients without Adam's sign flips
         lc = LossConfig(beta=0.01, on_policy=False, micro_batches=2)
         rng = np.random.default_rng(0)
-        b, t = 8, 16
-        batch = {"tokens": rng.integers(0, 256, (b, t)).astype(np.int32),
-                 "attn_mask": np.ones((b, t), bool), "resp_start": np.full(b, 6, np.int32),
-                 "loss_mask": (rng.random((b, 8)) < 0.7).astype(np.float32),
-                 "advantages": rng.normal(size=b).astype(np.float32),
-                 "logp_old": -5.5 + 0.1 * rng.normal(size=(b, 8)).astype(np.float32),
-                 "logp_ref": -5.5 + 0.1 * rng.normal(size=(b, 8)).astype(np.float32)}
+        n, g, p, r = 16, 2, 6, 10  # 16 groups of 2: 2 micro-batches x 8 shards
+        batch = {"prefix": rng.integers(0, 256, (n, p)).astype(np.int32),
+                 "prefix_mask": np.ones((n, p), bool),
+                 "tokens": rng.integers(0, 256, (n, g, r)).astype(np.int32),
+                 "attn_mask": np.ones((n, g, r), bool),
+                 "loss_mask": (rng.random((n, g, r)) < 0.7).astype(np.float32),
+                 "advantages": rng.normal(size=(n, g)).astype(np.float32),
+                 "logp_old": -5.5 + 0.1 * rng.normal(size=(n, g, r)).astype(np.float32),
+                 "logp_ref": -5.5 + 0.1 * rng.normal(size=(n, g, r)).astype(np.float32)}
         step = make_train_step(cfg, lc, opt, donate=False)
         ref_state, ref_m = step(init_train_state(params, opt), batch)
         mesh = make_mesh({"data": 4, "fsdp": 2, "tensor": 1})

@@ -1,0 +1,98 @@
+"""The training batch: each group's prompt once, its trajectories after it.
+
+A GRPO group's trajectories continue one prompt. The batch keeps that prompt once per group and
+the policy reads it once (``models.sampler.group_logprobs``) instead of once per trajectory: on
+the search task (224-token prompts, groups of 4, 256-token responses) that is ~35 % fewer
+tokens through the model in every update.
+
+Arrays (N groups of G; the leading axis is the one the update cuts into mini- and
+micro-batches):
+    prefix, prefix_mask  [N,P]    the group's shared prompt tokens, left padded
+    tokens, attn_mask    [N,G,R]  each trajectory's tokens after the prefix, right padded
+    loss_mask            [N,G,R]  1 where the policy generated the token (the loss applies)
+    advantages           [N,G]    (build_batch only)
+P is rounded up to a multiple of 32 and R to 16 and at least the run's response budget, so
+shapes, and compilations, rarely change from step to step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from rl.types import Group, Trajectory
+
+
+def _round_up(n: int, size: int) -> int:
+    return max(size, -(-n // size) * size)
+
+
+def split_groups(groups: Sequence[Sequence[Trajectory]],
+                 slices: int) -> list[Sequence[Trajectory]]:
+    """Cut each group into equal sub-groups (each reads the prompt again) until the number of
+    (sub-)groups divides into `slices` equal parts: the update cuts the batch into mini-batches
+    x micro-batches x data-parallel shards along its group axis. Advantages are computed on
+    whole groups before this; a sub-group only shares the prompt's forward pass."""
+    size = len(groups[0])
+    if any(len(g) != size for g in groups):
+        raise ValueError(f"groups differ in size: {sorted({len(g) for g in groups})}")
+    if (len(groups) * size) % slices:
+        raise ValueError(f"{len(groups) * size} trajectories do not split into {slices} equal "
+                         f"slices")
+    parts = next(k for k in range(1, size + 1)
+                 if size % k == 0 and (len(groups) * k) % slices == 0)
+    step = size // parts
+    return [g[i:i + step] for g in groups for i in range(0, size, step)]
+
+
+def trajectory_arrays(groups: Sequence[Sequence[Trajectory]], pad_id: int,
+                      resp_len: int = 16) -> dict[str, np.ndarray]:
+    """The batch arrays without advantages (the SFT warm-up trains on these; one trajectory
+    per group there). The prefix is the longest prompt prefix all of a group's trajectories
+    share (their whole prompt in every environment here); any rest of a prompt goes before
+    the trajectory's tokens with loss mask 0."""
+    shared = [_shared_prefix([t.prompt_tokens for t in g]) for g in groups]
+    rests = [[(t.prompt_tokens[c:], t) for t in g] for g, c in zip(groups, shared)]
+    n, g = len(groups), len(groups[0])
+    p = _round_up(max(shared), 32)
+    r = _round_up(max(resp_len, *(len(rest) + len(t.tokens) for row in rests
+                                  for rest, t in row)), 16)
+    prefix = np.full((n, p), pad_id, np.int32)
+    prefix_mask = np.zeros((n, p), bool)
+    tokens = np.full((n, g, r), pad_id, np.int32)
+    attn = np.zeros((n, g, r), bool)
+    loss = np.zeros((n, g, r), np.float32)
+    for i, (group, c, row) in enumerate(zip(groups, shared, rests)):
+        prefix[i, p - c:] = group[0].prompt_tokens[:c]
+        prefix_mask[i, p - c:] = True
+        for j, (rest, t) in enumerate(row):
+            k = len(rest) + len(t.tokens)
+            tokens[i, j, :k] = (*rest, *t.tokens)
+            attn[i, j, :k] = True
+            loss[i, j, len(rest):k] = t.loss_mask
+    return {"prefix": prefix, "prefix_mask": prefix_mask, "tokens": tokens,
+            "attn_mask": attn, "loss_mask": loss}
+
+
+def build_batch(groups: Sequence[Group], advantages: np.ndarray, pad_id: int,
+                resp_len: int = 16, slices: int = 1) -> dict[str, np.ndarray]:
+    """The training batch of a step: groups [N] with advantages [N,G] (see the module doc);
+    `slices` as in :func:`split_groups`."""
+    trajs = split_groups([g.trajectories for g in groups], slices)
+    batch = trajectory_arrays(trajs, pad_id, resp_len)
+    n, g = batch["tokens"].shape[:2]
+    return {**batch, "advantages": np.asarray(advantages, np.float32).reshape(n, g)}
+
+
+def _shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """Length of the longest common prefix of `prompts` (at least one token: the first
+    trajectory token is predicted from the prefix's last one)."""
+    first = prompts[0]
+    n = min(len(p) for p in prompts)
+    same = next((i for i in range(n) if any(p[i] != first[i] for p in prompts)), n)
+    if same == 0:
+        raise ValueError("a group's trajectories share no prompt token; every trajectory of "
+                         "a group must continue the same prompt")
+    return same
+
