@@ -2,10 +2,12 @@
 format validity, and the ARBOR / Search-R1 outcome rewards (SPEC section 2).
 
 Contract for every function taking ``response_text``: it is the RESPONSE part of a trajectory
-only (everything the policy generated plus the ``<information>`` blocks the environment
-inserted), never the prompt. The Search-R1 prompt contains the example ``<answer> Beijing
-</answer>``; Search-R1 works around it by skipping the first match of the full sequence, we
-instead never see the prompt, so the last ``<answer>`` of the response is the answer.
+only (everything the policy generated plus the ``<information>`` blocks and invalid-action
+messages the environment inserted), never the prompt. The Search-R1 prompt contains the example
+``<answer> Beijing </answer>``; Search-R1 works around it by skipping the first match of the
+full sequence, we instead never see the prompt, so the last ``<answer>`` of the response is the
+answer. Text the environment inserted is not the policy's: tags inside ``<information>`` blocks
+and the invalid-action message (which spells out ``<search> and </search>``) are ignored.
 """
 
 from __future__ import annotations
@@ -34,7 +36,15 @@ DEFAULT_EOS_TEXTS = (
     "</s>",
 )
 
+# The environment's message after a turn without a valid action (Search-R1's wording, SPEC 2).
+INVALID_ACTION = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between "
+    "<search> and </search>. If I want to give the final answer, I should put the answer "
+    "between <answer> and </answer>. Let me try again.\n")
+
 _TAG_RE = re.compile(r"<(/?)(" + "|".join(TAGS) + r")>")
+# the message as decoded text, whatever whitespace a tokenizer round trip leaves around words
+_INVALID_ACTION_RE = re.compile(r"\s*".join(map(re.escape, INVALID_ACTION.split())))
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _INFO_BLOCK_RE = re.compile(r"<information>.*?</information>", re.DOTALL)
 _ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
@@ -64,12 +74,19 @@ def _as_golds(golds: Golds) -> list[str]:
     return [str(g) for g in golds]
 
 
+def _normalized_golds(golds: Golds) -> list[str]:
+    """Normalised gold aliases, without those that normalise to nothing ("The", ".") when
+    another alias has content: such an alias would match any empty-ish prediction ("?")."""
+    forms = [normalize_answer(g) for g in _as_golds(golds)]
+    return [f for f in forms if f] or forms
+
+
 def exact_match(pred: str | None, golds: Golds) -> float:
     """1.0 if the normalised prediction equals a normalised gold alias, else 0.0."""
     if pred is None:
         return 0.0
     p = normalize_answer(pred)
-    return float(any(p == normalize_answer(g) for g in _as_golds(golds)))
+    return float(any(p == g for g in _normalized_golds(golds)))
 
 
 def substring_exact_match(pred: str | None, golds: Golds) -> float:
@@ -104,18 +121,23 @@ def f1_score(pred: str | None, golds: Golds) -> float:
     if pred is None:
         return 0.0
     p = normalize_answer(pred).split()
-    return max((_f1_single(p, normalize_answer(g).split()) for g in _as_golds(golds)), default=0.0)
+    return max((_f1_single(p, g.split()) for g in _normalized_golds(golds)), default=0.0)
 
 
 def extract_answer(response_text: str) -> str | None:
     """The stripped content of the LAST ``<answer>...</answer>`` of the response, or None.
 
     ``response_text`` must not contain the prompt (see the module docstring). Closed
-    ``<information>`` blocks are retrieved text, not the policy's, so answers inside them are
-    ignored."""
-    visible = _INFO_BLOCK_RE.sub(" ", response_text)
+    ``<information>`` blocks are retrieved text and the invalid-action message is the
+    environment's, not the policy's, so answers inside them are ignored."""
+    visible = _INFO_BLOCK_RE.sub(" ", _policy_text(response_text))
     matches = _ANSWER_RE.findall(visible)
     return matches[-1].strip() if matches else None
+
+
+def _policy_text(response_text: str) -> str:
+    """The response without the environment's invalid-action messages."""
+    return _INVALID_ACTION_RE.sub(" ", response_text)
 
 
 def _strip_eos(tail: str, eos_texts: Sequence[str]) -> str:
@@ -136,7 +158,9 @@ def is_valid_format(response_text: str, eos_texts: Sequence[str] = DEFAULT_EOS_T
     follow its ``</answer>``; every ``<search>`` is closed (implied by balance).
 
     The content of an ``<information>`` block is retrieved text, so tags inside it are not the
-    policy's and are skipped until the block's ``</information>``."""
+    policy's and are skipped until the block's ``</information>``; the environment's
+    invalid-action message is skipped too."""
+    response_text = _policy_text(response_text)
     open_tag: str | None = None
     n_answers = 0
     answer_end = -1

@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rewards.qa import (
+    INVALID_ACTION,
     QA_REWARDS,
     arbor_base_reward,
     exact_match,
@@ -78,6 +79,11 @@ def test_f1_empty_cases():
     assert f1_score("the", ["a"]) == 1.0  # both normalise to empty
     assert f1_score(None, ["Paris"]) == 0.0
     assert f1_score("Paris", []) == 0.0
+    # an alias that normalises to nothing does not match empty-ish answers when another
+    # alias has content
+    assert f1_score("?", ["The", "Paris"]) == 0.0
+    assert exact_match("the", [".", "Paris"]) == 0.0
+    assert arbor_base_reward("<answer> ? </answer>", ["", "Paris"]) == 0.0
 
 
 # ---------------------------------------------------------------- extraction
@@ -108,6 +114,19 @@ def test_extract_answer_does_not_need_the_prompt():
     # The prompt's example "<answer> Beijing </answer>" is never passed in; a response whose
     # only answer is real must be extracted (Search-R1's full-sequence heuristic would drop it).
     assert extract_answer("<think>easy</think><answer>Paris</answer>") == "Paris"
+
+
+def test_the_invalid_action_message_is_not_the_policys():
+    """The environment's message spells out <search>/<answer> tags: a trajectory that recovers
+    after it keeps a valid format, and its tags are never taken for an answer."""
+    recovered = "I guess Paris" + INVALID_ACTION + "<answer> Paris </answer>"
+    assert is_valid_format(recovered)
+    assert extract_answer(recovered) == "Paris"
+    assert arbor_base_reward(recovered, ["Paris"]) == 1.0
+    cut_off = "no idea" + INVALID_ACTION  # out of budget right after the message
+    assert extract_answer(cut_off) is None and not is_valid_format(cut_off)
+    # a tokenizer round trip may change the whitespace around the words
+    assert extract_answer(" ".join(INVALID_ACTION.split()) + "<answer>x</answer>") == "x"
 
 
 # ---------------------------------------------------------------- format validity
@@ -203,7 +222,8 @@ def test_metric_properties(a, b):
     assert f == pytest.approx(f1_score(b, a))  # symmetric for a single gold
     if exact_match(a, b):
         assert f == 1.0 and substring_exact_match(a, b) == 1.0
-    assert exact_match(a, [b, a]) == 1.0
+    if normalize_answer(a) or not normalize_answer(b):
+        assert exact_match(a, [b, a]) == 1.0
 
 
 @settings(max_examples=200, deadline=None)

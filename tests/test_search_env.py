@@ -7,6 +7,7 @@ import pytest
 
 from models.presets import cached_tokenizer, shipped_gguf_path
 from models.sampler import Generation, SamplingParams
+from rewards.qa import arbor_base_reward
 from rl.search.corpus import Doc
 from rl.search.env import INVALID_ACTION, SearchEnv, parse_action, search_prompt
 from rl.types import Prompt
@@ -18,8 +19,9 @@ def tok():
 
 
 class ScriptedPolicy:
-    """Emits scripted turns per row; honours stop strings like the real sampler (the text up
-    to and including the first stop string). A turn ending in "[EOS]" finishes with EOS."""
+    """Emits scripted turns per row; honours stop strings like the real sampler (the tokens up
+    to and including the one that completes the first stop string, which may carry more
+    characters). A turn ending in "[EOS]" finishes with EOS."""
 
     def __init__(self, tok, scripts):
         self.tokenizer, self.scripts = tok, scripts
@@ -38,11 +40,12 @@ class ScriptedPolicy:
             finish = "length"  # a turn without a stop string ran out of budget ...
             if text.endswith("[EOS]"):  # ... unless the script says the policy emitted EOS
                 text, finish = text[:-5], "eos"
-            for s in sampling.stop:
-                if s in text:
-                    text = text[: text.index(s) + len(s)]
-                    finish = "stop"
-            outs.append(self.tokenizer.encode(text))
+            ids = self.tokenizer.encode(text)
+            ends = [n for n in range(1, len(ids) + 1)
+                    if any(s in self.tokenizer.decode(ids[:n]) for s in sampling.stop)]
+            if ends:
+                ids, finish = ids[:ends[0]], "stop"
+            outs.append(ids)
             finishes.append(finish)
         self.calls.append(rows)
         n = max(len(o) for o in outs)
@@ -117,6 +120,19 @@ def test_turn_logic_masks_and_finished_rows(tok):
                    "Doc 2(Title: Title alpha) text about alpha</information>\n\n")
     assert "ignored tail" not in t0.text  # generation stopped right after </search>
     assert INVALID_ACTION.strip() in trajs[2].text
+
+
+def test_stop_token_carrying_more_text_keeps_the_format_valid(tok):
+    """SmolLM2 has tokens such as `>.`: one can complete `</answer>` and carry a period. The
+    trajectory keeps the token but its text ends at `</answer>`, so the answer scores."""
+    scripts = [["<search> a </search>. then", "<answer> Paris </answer>. Done"],
+               ["I am not sure", "<answer> Lyon </answer>, surely"]]
+    env, policy, prompts, _ = _setup(tok, scripts, max_turns=2)
+    trajs = [g.trajectories[0] for g in env.rollout(policy, prompts, 1, 0)]
+    assert [tok.decode(list(t.tokens[-1:])) for t in trajs] == [">.", ">,"]
+    assert [t.text[-len("</answer>"):] for t in trajs] == ["</answer>"] * 2
+    assert "</search>." in trajs[0].text  # a search's stop token is context, not cut
+    assert [arbor_base_reward(t.text, g) for t, g in zip(trajs, (["Paris"], ["Lyon"]))] == [1, 1]
 
 
 def test_final_turn_has_search_disabled(tok):

@@ -4,7 +4,9 @@ Each turn the policy generates until `</search>`, `</answer>`, EOS or its budget
 the first `<(search|answer)>(.*?)</\\1>` of the turn. A search appends the retrieved documents
 as `\\n\\n<information>...</information>\\n\\n`; anything else appends the invalid-action
 message. Both are observations: their tokens get loss mask 0 (no loss, no KL). After
-`max_turns` turns, one final generation runs with search disabled.
+`max_turns` turns, one final generation runs with search disabled. A turn that ends with EOS
+and no action ends the trajectory (our choice: the policy chose to stop; its format is then
+invalid). Search-R1 instead appends the invalid-action message and goes on.
 
 Only unfinished trajectories are sent to the sampler, so finished ones stop costing compute.
 When the policy can continue a generation (``continue_from``, e.g. the jitted sampler's KV
@@ -25,6 +27,7 @@ from typing import Any
 
 from models.sampler import SamplingParams
 from models.tokenizer import Tokenizer
+from rewards.qa import INVALID_ACTION
 from rl.search.corpus import render_docs
 from rl.types import Group, Policy, Prompt, Trajectory
 
@@ -36,10 +39,6 @@ PROMPT_TEMPLATE = (
     "as your want. If you find no further external knowledge needed, you can directly provide "
     "the answer inside <answer> and </answer>, without detailed illustrations. For example, "
     "<answer> Beijing </answer>. Question: {question}\n")
-INVALID_ACTION = (
-    "\nMy previous action is invalid. If I want to search, I should put the query between "
-    "<search> and </search>. If I want to give the final answer, I should put the answer "
-    "between <answer> and </answer>. Let me try again.\n")
 ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 
 
@@ -51,6 +50,14 @@ def parse_action(text: str) -> tuple[str | None, str]:
     """("search" | "answer" | None, content) from one turn's generated text."""
     m = ACTION_RE.search(text)
     return (m.group(1), m.group(2).strip()) if m else (None, "")
+
+
+def _end_at_answer(text: str) -> str:
+    """An answered trajectory's text ends at its ``</answer>``. The sampler stops right after
+    the token that completes the stop string, and that token may carry more characters
+    (SmolLM2 has ``>.``, ``>,``, ``>"``, ...); Search-R1 cuts them off too. The trajectory's
+    tokens keep the token as sampled (it is what the policy generated)."""
+    return text[: text.rindex("</answer>") + len("</answer>")]
 
 
 @dataclasses.dataclass
@@ -173,7 +180,8 @@ class SearchEnv:
                     r.invalid += 1
                     r.add(invalid_ids, action=False)
             self._observe([r for r, _ in searching], [q for _, q in searching])
-        texts = self.tokenizer.decode_batch([r.tokens for r in rows])
+        texts = [_end_at_answer(text) if r.finish == "answer" else text
+                 for r, text in zip(rows, self.tokenizer.decode_batch([r.tokens for r in rows]))]
         groups = []
         for i, prompt in enumerate(prompts):
             trajs = tuple(
