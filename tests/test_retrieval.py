@@ -269,6 +269,38 @@ def test_client_read_timeout_is_bounded(bm25):
     assert client.stats()["retries"] == 1
 
 
+def test_a_trickling_server_cannot_hold_an_attempt_open():
+    """Bytes every 0.1 s never trip the per-read timeout; the response deadline ends it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            while not stop.is_set():
+                try:
+                    conn.sendall(b" ")
+                except OSError:  # the client hung up
+                    return
+                time.sleep(0.1)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    client = HTTPRetriever(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout_s=0.5,
+                           max_retries=0)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RetrieverError, match="not complete within 0.5 s"):
+            client.retrieve(["q"])
+        assert time.monotonic() - t0 < 3  # without the deadline: 10,000 s
+    finally:
+        stop.set()
+        client.close()
+        listener.close()
+
+
 def test_client_does_not_retry_4xx_or_malformed():
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
@@ -295,6 +327,17 @@ def test_client_parses_unscored_and_flashrag_style_docs():
 
     client = HTTPRetriever("http://x.test/retrieve", transport=httpx.MockTransport(handler))
     assert client.retrieve(["q"]) == [[Doc("7", "T", "body", 0.0), Doc("8", "U", "other", 2.5)]]
+
+
+@pytest.mark.parametrize("doc, field", [({"document": {"contents": None}}, "contents"),
+                                        ({"title": None, "text": "t"}, "title"),
+                                        ({"title": "T", "text": 3}, "text")])
+def test_client_rejects_documents_with_missing_text(doc, field):
+    client = HTTPRetriever("http://x.test/retrieve", max_retries=2, transport=httpx.MockTransport(
+        lambda request: httpx.Response(200, json={"result": [[doc]]})))
+    with pytest.raises(RetrieverError, match=f"malformed response.*'{field}' must be a string"):
+        client.retrieve(["q"])
+    assert client.stats()["requests"] == 1  # not retried
 
 
 # ---------------------------------------------------------------- registry / CLI

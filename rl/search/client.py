@@ -1,17 +1,20 @@
 """HTTP client for a Search-R1 compatible retrieval server, and the retriever registry.
 
 ``HTTPRetriever`` has the same ``retrieve`` as ``BM25Retriever``. Each HTTP attempt is bounded
-by ``timeout_s`` per network operation (connect / read / write); connection errors, timeouts,
-HTTP 429 and 5xx are retried at most ``max_retries`` times with exponential backoff
-(``backoff_s * 2**i``, capped at ``max_backoff_s``), after which a :class:`RetrieverError`
-naming the URL is raised. Other 4xx answers and malformed bodies fail at once (retrying would
-not help). The worst case for one call is thus about ``(max_retries + 1)`` timed attempts plus
-the backoff sleeps: bounded, never a hang.
+by ``timeout_s`` per network operation (connect / read / write) and by a deadline of
+``timeout_s`` for the whole response, checked as its bytes arrive (a server that trickles
+bytes cannot hold an attempt open): an attempt ends within about ``2 * timeout_s``. Connection
+errors, timeouts, HTTP 429 and 5xx are retried at most ``max_retries`` times with exponential
+backoff (``backoff_s * 2**i``, capped at ``max_backoff_s``), after which a
+:class:`RetrieverError` naming the URL is raised. Other 4xx answers and malformed bodies fail
+at once (retrying would not help). One call thus takes at most ``max_retries + 1`` bounded
+attempts plus the backoff sleeps: never a hang.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -47,11 +50,14 @@ def _parse_doc(item: Any) -> Doc:
         item = item["document"]
     if not isinstance(item, dict):
         raise ValueError(f"document must be an object, got {type(item).__name__}")
-    if "contents" in item:
-        title, text = parse_contents(item["contents"])
-    else:
-        title, text = item["title"], item["text"]
-    return Doc(id=str(item.get("id", "")), title=str(title), text=str(text), score=score)
+    fields = ("contents",) if "contents" in item else ("title", "text")
+    for field in fields:
+        if not isinstance(item.get(field), str):
+            raise ValueError(f"document field {field!r} must be a string, got "
+                             f"{type(item.get(field)).__name__}")
+    title, text = (parse_contents(item["contents"]) if "contents" in item
+                   else (item["title"], item["text"]))
+    return Doc(id=str(item.get("id", "")), title=title, text=text, score=score)
 
 
 class HTTPRetriever:
@@ -101,23 +107,35 @@ class HTTPRetriever:
                 time.sleep(min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s))
             self._count("requests")
             try:
-                resp = self._client.post(self.url, json=payload)
+                status, body = self._post(payload)
             except httpx.HTTPError as e:  # connect refused, timeouts, protocol errors
                 self._count("errors")
                 last = f"{type(e).__name__}: {e}"
                 continue
-            if resp.status_code == 429 or resp.status_code >= 500:
+            text = body[:500].decode("utf-8", "replace")
+            if status == 429 or status >= 500:
                 self._count("errors")
-                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                last = f"HTTP {status}: {text[:200]}"
                 continue
-            if resp.status_code != 200:
+            if status != 200:
                 self._count("errors")
-                raise self._fail(f"HTTP {resp.status_code}: {resp.text[:500]}")
+                raise self._fail(f"HTTP {status}: {text}")
             try:
-                return self._parse(resp.json(), len(queries))
+                return self._parse(json.loads(body), len(queries))
             except (ValueError, KeyError, TypeError) as e:
                 raise self._fail(f"malformed response ({e})") from None
         raise self._fail(f"failed after {self.max_retries + 1} attempt(s); last error: {last}")
+
+    def _post(self, payload: dict[str, Any]) -> tuple[int, bytes]:
+        """(status, body) of one attempt, its whole response within the deadline."""
+        deadline = time.monotonic() + self.timeout_s
+        with self._client.stream("POST", self.url, json=payload) as resp:
+            chunks = []
+            for chunk in resp.iter_bytes():
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise httpx.ReadTimeout(f"response not complete within {self.timeout_s} s")
+            return resp.status_code, b"".join(chunks)
 
     @staticmethod
     def _parse(body: Any, n_queries: int) -> list[list[Doc]]:
