@@ -23,12 +23,13 @@ import hydra
 import jax
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
 
 from models import load_params
 from models.sampler import SamplingParams
 from rl.compile_cache import use_compile_cache
 from rl.envs import SamplerPolicy
-from rl.types import Group
+from rl.types import Group, Prompt
 
 log = logging.getLogger("rl.eval")
 
@@ -93,8 +94,22 @@ def search_metrics(groups: Sequence[Group], judge: Any = None) -> tuple[dict, li
     return {k: float(np.mean([r[k] for r in rows])) for k in keys}, rows
 
 
+def greedy_rollouts(env: Any, policy: Any, prompts: Sequence[Prompt], batch_size: int,
+                    desc: str = "eval") -> list[Group]:
+    """One trajectory per prompt, rolled out `batch_size` prompts at a time (a benchmark split
+    of thousands of questions in one batch would not fit in memory), with a progress bar."""
+    if batch_size < 1:
+        raise ValueError(f"eval batch_size must be >= 1, got {batch_size}")
+    groups: list[Group] = []
+    for i in tqdm(range(0, len(prompts), batch_size), desc=desc, leave=False,
+                  disable=len(prompts) <= batch_size):
+        groups += env.rollout(policy, prompts[i:i + batch_size], 1, seed=0)
+    return groups
+
+
 def evaluate(task: Any, policy: SamplerPolicy, splits: Sequence[str], max_new_tokens: int,
-             judge: Any = None, max_examples: int | None = None) -> dict[str, Any]:
+             judge: Any = None, max_examples: int | None = None,
+             batch_size: int = 64) -> dict[str, Any]:
     """Greedy evaluation of `policy` on each split; returns {split: metrics, "average": ...}."""
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
     env = task.make_env(policy.tokenizer, sampling)
@@ -103,7 +118,7 @@ def evaluate(task: Any, policy: SamplerPolicy, splits: Sequence[str], max_new_to
     for split in splits:
         prompts = task.prompts(split)[:max_examples]
         t0 = time.perf_counter()
-        groups = env.rollout(policy, prompts, 1, seed=0)
+        groups = greedy_rollouts(env, policy, prompts, batch_size, desc=f"eval {split}")
         outcome = [task.outcome(g.prompt, g.trajectories[0]) for g in groups]
         metrics = {"n": len(groups), "outcome": float(np.mean(outcome))}
         if getattr(task, "name", "") == "search_qa":
@@ -146,7 +161,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     splits = list(e["splits"]) if e.get("splits") else ["test"]
     results = evaluate(task, SamplerPolicy(model_cfg, params, tok), splits,
                        int(e.get("max_new_tokens") or c["trainer"]["max_new_tokens"]),
-                       judge=judge, max_examples=e.get("max_examples"))
+                       judge=judge, max_examples=e.get("max_examples"),
+                       batch_size=int(e.get("batch_size", 64)))
     records = results.pop("_records")
     out_dir = Path(e.get("out_dir") or e.get("run") or c["trainer"]["run_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -37,6 +37,7 @@ from rl.checkpoint import Checkpointer
 from rl.dapo import overlong_penalty
 from rl.data import PromptStream
 from rl.envs import SamplerPolicy
+from rl.eval import greedy_rollouts
 from rl.group_stats import all_wrong_frac, converted_frac, homogeneous_frac
 from rl.optim import OptimConfig, lr_schedule, make_optimizer
 from rl.rewarders import make_rewarder
@@ -71,6 +72,8 @@ def validate(cfg: Mapping[str, Any]) -> None:
     for key in ("max_steps", "batch_prompts", "ppo_epochs", "mini_batches", "micro_batches",
                 "max_new_tokens"):
         _require(int(t[key]) >= 1, f"trainer.{key}", f"must be >= 1, got {t[key]}")
+    _require(int(t.get("eval_batch_size", 64)) >= 1, "trainer.eval_batch_size",
+             f"must be >= 1, got {t.get('eval_batch_size')}")
     _require(float(t["temperature"]) > 0, "trainer.temperature", "must be > 0 for RL sampling")
     _require(0 < float(t["top_p"]) <= 1, "trainer.top_p", "must be in (0, 1]")
     _require(t.get("rollout_dtype", "float32") in ROLLOUT_DTYPES, "trainer.rollout_dtype",
@@ -284,7 +287,8 @@ class Trainer:
         sampling = SamplingParams(max_new_tokens=int(t["max_new_tokens"]), temperature=0.0)
         env = self.task.make_env(self.tokenizer, sampling)
         t0 = time.perf_counter()
-        groups = env.rollout(self.policy(evaluation=True), prompts, 1, seed=0)
+        groups = greedy_rollouts(env, self.policy(evaluation=True), prompts,
+                                 int(t.get("eval_batch_size", 64)))
         scores = np.asarray([self.task.outcome(g.prompt, g.trajectories[0]) for g in groups])
         lengths = [g.trajectories[0].num_action_tokens for g in groups]
         extra = {}

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 
 from judges import make_judge
-from rl.eval import format_table, search_metrics
+from rl.eval import format_table, greedy_rollouts, search_metrics
 from rl.types import Group, Prompt, Trajectory
 
 
@@ -32,6 +32,20 @@ def test_search_metrics_by_hand():
     assert "judge_acc" in format_table({"dev": {"n": 3, **m}, "average": m})
 
 
+def test_greedy_rollouts_go_batch_by_batch():
+    class Env:
+        sizes: list[int] = []
+
+        def rollout(self, policy, prompts, group_size, seed):
+            self.sizes.append(len(prompts))
+            return [Group(p, ()) for p in prompts]
+
+    prompts = [Prompt(f"p{i}", ({"role": "user", "content": "q"},)) for i in range(5)]
+    env = Env()
+    groups = greedy_rollouts(env, None, prompts, batch_size=2)
+    assert env.sizes == [2, 2, 1] and [g.prompt.id for g in groups] == [p.id for p in prompts]
+
+
 def test_eval_cli_on_run_checkpoint(tmp_path):
     run = tmp_path / "run"
     cache = tmp_path / "jax"
@@ -46,7 +60,8 @@ def test_eval_cli_on_run_checkpoint(tmp_path):
     # compiled programs (the training step, the sampler) land in the compilation cache
     assert any(cache.iterdir()), f"nothing stored in {cache}"
     res = subprocess.run([sys.executable, "-m", "rl.eval", *common, f"eval.run={run}",
-                          "eval.splits=[dev]", f"trainer.run_dir={tmp_path / 'h'}",
+                          "eval.splits=[dev]", "eval.batch_size=3",
+                          f"trainer.run_dir={tmp_path / 'h'}",
                           f"hydra.run.dir={tmp_path / 'h2'}"],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
