@@ -100,7 +100,7 @@ def test_detect_format_all_fixtures():
 
 
 def test_bad_row_named():
-    msg = r"flashrag_bad\.jsonl: row 1: missing or empty question"
+    msg = r"flashrag_bad\.jsonl: line 2: missing or empty question"
     with pytest.raises(DatasetError, match=msg):
         load_qa(FIX / "flashrag_bad.jsonl")
 
@@ -123,8 +123,43 @@ def test_bad_rows_each_reason(tmp_path):
     for i, (line, msg) in enumerate(cases.items()):
         p = tmp_path / f"f{i}.jsonl"
         p.write_text('{"id": 0, "question": "ok?", "golden_answers": ["ok"]}\n' + line + "\n")
-        with pytest.raises(DatasetError, match=rf"f{i}\.jsonl: row 1: .*{re.escape(msg)}"):
+        with pytest.raises(DatasetError, match=rf"f{i}\.jsonl: line 2: .*{re.escape(msg)}"):
             load_qa(p, fmt="flashrag")
+
+
+def test_rows_of_unexpected_shape_are_named(tmp_path):
+    """Blank lines count (line numbers are an editor's), fields that should be objects are
+    checked, and a file that is not UTF-8 is named."""
+    p = tmp_path / "f.jsonl"
+    p.write_text('{"id": 0, "question": "ok?", "golden_answers": ["ok"]}\n\n'
+                 '{"id": 1, "question": "q?", "golden_answers": ["a"], "metadata": ["x"]}\n')
+    with pytest.raises(DatasetError, match=r"f\.jsonl: line 3: metadata must be an object"):
+        load_qa(p, fmt="flashrag")
+    assert load_qa(p, fmt="flashrag", skip_bad=True).skipped_rows == (2,)
+    p = tmp_path / "latin1.jsonl"
+    p.write_bytes('{"id": 0, "question": "caf\u00e9?", "golden_answers": ["x"]}\n'
+                  .encode("latin-1"))
+    for fmt in ("flashrag", None):
+        with pytest.raises(DatasetError, match=r"latin1\.jsonl: not UTF-8"):
+            load_qa(p, fmt=fmt)
+    p = tmp_path / "extra.parquet"
+    pq.write_table(pa.Table.from_pylist([
+        {"data_source": "nq", "prompt": [{"role": "user", "content": "Question: a?\n"}],
+         "reward_model": {"ground_truth": {"target": ["x"]}}, "extra_info": "oops"}]), p)
+    with pytest.raises(DatasetError, match=r"extra\.parquet: row 0: extra_info must be an obj"):
+        load_qa(p)
+
+
+def test_task_evaluates_real_datasets_next_to_the_shipped_world():
+    from rl.search.task import SearchQATask
+
+    task = SearchQATask(n_entities=200, n_train=20, n_dev=5, n_test=5,
+                        eval_paths={"musique": str(FIX / "musique.jsonl")})
+    assert set(task.split_paths()) == {"train", "dev", "test", "musique"}
+    rows = load_qa(FIX / "musique.jsonl")
+    answerable = [ex.id for ex in rows if ex.meta["answerable"]]
+    assert 0 < len(answerable) < len(rows)  # the fixture has both kinds
+    assert [p.id for p in task.prompts("musique")] == answerable
 
 
 def test_searchr1_bad_row_in_generated_parquet(tmp_path):

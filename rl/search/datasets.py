@@ -20,8 +20,10 @@ the first row's keys (golden_answers -> flashrag; answerable / answer_aliases ->
 hotpotqa). Anything else needs an explicit ``fmt``.
 
 A row without a usable question or answer raises :class:`DatasetError` naming the file and
-the 0-based row index; with ``skip_bad=True`` it is skipped, counted in
-``QADataset.n_skipped`` and logged as a warning.
+where the row is (``line N`` of a jsonl or csv file, 1-based like an editor's; ``row i`` of a
+json list or parquet table, 0-based); with ``skip_bad=True`` it is skipped, counted in
+``QADataset.n_skipped`` and logged as a warning. A file that is not UTF-8 text is a
+DatasetError naming it.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ class QAExample:
 
 @dataclass(frozen=True)
 class QADataset:
-    """The examples of one file, plus how many bad rows were skipped (``skip_bad=True``)."""
+    """The examples of one file, plus how many bad rows were skipped (``skip_bad=True``) and
+    their 0-based positions in the file's rows (for jsonl, 0-based line numbers)."""
 
     examples: tuple[QAExample, ...]
     path: str
@@ -82,10 +85,16 @@ class QADataset:
 @dataclass(frozen=True)
 class QAFormat:
     """``read(path) -> rows`` (raises DatasetError for an unreadable file, returns a _BadRow
-    instance in place of an unparsable row) and ``parse(row, index) -> QAExample``."""
+    instance in place of an unparsable row and None for a blank line) and
+    ``parse(row, index) -> QAExample``; ``where(index)`` names a row's place in the file."""
 
     read: Callable[[Path], list[Any]]
     parse: Callable[[Any, int], QAExample]
+    where: Callable[[int], str] = lambda i: f"row {i}"
+
+
+def _line(i: int) -> str:
+    return f"line {i + 1}"
 
 
 QA_FORMATS: Registry[QAFormat] = Registry("qa format")
@@ -127,11 +136,22 @@ def _obj(row: Any) -> dict[str, Any]:
     return row
 
 
+def _field_obj(row: dict[str, Any], key: str) -> dict[str, Any]:
+    """row[key] when it is an object ({} when absent or null)."""
+    value = row.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _BadRow(f"{key} must be an object, got {type(value).__name__}")
+    return value
+
+
 def _read_jsonl(path: Path) -> list[Any]:
     rows: list[Any] = []
     with path.open("r", encoding="utf-8") as f:
         for line in f:
             if not line.strip():
+                rows.append(None)  # keeps row i on line i + 1
                 continue
             try:
                 rows.append(json.loads(line))
@@ -181,10 +201,10 @@ def _parse_searchr1(row: Any, i: int) -> QAExample:
         question = _question(after if sep else user)
     else:
         question = _question(row.get("question"))
-    gt = (row.get("reward_model") or {}).get("ground_truth")
+    gt = _field_obj(row, "reward_model").get("ground_truth")
     if not isinstance(gt, dict) or "target" not in gt:
         raise _BadRow("missing reward_model.ground_truth.target")
-    extra = row.get("extra_info") or {}
+    extra = _field_obj(row, "extra_info")
     source = str(row.get("data_source") or "searchr1")
     rid = row.get("id")
     if rid is None:
@@ -195,7 +215,7 @@ def _parse_searchr1(row: Any, i: int) -> QAExample:
 
 def _parse_flashrag(row: Any, i: int) -> QAExample:
     row = _obj(row)
-    meta = row.get("metadata") or {}
+    meta = _field_obj(row, "metadata")
     source = str(meta.get("source") or row.get("source") or "flashrag")
     return QAExample(str(row.get("id", i)), _question(row.get("question")),
                      _golds(row.get("golden_answers")), source, dict(meta))
@@ -235,13 +255,14 @@ def _parse_bamboogle(row: Any, i: int) -> QAExample:
 
 
 QA_FORMATS.register("searchr1")(QAFormat(_read_parquet, _parse_searchr1))
-QA_FORMATS.register("flashrag")(QAFormat(_read_jsonl, _parse_flashrag))
+QA_FORMATS.register("flashrag")(QAFormat(_read_jsonl, _parse_flashrag, _line))
 QA_FORMATS.register("hotpotqa")(QAFormat(
     _read_json_list, _multihop_json("hotpotqa", ("type", "level", "supporting_facts"))))
 QA_FORMATS.register("2wikimultihopqa")(QAFormat(
     _read_json_list, _multihop_json("2wikimultihopqa", ("type", "evidences", "supporting_facts"))))
-QA_FORMATS.register("musique")(QAFormat(_read_jsonl, _parse_musique))
-QA_FORMATS.register("bamboogle")(QAFormat(_read_csv, _parse_bamboogle))
+QA_FORMATS.register("musique")(QAFormat(_read_jsonl, _parse_musique, _line))
+QA_FORMATS.register("bamboogle")(QAFormat(_read_csv, _parse_bamboogle,
+                                          lambda i: f"line {i + 2}"))  # after the header
 
 
 # ---------------------------------------------------------------- detection and loading
@@ -277,7 +298,10 @@ def detect_format(path: str | Path) -> str:
     if suffix == ".csv":
         return "bamboogle"
     if suffix in (".jsonl", ".json"):
-        keys = _first_row_keys(path)
+        try:
+            keys = _first_row_keys(path)
+        except UnicodeDecodeError as e:
+            raise DatasetError(f"{path}: not UTF-8 text ({e})") from None
         if "golden_answers" in keys:
             return "flashrag"
         if keys & {"answerable", "answer_aliases"}:
@@ -303,14 +327,21 @@ def load_qa(path: str | Path, fmt: str | None = None, skip_bad: bool = False,
     elif fmt not in QA_FORMATS:
         raise DatasetError(f"{path}: unknown QA format {fmt!r}; known: {QA_FORMATS.names()}")
     spec = QA_FORMATS.get(fmt)
+    try:
+        rows = spec.read(path)
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: not UTF-8 text ({e})") from None
     examples: list[QAExample] = []
     skipped: list[int] = []
-    for i, row in enumerate(spec.read(path)):
+    for i, row in enumerate(rows):
+        if row is None:  # a blank line
+            continue
         try:
             ex = spec.parse(row, i)
-        except _BadRow as e:
+        except Exception as e:  # a row of unexpected shape: named, never a bare traceback
             if not skip_bad:
-                raise DatasetError(f"{path}: row {i}: {e}") from None
+                why = str(e) if isinstance(e, _BadRow) else f"{type(e).__name__}: {e}"
+                raise DatasetError(f"{path}: {spec.where(i)}: {why}") from None
             skipped.append(i)
             continue
         if source is not None:

@@ -34,8 +34,9 @@ def answer_turn(answer: str) -> str:
 
 def oracle_turns(prompt: Prompt, titles: Mapping[str, str], max_turns: int) -> list[str]:
     """The scripted turns for one question: a search per supporting document (at most
-    ``max_turns``), then the answer. Needs ``supporting_docs`` in the prompt's meta (the
-    shipped world and 2Wiki/HotpotQA-style loaders record them)."""
+    ``max_turns``), then the answer. Needs ``supporting_docs`` (corpus document ids) in the
+    prompt's meta: the shipped world records them; the real-dataset loaders do not (HotpotQA
+    and 2Wiki keep ``supporting_facts``, titles and sentence numbers)."""
     docs = list((prompt.meta or {}).get("supporting_docs") or [])
     if not docs:
         raise ValueError(f"prompt {prompt.id}: no supporting_docs in its meta; oracle "

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from rl.search.env import SearchEnv, search_prompt
 from rl.search.world import write_world
 from rl.tasks import TASKS
 from rl.types import Group, Prompt, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 def example_to_prompt(ex: QAExample) -> Prompt:
@@ -87,16 +90,27 @@ class SearchQATask:
                              self.n_dev, self.n_test)
 
     def split_paths(self) -> dict[str, Path]:
+        """Split name -> file: `train_path` as "train" (else the shipped world's train / dev /
+        test), plus every `eval_paths` dataset (a model trained on the shipped world can be
+        evaluated on real benchmarks)."""
         if self.train_path is not None:
-            return {"train": Path(self.train_path),
-                    **{k: Path(v) for k, v in dict(self.eval_paths or {}).items()}}
-        return {k: v for k, v in self._world().items() if k != "corpus"}
+            paths = {"train": Path(self.train_path)}
+        else:
+            paths = {k: v for k, v in self._world().items() if k != "corpus"}
+        return paths | {k: Path(v) for k, v in dict(self.eval_paths or {}).items()}
 
     def prompts(self, split: str) -> list[Prompt]:
+        """The split's questions, without those a dataset marks unanswerable (MuSiQue's
+        full version): they have no gold answer to score against."""
         paths = self.split_paths()
         if split not in paths:
             raise ValueError(f"task.search_qa has no split {split!r}; have {sorted(paths)}")
-        return [example_to_prompt(ex) for ex in load_qa(paths[split], fmt=self.data_format)]
+        examples = load_qa(paths[split], fmt=self.data_format)
+        kept = [ex for ex in examples if ex.meta.get("answerable", True)]
+        if len(kept) < len(examples):
+            log.info("task.search_qa: %s: left out %d unanswerable question(s)", paths[split],
+                     len(examples) - len(kept))
+        return [example_to_prompt(ex) for ex in kept]
 
     def make_retriever(self) -> Any:
         cfg = dict(self.retriever or {})
