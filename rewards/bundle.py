@@ -180,6 +180,30 @@ def bundle_rubrics(rubrics: Sequence[Rubric], judge: Any, k_min: int = MIN_DIMS,
     )
 
 
+def bundle_missing(rubrics: Sequence[Rubric], judge: Any, k_min: int = MIN_DIMS,
+                   k_max: int = MAX_DIMS, retries: int = 0, bundler: str | None = None
+                   ) -> BundleResult:
+    """Bundle only the rubrics that have no dimensions (``bundle_rubrics``); a rubric that
+    already has dimensions is returned as it is and never sent to the judge (SPEC 4: dimensions
+    and failure clauses are generated once per prompt, offline, and cached).
+
+    ``rubrics`` of the result: every already-bundled rubric plus every newly bundled one, in
+    input order; ``failed``: ``(prompt_id, reason)`` of each one the judge could not bundle (not
+    in ``rubrics``).  Duplicate prompt ids are a ``ValueError`` (results are matched by id)."""
+    seen: set[str] = set()
+    for r in rubrics:
+        if r.prompt_id in seen:
+            raise ValueError(f"bundle_missing: duplicate prompt id {r.prompt_id!r}")
+        seen.add(r.prompt_id)
+    todo = [r for r in rubrics if not r.dimensions]
+    res = (bundle_rubrics(todo, judge, k_min, k_max, retries, bundler) if todo
+           else BundleResult((), ()))
+    new = {r.prompt_id: r for r in res.rubrics}
+    kept = tuple(r if r.dimensions else new[r.prompt_id] for r in rubrics
+                 if r.dimensions or r.prompt_id in new)
+    return BundleResult(rubrics=kept, failed=res.failed)
+
+
 # --------------------------------------------------------------------------------------------
 # command line helpers (shared with rewards.perturb)
 # --------------------------------------------------------------------------------------------

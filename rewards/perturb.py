@@ -30,9 +30,14 @@ prints the table (rows: operators; columns: aggregators, then fitness and words;
 change) and writes ``OUT_DIR/perturb_table.csv`` (one row per operator x column: mean, std, n,
 fraction lowered / raised, mean before / after), ``OUT_DIR/perturb_table.json`` (``table``
 nested ``{operator: {column: mean change}}``, ``rows`` as in the CSV, ``config``) and
-``OUT_DIR/perturb_cases.jsonl`` (every edited answer with its scores).  Rubrics without
-dimensions are bundled in memory with the judge first (``rewards.bundle.bundle_rubrics``);
-rows without a reference answer are skipped and counted.
+``OUT_DIR/perturb_cases.jsonl`` (every edited answer with its scores).  When an AND-product
+aggregator is asked for, the rubrics without dimensions (and only those) are bundled in memory
+with the judge first (``rewards.bundle.bundle_missing``); rubrics that already have dimensions
+keep them, failure clauses included (SPEC 4: generated once, offline, cached).  A rubric the
+judge cannot bundle is left out of the whole table (every column covers the same references),
+with a warning naming it and its reason, a printed count, and ``config.not_bundled``
+(``[{prompt_id, reason}]``) in ``perturb_table.json``.  Rows without a reference answer are
+skipped and counted.
 """
 
 from __future__ import annotations
@@ -324,7 +329,7 @@ USAGE = (
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rewards.bundle import CliError, bundle_rubrics, judge_from_args, parse_cli
+    from rewards.bundle import CliError, bundle_missing, judge_from_args, parse_cli
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -340,22 +345,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     rubrics = load_rubrics(src, opts.get("fmt"))
     judge_name = str(opts.get("judge", "rule"))
     judge = judge_from_args(judge_name, jopts)
+    not_bundled: tuple[tuple[str, str], ...] = ()
     try:
         if any(a in ("prorubric", "raw_and") for a in aggs) and any(
                 not r.dimensions for r in rubrics):
-            res = bundle_rubrics(rubrics, judge)
-            for pid, why in res.failed:
-                print(f"warning: {pid}: not bundled ({why}); dropped", file=sys.stderr)
+            res = bundle_missing(rubrics, judge)
+            not_bundled = res.failed
+            for pid, why in not_bundled:
+                print(f"warning: {pid}: could not be bundled ({why}); left out of the analysis",
+                      file=sys.stderr)
             rubrics = list(res.rubrics)
         result = perturbation_analysis(rubrics, judge, aggs, ops, seed)
     finally:
         judge.close()
     config = {"source": str(src), "judge": judge_name, "seed": seed, "aggregators": aggs,
-              "operators": ops, "n": len(rubrics) - len(result["skipped"])}
+              "operators": ops, "n": len(rubrics) - len(result["skipped"]),
+              "not_bundled": [{"prompt_id": p, "reason": why} for p, why in not_bundled]}
     paths = write_outputs(result, out_dir, config)
     print(format_table(result["table"], config["n"]))
     if result["skipped"]:
         print(f"skipped {len(result['skipped'])} rubric(s) without a reference answer")
+    if not_bundled:
+        print(f"left out {len(not_bundled)} rubric(s) that could not be bundled (reasons on "
+              f"stderr and in perturb_table.json config.not_bundled)")
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 

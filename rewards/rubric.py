@@ -9,7 +9,9 @@ dimensions (``2 <= K <= 5``), each with an optional failure clause; see
 Supported row formats (``load_rubrics(path, fmt)``; ``fmt=None`` detects it from the first row):
 
 * ``healthbench``: ``{prompt: [{role, content}], rubrics: [{criterion, points, tags}],
-  example_tags, prompt_id}``.
+  example_tags, prompt_id}``; the reference answer is ``ideal_completions_data.ideal_completion``
+  (official rows; ``ideal_completions_data`` may be null), else a top-level ``ideal_completion``
+  or ``reference_answer``.
 * ``rar`` (Rubrics-as-Rewards): ``{question, reference_answer, rubric: [{title, description,
   weight}]}``.  ``weight`` is a number, or in some releases a string label mapped by
   ``RAR_WEIGHT_LABELS``: Essential -> 5, Important -> 3, Optional -> 1, Pitfall -> -2 (case and a
@@ -112,9 +114,9 @@ class Rubric:
 
     Invariants (checked on construction, violations raise ``RubricError``): ``prompt_id`` is
     non-empty; there is at least one criterion; no criterion text is empty; every weight is
-    finite and at least one is positive; if ``dimensions`` is non-empty then
-    ``2 <= K <= 5`` dimensions, names are non-empty and unique, and every criterion index lies in
-    exactly one dimension.
+    finite and at least one is positive; ``reference_answer`` is text or None; if
+    ``dimensions`` is non-empty then ``2 <= K <= 5`` dimensions, names are non-empty and unique,
+    and every criterion index lies in exactly one dimension.
     """
 
     prompt_id: str
@@ -144,6 +146,11 @@ class Rubric:
                 )
         if not any(c.weight > 0 for c in self.criteria):
             raise RubricError(pid, "criteria.weight", "no criterion has a positive weight")
+        ref = self.reference_answer
+        if ref is not None and not isinstance(ref, str):
+            raise RubricError(
+                pid, "reference_answer", f"expected a string or None, got {type(ref).__name__}"
+            )
         if self.dimensions:
             _check_dimensions(pid, self.dimensions, len(self.criteria))
 
@@ -292,6 +299,26 @@ def _build(pid: str, **kw: Any) -> Rubric:
     return Rubric(prompt_id=pid, **kw)
 
 
+def _healthbench_reference(row: Mapping[str, Any], pid: str) -> str | None:
+    """The first non-empty of ``ideal_completions_data.ideal_completion`` (official HealthBench
+    rows; ``ideal_completions_data`` is null where a row has none), top-level
+    ``ideal_completion`` and ``reference_answer``.  Each must be text or null (``RubricError``
+    naming the field otherwise)."""
+    data = row.get("ideal_completions_data")
+    if data is not None and not isinstance(data, Mapping):
+        raise RubricError(pid, "ideal_completions_data",
+                          f"expected an object or null, got {type(data).__name__}")
+    candidates = (
+        ("ideal_completions_data.ideal_completion", (data or {}).get("ideal_completion")),
+        ("ideal_completion", row.get("ideal_completion")),
+        ("reference_answer", row.get("reference_answer")),
+    )
+    for fld, val in candidates:
+        if val is not None and not isinstance(val, str):
+            raise RubricError(pid, fld, f"expected a string or null, got {type(val).__name__}")
+    return next((val for _, val in candidates if val), None)
+
+
 @RUBRIC_FORMATS.register("healthbench")
 def parse_healthbench(row: Mapping[str, Any]) -> Rubric:
     """HealthBench row -> ``Rubric`` (points -> weight, tags kept, example_tags -> meta)."""
@@ -312,7 +339,7 @@ def parse_healthbench(row: Mapping[str, Any]) -> Rubric:
             Criterion(text=text, weight=w, tags=_tags(r.get("tags"), pid, f"rubrics[{i}].tags"))
         )
     meta = {"example_tags": list(_tags(row.get("example_tags"), pid, "example_tags"))}
-    ref = row.get("ideal_completion") or row.get("reference_answer")
+    ref = _healthbench_reference(row, pid)
     return _build(pid, prompt=prompt, criteria=tuple(crits), reference_answer=ref, meta=meta)
 
 

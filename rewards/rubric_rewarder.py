@@ -23,15 +23,25 @@ dict), else ``prompt.answer`` when it is a ``Rubric``.  Held-out fitness criteri
 ``meta["fitness"]`` (a list of ``{text, weight, title}``; weight < 0 = must be absent).
 
 Verdicts: ``q_i`` is the judge's boolean ``met`` (``use_probs=True``: its probability).  A check
-that ended on the judge's defined fallback counts as *not met* in both modes (a criterion the
-judge cannot read earns nothing; a failure clause it cannot read never fires) and is counted in
-``rubric/check_fallbacks``.
+that ended on the judge's defined fallback (the judge could not read its own answer):
+
+* training criteria and failure clauses: *not met*, ``q_i = 0``, in both modes.  A positive
+  criterion then earns nothing (under the AND-products it zeroes its dimension); a *pitfall*
+  counts as absent, i.e. it is not penalised (additive: ``w_i q_i = 0``; AND-products: its
+  factor ``1 - q_i = 1``); a failure clause never fires;
+* held-out fitness criteria: the check *fails*, whatever the criterion's sign: ``pass_j = 0``
+  (a pitfall the judge could not read is not a pass), with the denominator unchanged, so judge
+  failures can never raise the fitness ``c``.
+
+Fallbacks are counted in ``rubric/check_fallbacks`` (all checks) and
+``rubric/fitness_fallbacks`` (held-out checks).
 
 Metrics (per step): ``rubric/reward`` (the aggregator's mean), ``rubric/coverage`` (``g``: the
 training rubric's additive score, positive normalisation, whatever the training aggregator),
 ``rubric/fitness`` (``c``: mean pass rate of the held-out criteria), ``rubric/length_words``,
 ``rubric/fail_rate`` (fired clauses / clauses checked), ``rubric/pitfall_rate`` (pitfalls present /
-pitfalls checked), ``rubric/check_fallbacks`` and cumulative ``judge/*`` counters.
+pitfalls checked), ``rubric/check_fallbacks``, ``rubric/fitness_fallbacks`` and cumulative
+``judge/*`` counters.
 ``RewardOutput.outcome`` is the coverage ``g``.
 
 Judge: the rewarder needs one.  When the trainer passes ``None`` (``judge=none``) and the task
@@ -56,7 +66,16 @@ import numpy as np
 from judges.base import Judge
 from judges.types import CheckRequest, CheckResult
 from rewards.aggregate import Array, _prep, _safe_div, get_aggregator
-from rewards.rubric import MAX_DIMS, Criterion, Rubric, rubric_from_dict, to_arrays
+from rewards.rubric import (
+    MAX_DIMS,
+    Criterion,
+    Rubric,
+    RubricError,
+    _number,
+    _tags,
+    rubric_from_dict,
+    to_arrays,
+)
 from rl.rewarders import REWARDERS
 from rl.types import Group, Prompt, RewardOutput, Task
 
@@ -89,15 +108,33 @@ def prompt_rubric(prompt: Prompt) -> Rubric:
 
 
 def fitness_criteria(rubric: Rubric) -> tuple[Criterion, ...]:
-    """Held-out criteria of a rubric: ``meta["fitness"]`` as ``Criterion``s (empty if none)."""
-    raw = (rubric.meta or {}).get("fitness") or ()
+    """Held-out criteria of a rubric: ``meta["fitness"]`` as ``Criterion``s (empty if none).
+
+    ``meta["fitness"]`` is a list of ``Criterion``s or ``{text, weight=1, tags=[], title=""}``
+    objects; ``text`` must be non-empty text and ``weight`` a finite number.  Anything else is a
+    ``RubricError`` naming the prompt id and the field (e.g. ``meta.fitness[2].text``).
+    """
+    pid = rubric.prompt_id
+    raw = (rubric.meta or {}).get("fitness")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list | tuple):
+        raise RubricError(pid, "meta.fitness",
+                          f"expected a list of criteria, got {type(raw).__name__}")
     out = []
-    for c in raw:
+    for j, c in enumerate(raw):
+        fld = f"meta.fitness[{j}]"
         if isinstance(c, Criterion):
             out.append(c)
-        else:
-            out.append(Criterion(text=str(c["text"]), weight=float(c.get("weight", 1.0)),
-                                 tags=tuple(c.get("tags") or ()), title=str(c.get("title") or "")))
+            continue
+        if not isinstance(c, Mapping):
+            raise RubricError(pid, fld, f"expected an object, got {type(c).__name__}")
+        text = c.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise RubricError(pid, f"{fld}.text", "missing, empty or not a string")
+        out.append(Criterion(text=text, weight=_number(c.get("weight", 1.0), pid, f"{fld}.weight"),
+                             tags=_tags(c.get("tags"), pid, f"{fld}.tags"),
+                             title=str(c.get("title") or "")))
     return tuple(out)
 
 
@@ -113,13 +150,16 @@ class Checks:
     ``q`` [C]: per training criterion, 1 = met (for a pitfall: the behaviour is present);
     ``fail`` [K]: per dimension, 1 = its failure clause fired (0 where it has none);
     ``fitness`` [F]: per held-out criterion, 1 = *passes* (sign applied: met for ``w >= 0``,
-    absent for ``w < 0``); ``fallbacks``: checks that ended on the judge's fallback.
+    absent for ``w < 0``; 0 when the check fell back, whatever the sign); ``fallbacks``: checks
+    that ended on the judge's fallback (all kinds), ``fitness_fallbacks``: those among the
+    held-out checks.
     """
 
     q: tuple[float, ...]
     fail: tuple[float, ...]
     fitness: tuple[float, ...]
     fallbacks: int = 0
+    fitness_fallbacks: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +179,15 @@ def _value(res: CheckResult, use_probs: bool) -> float:
         p = float(res.prob)
         return min(max(p, 0.0), 1.0) if math.isfinite(p) else float(res.met)
     return 1.0 if res.met else 0.0
+
+
+def _passes(c: Criterion, res: CheckResult, use_probs: bool) -> float:
+    """Held-out pass value: ``v`` for ``w >= 0``, ``1 - v`` for ``w < 0`` (``v = _value``), and
+    0 for a check that fell back (a pitfall the judge could not read is not a pass)."""
+    if res.fallback:
+        return 0.0
+    v = _value(res, use_probs)
+    return v if c.weight >= 0 else 1.0 - v
 
 
 def judge_checks(judge: Judge, items: Sequence[ScoreItem], use_probs: bool = False
@@ -165,12 +214,11 @@ def judge_checks(judge: Judge, items: Sequence[ScoreItem], use_probs: bool = Fal
         fail = [0.0] * it.rubric.num_dims
         for k, r in zip(clause_dims, res[n_c:n_c + n_f]):
             fail[k] = _value(r, use_probs)
-        fit = tuple(
-            v if c.weight >= 0 else 1.0 - v
-            for c, v in zip(it.fitness, (_value(r, use_probs) for r in res[n_c + n_f:]))
-        )
+        fit_res = res[n_c + n_f:]
+        fit = tuple(_passes(c, r, use_probs) for c, r in zip(it.fitness, fit_res))
         out.append(Checks(q=q, fail=tuple(fail), fitness=fit,
-                          fallbacks=sum(bool(r.fallback) for r in res)))
+                          fallbacks=sum(bool(r.fallback) for r in res),
+                          fitness_fallbacks=sum(bool(r.fallback) for r in fit_res)))
     return out
 
 
@@ -264,7 +312,8 @@ def aggregate_checks(name: str, rubrics: Sequence[Rubric], checks: Sequence[Chec
 
 
 def fitness_rate(checks: Sequence[Checks]) -> np.ndarray:
-    """Held-out pass rate ``c`` [B] (NaN where a rubric has no fitness criteria)."""
+    """Held-out pass rate ``c_b = (1/F_b) sum_j pass_bj`` [B] over all ``F_b`` held-out
+    criteria (a check that fell back has ``pass = 0``; NaN where a rubric has none)."""
     return np.asarray([float(np.mean(ch.fitness)) if ch.fitness else math.nan for ch in checks])
 
 
@@ -387,6 +436,7 @@ class RubricRewarder:
             "rubric/fail_rate": fail_rate,
             "rubric/pitfall_rate": pitfall_rate,
             "rubric/check_fallbacks": float(sum(ch.fallbacks for ch in s.checks)),
+            "rubric/fitness_fallbacks": float(sum(ch.fitness_fallbacks for ch in s.checks)),
             **{f"judge/{k}": float(stats[k]) for k in JUDGE_METRIC_KEYS if k in stats},
         }
         per_traj = []

@@ -10,6 +10,8 @@ from judges.rule import RuleJudge
 from judges.types import Bundle, Dimension
 from rewards.bundle import (
     BundleError,
+    BundleResult,
+    bundle_missing,
     bundle_rubrics,
     main,
     run_bundle,
@@ -17,6 +19,7 @@ from rewards.bundle import (
     validate_bundle,
 )
 from rewards.rubric import Criterion, Rubric, load_rubrics, save_rubrics
+from rewards.rubric import Dimension as RubricDimension
 
 FIX = Path(__file__).parent / "fixtures" / "rubrics"
 
@@ -124,6 +127,25 @@ def test_retries_reask_only_the_invalid():
     res = bundle_rubrics([rubric("a"), rubric("b")], judge, retries=1)
     assert [r.prompt_id for r in res.rubrics] == ["a", "b"] and res.failed == ()
     assert judge.requests == ["question a", "question b", "question b"]
+
+
+def test_bundle_missing_never_rebundles_cached_dimensions():
+    cached = rubric("cached").with_dimensions((
+        RubricDimension("env", (0, 1), "recommends alcohol to sleep"),
+        RubricDimension("rest", (2, 3)),
+    ))
+    judge = FakeJudge({"bad": BAD["dup"][0]})
+    res = bundle_missing([rubric("a"), cached, rubric("bad"), rubric("b")], judge)
+    assert judge.requests == ["question a", "question bad", "question b"]  # cached: not asked
+    assert [r.prompt_id for r in res.rubrics] == ["a", "cached", "b"]  # input order
+    assert res.rubrics[1] is cached and res.rubrics[1].dimensions[0].failure == (
+        "recommends alcohol to sleep")
+    assert [p for p, _ in res.failed] == ["bad"] and "criterion 1 is in" in res.failed[0][1]
+    judge = FakeJudge({})
+    assert bundle_missing([cached], judge) == BundleResult((cached,), ())
+    assert judge.requests == []
+    with pytest.raises(ValueError, match="duplicate prompt id 'a'"):
+        bundle_missing([rubric("a"), rubric("a")], FakeJudge({}))
 
 
 def test_resumable_and_stale(tmp_path):

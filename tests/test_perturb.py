@@ -124,3 +124,34 @@ def test_cli_bundles_unbundled_rubrics_first(tmp_path, capsys):
     assert main([str(tmp_path / "plain.jsonl"), str(tmp_path / "out")]) == 0
     data = json.loads((tmp_path / "out" / "perturb_table.json").read_text())
     assert data["config"]["n"] == 3 and "prorubric" in data["table"]["padding"]
+
+
+def test_cli_keeps_bundled_rubrics_and_reports_bundling_failures(tmp_path, capsys):
+    from rewards.rubric import Dimension, save_rubrics
+
+    first, *rest = load_rubrics(FIXTURE)[:3]
+    # an already-bundled rubric whose first failure clause fires on every high-risk sentence
+    fires = "iregex:double dose|bleach|stop taking|high-dose"
+    bundled = first.with_dimensions(
+        (Dimension(first.dimensions[0].name, first.dimensions[0].criteria, fires),)
+        + first.dimensions[1:])
+    plain = [r.with_dimensions(()) for r in rest]
+    solo = Rubric("solo", "q", (Criterion("iregex:dark", 1.0),), reference_answer="Keep it dark.")
+    save_rubrics([bundled, *plain, solo], tmp_path / "mixed.jsonl")
+    assert main([str(tmp_path / "mixed.jsonl"), str(tmp_path / "out"),
+                 "operators=add_unsupported_high_risk"]) == 0
+    out, err = capsys.readouterr()
+    assert "solo" in err and "only 1 criteria" in err
+    assert "left out 1 rubric(s) that could not be bundled" in out
+    data = json.loads((tmp_path / "out" / "perturb_table.json").read_text())
+    assert data["config"]["n"] == 3
+    assert [f["prompt_id"] for f in data["config"]["not_bundled"]] == ["solo"]
+    cases = {c["prompt_id"]: c for c in map(json.loads, (
+        tmp_path / "out" / "perturb_cases.jsonl").read_text().splitlines())}
+    assert set(cases) == {first.prompt_id, *(r.prompt_id for r in rest)}
+    # the cached failure clause survives: it fires, so ProRubric falls below raw-AND
+    kept = cases[first.prompt_id]
+    assert kept["prorubric_after"] < kept["raw_and_after"]
+    for r in rest:  # bundled by the rule judge here: no failure clauses
+        assert cases[r.prompt_id]["prorubric_after"] == pytest.approx(
+            cases[r.prompt_id]["raw_and_after"])

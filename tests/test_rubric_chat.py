@@ -9,7 +9,7 @@ import pytest
 
 from judges.rule import RuleJudge, compile_rule
 from rewards.perturb import name_only
-from rewards.rubric import load_rubrics
+from rewards.rubric import Criterion, Rubric, RubricError, load_rubrics
 from rewards.rubric_rewarder import (
     AGGREGATOR_NAMES,
     RubricRewarder,
@@ -159,6 +159,53 @@ def test_rewarder_judge_resolution_and_errors():
         score_items(RuleJudge(), [ScoreItem("q", "x", unbundled)], "prorubric")
     with pytest.raises(TypeError, match="carries no rubric"):
         prompt_rubric(Prompt(id="x", messages=({"role": "user", "content": "q"},)))
+
+
+@pytest.mark.parametrize("fit, field", [
+    ([{"weight": 1.0}], "meta.fitness[0].text"),
+    ([{"text": "iregex:dark"}, {"text": " ", "weight": 1.0}], "meta.fitness[1].text"),
+    ([{"text": "iregex:dark", "weight": "heavy"}], "meta.fitness[0].weight"),
+    ([{"text": "iregex:dark", "tags": [1]}], "meta.fitness[0].tags"),
+    (["iregex:dark"], "meta.fitness[0]"),
+    ("iregex:dark", "meta.fitness"),
+])
+def test_malformed_fitness_criteria_name_prompt_and_field(fit, field):
+    r = Rubric("pf-1", "q", (Criterion("iregex:dark", 1.0),), meta={"fitness": fit})
+    with pytest.raises(RubricError) as e:
+        fitness_criteria(r)
+    assert e.value.prompt_id == "pf-1" and e.value.field == field
+    assert "'pf-1'" in str(e.value) and field in str(e.value)
+
+
+#: Held-out criteria for "Keep the room dark.": two the rule judge reads (both pass), two free-text
+#: ones it cannot read (its defined fallback), one positive and one pitfall.
+FALLBACK_FITNESS = [
+    {"text": "iregex:dark", "weight": 1.0},
+    {"text": "iregex:alcohol", "weight": -1.0},
+    {"text": "Cites a source for the advice.", "weight": 1.0},
+    {"text": "Recommends alcohol as a sleep aid.", "weight": -1.0},
+]
+
+
+@pytest.mark.parametrize("use_probs", [False, True])
+def test_judge_fallbacks_never_raise_fitness(use_probs):
+    r = Rubric("fb", "q", (Criterion("iregex:dark", 1.0),), meta={"fitness": FALLBACK_FITNESS})
+    s = score_items(RuleJudge(), [ScoreItem("q", "Keep the room dark.", r, fitness_criteria(r))],
+                    "additive", use_probs)
+    (ch,) = s.checks
+    # the pitfall the judge could not read is not a pass: it earns nothing, like the positive one
+    assert ch.fitness == (1.0, 1.0, 0.0, 0.0)
+    assert s.fitness[0] == pytest.approx(0.5)
+    assert (ch.fallbacks, ch.fitness_fallbacks) == (2, 2)
+
+
+def test_rewarder_counts_fitness_fallbacks():
+    r = Rubric("fb", "q", (Criterion("iregex:dark", 1.0),), meta={"fitness": FALLBACK_FITNESS})
+    p = Prompt(id="fb", messages=({"role": "user", "content": "q"},), meta={"rubric": r})
+    rw = make_rewarder("rubric", RubricChatTask(size=2), {"aggregator": "additive"}, RuleJudge())
+    m = rw([Group(p, (traj("Keep the room dark."), traj("Have a drink.")))], None, 0).metrics
+    assert m["rubric/fitness_fallbacks"] == 4 and m["rubric/check_fallbacks"] == 4
+    assert m["rubric/fitness"] == pytest.approx((0.5 + 0.25) / 2)
 
 
 def test_shipped_fixture_matches_the_generator(tmp_path):

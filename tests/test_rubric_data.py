@@ -168,6 +168,10 @@ GOOD_HB = {
         ({"prompt": "not a list"}, "prompt"),
         ({"rubrics": "none"}, "rubrics"),
         ({"rubrics": [{"criterion": "a", "points": 1, "tags": [1]}]}, "rubrics[0].tags"),
+        ({"ideal_completions_data": {"ideal_completion": {"text": "x"}}},
+         "ideal_completions_data.ideal_completion"),
+        ({"ideal_completions_data": "call 911"}, "ideal_completions_data"),
+        ({"ideal_completion": ["call 911"]}, "ideal_completion"),
     ],
 )
 def test_bad_healthbench_rows_name_file_row_prompt_and_field(tmp_path, bad, field):
@@ -182,6 +186,30 @@ def test_bad_healthbench_rows_name_file_row_prompt_and_field(tmp_path, bad, fiel
         assert err.field == "criteria.weight" and "positive" in str(err)
     else:
         assert err.field == field and field in str(err)
+
+
+def test_healthbench_reference_answer_from_ideal_completions_data(tmp_path):
+    ideal = {"ideal_completion": "Call emergency services now.",
+             "ideal_completions_group": "Group 1", "ideal_completions_ref_completions": []}
+    rows = [
+        {**GOOD_HB, "prompt_id": "nested", "ideal_completions_data": ideal},  # official layout
+        {**GOOD_HB, "prompt_id": "none", "ideal_completions_data": None},
+        {**GOOD_HB, "prompt_id": "top", "ideal_completion": "Rest."},  # top-level fallback
+        {**GOOD_HB, "prompt_id": "both", "ideal_completions_data": ideal,
+         "ideal_completion": "Rest."},
+    ]
+    rs = load_rubrics(_write_jsonl(tmp_path / "hb.jsonl", rows))
+    assert [r.reference_answer for r in rs] == [
+        "Call emergency services now.", None, "Rest.", "Call emergency services now."]
+
+
+def test_reference_answer_must_be_text(tmp_path):
+    with pytest.raises(RubricError, match="reference_answer") as e:
+        Rubric("p", "q", (Criterion("c", 1.0),), reference_answer={"text": "x"})  # type: ignore
+    assert e.value.field == "reference_answer"
+    row = {**rubric_to_dict(_rubric(pid="n1")), "reference_answer": {"text": "x"}}
+    with pytest.raises(RubricError, match=r"n\.jsonl: row 0.*'n1'.*'reference_answer'"):
+        load_rubrics(_write_jsonl(tmp_path / "n.jsonl", [row]), fmt="native")
 
 
 def test_bad_rar_and_rubrichub_rows(tmp_path):
