@@ -12,10 +12,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 def _clean(v: Any) -> Any:
@@ -26,13 +29,35 @@ def _clean(v: Any) -> Any:
     return v
 
 
-def truncate_jsonl(path: Path, keep: callable) -> None:
-    """Drop lines whose parsed record fails `keep` (used on resume to forget the future)."""
+def truncate_jsonl(path: Path, keep: Callable[[dict], bool]) -> None:
+    """Drop lines whose parsed record fails `keep` (used on resume to forget the future).
+
+    A last line that does not parse was cut off mid-write (the run was killed): it is dropped
+    with a warning. Any other line that does not parse is kept as it is, with a warning."""
     if not path.exists():
         return
     lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    kept = [ln for ln in lines if keep(json.loads(ln))]
+    kept = []
+    for i, line in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            last = i == len(lines) - 1
+            log.warning("%s: line %d is not JSON; %s", path, i + 1,
+                        "dropped (cut off mid-write)" if last else "kept as it is")
+            if not last:
+                kept.append(line)
+            continue
+        if not isinstance(record, dict) or keep(record):
+            kept.append(line)
     path.write_text("".join(ln + "\n" for ln in kept))
+
+
+def _before(step: int) -> Callable[[dict], bool]:
+    """Records of a run resumed at `step`: those of earlier steps, and the evaluation logged at
+    `step` itself (it scored the checkpoint's weights; training step `step` is redone)."""
+    return lambda r: r.get("step", -1) < step or (
+        r.get("step") == step and any(k.startswith("eval/") for k in r))
 
 
 class RunLog:
@@ -45,7 +70,7 @@ class RunLog:
         self.events_path = self.dir / "memory_events.jsonl"
         if resume_step is not None:  # a resumed run rewrites everything after its checkpoint
             for p in (self.metrics_path, self.samples_path, self.events_path):
-                truncate_jsonl(p, lambda r: r.get("step", -1) < resume_step)
+                truncate_jsonl(p, _before(resume_step))
         else:
             for p in (self.metrics_path, self.samples_path, self.events_path):
                 p.unlink(missing_ok=True)

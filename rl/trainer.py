@@ -94,7 +94,9 @@ def fingerprint(cfg: Mapping[str, Any], model_cfg: Any) -> dict[str, Any]:
                                                     default=str).encode()).hexdigest()[:16],
             "algo": str(cfg["algo"]["name"]), "task": str(cfg["task"]["name"]),
             "group_size": int(cfg["algo"]["group_size"]),
-            "batch_prompts": int(cfg["trainer"]["batch_prompts"])}
+            "batch_prompts": int(cfg["trainer"]["batch_prompts"]),
+            # the prompt order and every step's sampling seed derive from it
+            "seed": int(cfg["trainer"]["seed"])}
 
 
 def _step_seed(seed: int, step: int, draw: int = 0) -> int:
@@ -335,10 +337,12 @@ class Trainer:
             history.append(rec)
             bar.set_postfix(reward=f"{rec['reward/mean']:.3f}", kl=f"{rec['kl']:.4f}",
                             tok_s=f"{rec['tokens_per_s']:.0f}")
-            if (save_every and (step + 1) % save_every == 0) or step + 1 == total:
-                self.checkpoint(step + 1)
+            # evaluate, then save: the evaluation at a checkpoint's step describes that
+            # checkpoint's weights, and a run resumed from it keeps the record (RunLog)
             if eval_every and (step + 1) % eval_every == 0:
                 self.evaluate(step + 1)
+            if (save_every and (step + 1) % save_every == 0) or step + 1 == total:
+                self.checkpoint(step + 1)
         bar.close()
         return history
 

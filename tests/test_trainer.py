@@ -95,24 +95,28 @@ def test_exact_resume(tmp_path):
               "algo.group_size=2", "trainer.max_new_tokens=6", "optim.lr=1e-3",
               "trainer.eval_at_ends=false"]
     straight = build_trainer(make_cfg(tmp_path / "a", *common))
-    straight.run()
+    straight.run(eval_every=2)
     ref = jax.device_get(straight.state.params)
     straight.close()
 
     first = build_trainer(make_cfg(tmp_path / "b", *common))
-    first.run(until=2)  # "interrupted" after the checkpoint at step 2
+    first.run(eval_every=2, until=2)  # "interrupted" after the checkpoint at step 2 ...
     first.close()
+    with (tmp_path / "b" / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 2, "reward/me')  # ... while writing a line
     with pytest.raises(ConfigError, match="trainer.resume=true"):
         build_trainer(make_cfg(tmp_path / "b", *common))
     resumed = build_trainer(make_cfg(tmp_path / "b", *common, "trainer.resume=true"))
     assert resumed.start_step == 2 and resumed.data_position == 2
-    resumed.run()
+    resumed.run(eval_every=2)
     got = jax.device_get(resumed.state.params)
     resumed.close()
     jax.tree.map(np.testing.assert_array_equal, got, ref)
-    steps = [json.loads(x)["step"] for x in (tmp_path / "b" / "metrics.jsonl").read_text()
-             .splitlines()]
-    assert steps == [0, 1, 2, 3]
+    records = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text()
+               .splitlines()]
+    assert [r["step"] for r in records if "eval/n" not in r] == [0, 1, 2, 3]
+    # the evaluation of the step-2 checkpoint survives the resume; it is not run twice
+    assert [r["step"] for r in records if "eval/n" in r] == [2, 4]
 
 
 def test_incompatible_checkpoint_is_refused(tmp_path):
@@ -124,6 +128,8 @@ def test_incompatible_checkpoint_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="incompatible.*group_size"):
         build_trainer(make_cfg(tmp_path / "r", *common, "algo.group_size=3",
                                "trainer.resume=true"))
+    with pytest.raises(ConfigError, match="incompatible.*seed"):  # another prompt order
+        build_trainer(make_cfg(tmp_path / "r", *common, "trainer.seed=7", "trainer.resume=true"))
 
 
 def test_bfloat16_rollouts_train_and_evaluate_in_float32(tmp_path):
