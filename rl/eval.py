@@ -85,10 +85,13 @@ def search_metrics(groups: Sequence[Group], judge: Any = None) -> tuple[dict, li
                      "prediction": pred, "em": em(pred, golds), "f1": f1_score(pred, golds),
                      "valid": float(is_valid_format(t.text)), "turns": t.info.get("turns", 1),
                      "searches": t.info.get("searches", 0), "response": t.text})
-    if judge is not None:
-        reqs = [EquivRequest(question=r["question"], prediction=r["prediction"] or "",
-                             golds=tuple(r["golds"])) for r in rows]
-        for r, res in zip(rows, judge.equivalent(reqs)):
+    if judge is not None:  # no answer is wrong without asking the judge
+        answered = [r for r in rows if r["prediction"] is not None]
+        for r in rows:
+            r["judge_acc"] = 0.0
+        reqs = [EquivRequest(question=r["question"], prediction=r["prediction"],
+                             golds=tuple(r["golds"])) for r in answered]
+        for r, res in zip(answered, judge.equivalent(reqs) if reqs else ()):
             r["judge_acc"] = float(res.equivalent)
     keys = ["em", "f1", "valid", "turns", "searches"] + (["judge_acc"] if judge else [])
     return {k: float(np.mean([r[k] for r in rows])) for k in keys}, rows

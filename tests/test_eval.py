@@ -32,6 +32,22 @@ def test_search_metrics_by_hand():
     assert "judge_acc" in format_table({"dev": {"n": 3, **m}, "average": m})
 
 
+def test_no_answer_is_wrong_without_asking_the_judge():
+    class Judge:
+        asked: list = []
+
+        def equivalent(self, reqs):
+            self.asked += [r.prediction for r in reqs]
+            return make_judge({"name": "rule"}).equivalent(reqs)
+
+    g = _group("Paris", ["Paris"])
+    t = g.trajectories[0]
+    silent = Group(g.prompt, (Trajectory(t.prompt_tokens, t.tokens, t.loss_mask, t.logprobs,
+                                         "<think>no idea</think>", "eos"),))
+    m, rows = search_metrics([g, silent], judge=(judge := Judge()))
+    assert judge.asked == ["Paris"] and [r["judge_acc"] for r in rows] == [1.0, 0.0]
+
+
 def test_greedy_rollouts_go_batch_by_batch():
     class Env:
         sizes: list[int] = []
