@@ -135,6 +135,13 @@ def test_stop_token_carrying_more_text_keeps_the_format_valid(tok):
     assert [arbor_base_reward(t.text, g) for t, g in zip(trajs, (["Paris"], ["Lyon"]))] == [1, 1]
 
 
+def test_search_r1_title_rendering_is_an_option(tok):
+    env, policy, prompts, _ = _setup(tok, [["<search> a </search>", "<answer> x </answer>"]])
+    env = dataclasses.replace(env, quote_titles=True)
+    traj = env.rollout(policy, prompts, 1, 0)[0].trajectories[0]
+    assert 'Doc 1(Title: "Title a") text about a' in traj.text
+
+
 def test_final_turn_has_search_disabled(tok):
     scripts = [["<search> a </search>", "<search> b </search>", "<search> c </search>"]]
     env, policy, prompts, retriever = _setup(tok, scripts, max_turns=2)

@@ -87,7 +87,9 @@ class _Row:
 class SearchEnv:
     """`sampling.max_new_tokens` bounds each turn; `max_response_tokens` bounds a whole
     trajectory (actions + observations); `max_obs_tokens` truncates retrieved text;
-    `chunk_tokens` is the decode granularity with a policy that can continue generations."""
+    `chunk_tokens` is the decode granularity with a policy that can continue generations;
+    `quote_titles` renders titles as Search-R1 does, with their double quotes (for its
+    checkpoints; see rl.search.corpus.render_docs)."""
 
     tokenizer: Tokenizer
     sampling: SamplingParams
@@ -97,6 +99,7 @@ class SearchEnv:
     max_response_tokens: int = 512
     max_obs_tokens: int = 256
     chunk_tokens: int = 16
+    quote_titles: bool = False  # Search-R1 renders wiki-18 titles with their quotes
 
     def __post_init__(self) -> None:
         if self.chunk_tokens < 1:
@@ -105,8 +108,8 @@ class SearchEnv:
     def _observe(self, rows: list[_Row], queries: list[str]) -> None:
         results = self.retriever.retrieve(queries, topk=self.topk) if queries else []
         for row, docs in zip(rows, results):
-            ids = self.tokenizer.encode(f"\n\n<information>{render_docs(docs).strip()}"
-                                        f"</information>\n\n")
+            text = render_docs(docs, self.quote_titles).strip()
+            ids = self.tokenizer.encode(f"\n\n<information>{text}</information>\n\n")
             if len(ids) > self.max_obs_tokens:  # keep the closing tag so the format stays valid
                 tail = self.tokenizer.encode("...</information>\n\n")
                 ids = ids[: self.max_obs_tokens - len(tail)] + tail

@@ -81,6 +81,7 @@ class SearchQATask:
     max_response_tokens: int = 512
     max_obs_tokens: int = 256
     chunk_tokens: int = 16  # decode granularity: rows start their next turn between chunks
+    quote_titles: bool = False  # Search-R1's rendering of wiki-18 titles (with quotes)
 
     def __post_init__(self) -> None:
         QA_REWARDS.get(self.reward)  # fail early on an unknown reward name
@@ -122,7 +123,8 @@ class SearchQATask:
     def make_env(self, tokenizer: Tokenizer, sampling: SamplingParams) -> SearchEnv:
         return SearchEnv(tokenizer, sampling, self.make_retriever(), topk=self.topk,
                          max_turns=self.max_turns, max_response_tokens=self.max_response_tokens,
-                         max_obs_tokens=self.max_obs_tokens, chunk_tokens=self.chunk_tokens)
+                         max_obs_tokens=self.max_obs_tokens, chunk_tokens=self.chunk_tokens,
+                         quote_titles=self.quote_titles)
 
     def outcome(self, prompt: Prompt, traj: Trajectory) -> float:
         return float(QA_REWARDS.get(self.reward)(traj.text, list(prompt.answer)))
