@@ -17,6 +17,7 @@ shapes, and compilations, rarely change from step to step.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -78,11 +79,21 @@ def trajectory_arrays(groups: Sequence[Sequence[Trajectory]], pad_id: int,
 def build_batch(groups: Sequence[Group], advantages: np.ndarray, pad_id: int,
                 resp_len: int = 16, slices: int = 1) -> dict[str, np.ndarray]:
     """The training batch of a step: groups [N] with advantages [N,G] (see the module doc);
-    `slices` as in :func:`split_groups`."""
-    trajs = split_groups([g.trajectories for g in groups], slices)
-    batch = trajectory_arrays(trajs, pad_id, resp_len)
+    `slices` as in :func:`split_groups`. When the trajectories cannot be cut into `slices`
+    equal parts at all (a DAPO batch that ended short of its target), copies of the last group
+    with loss mask 0 and advantage 0 fill it up: every loss aggregation skips trajectories
+    without loss tokens, so they change nothing but the shapes."""
+    trajs = [tuple(g.trajectories) for g in groups]
+    adv = np.asarray(advantages, np.float32).reshape(len(trajs), -1)
+    if (len(trajs) * len(trajs[0])) % slices:
+        pad = -len(trajs) % slices
+        blank = tuple(dataclasses.replace(t, loss_mask=(0,) * len(t.loss_mask))
+                      for t in trajs[-1])
+        trajs += [blank] * pad
+        adv = np.concatenate([adv, np.zeros((pad, adv.shape[1]), np.float32)])
+    batch = trajectory_arrays(split_groups(trajs, slices), pad_id, resp_len)
     n, g = batch["tokens"].shape[:2]
-    return {**batch, "advantages": np.asarray(advantages, np.float32).reshape(n, g)}
+    return {**batch, "advantages": adv.reshape(n, g)}
 
 
 def _shared_prefix(prompts: Sequence[Sequence[int]]) -> int:

@@ -94,3 +94,21 @@ def test_the_update_does_not_depend_on_how_groups_are_split():
         np.testing.assert_allclose(float(m["loss"]), float(ref_m["loss"]), rtol=1e-5)
         for a, r in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=1e-6)
+
+
+def test_a_batch_that_cannot_be_cut_evenly_is_filled_with_blank_groups():
+    """3 groups of 2 into 4 slices: a fourth group without loss tokens; same update."""
+    cfg = tiny_config(vocab_size=256)
+    params = init_params(cfg, jax.random.key(0))
+    groups = _groups(np.random.default_rng(4), n=3, g=2, vocab=256)
+    adv = np.random.default_rng(5).normal(size=(3, 2)).astype(np.float32)
+    batch = build_batch(groups, adv, PAD, resp_len=16, slices=4)
+    assert batch["tokens"].shape[:2] == (4, 2)
+    assert not batch["loss_mask"][3].any() and not batch["advantages"][3].any()
+    opt = optax.sgd(1.0)
+    step = make_train_step(cfg, LossConfig(loss_agg="seq-mean-token-mean"), opt, donate=False)
+    ref_state, ref_m = step(init_train_state(params, opt), build_batch(groups, adv, PAD, 16))
+    state, m = step(init_train_state(params, opt), batch)
+    np.testing.assert_allclose(float(m["loss"]), float(ref_m["loss"]), rtol=1e-5)
+    for a, r in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=1e-6)
