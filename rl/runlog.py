@@ -60,6 +60,17 @@ def _before(step: int) -> Callable[[dict], bool]:
         r.get("step") == step and any(k.startswith("eval/") for k in r))
 
 
+def _read_records(path: Path) -> list[dict]:
+    records = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # reported by truncate_jsonl
+    return [r for r in records if isinstance(r, dict)]
+
+
 class RunLog:
     def __init__(self, run_dir: str | Path, resume_step: int | None = None,
                  tensorboard: bool = True):
@@ -79,6 +90,10 @@ class RunLog:
             from tensorboardX import SummaryWriter
 
             self._tb = SummaryWriter(str(self.dir / "tb"), purge_step=resume_step)
+            if resume_step is not None:  # the purge also took the kept evaluation's scalars
+                for record in _read_records(self.metrics_path):
+                    if record.get("step") == resume_step:
+                        self._scalars(record)
 
     def write_config(self, text: str, name: str = "config.yaml") -> None:
         (self.dir / name).write_text(text)
@@ -87,11 +102,14 @@ class RunLog:
         record = {"step": step, **{k: _clean(v) for k, v in values.items()}}
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        self._scalars(record)
+        return record
+
+    def _scalars(self, record: Mapping[str, Any]) -> None:
         if self._tb is not None:
             for k, v in record.items():
                 if k != "step" and isinstance(v, int | float) and not isinstance(v, bool):
-                    self._tb.add_scalar(k, v, step)
-        return record
+                    self._tb.add_scalar(k, v, record["step"])
 
     def _append(self, path: Path, step: int, records: Iterable[Mapping[str, Any]]) -> None:
         with path.open("a") as f:

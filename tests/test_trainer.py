@@ -224,3 +224,43 @@ def test_sharded_train_step_matches_single_device():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=600)
     assert "SHARDED_STEP_OK" in res.stdout, res.stderr[-3000:]
+
+
+def _tb_scalars(tb_dir):
+    """(step, tag) of every scalar in the event files, oldest file first, with the purge
+    markers a resumed run writes, as ("purge", step)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    out = []
+    for path in sorted(tb_dir.iterdir(), key=lambda p: p.stat().st_mtime_ns):
+        data, i = path.read_bytes(), 0
+        while i < len(data):
+            n = struct.unpack("<Q", data[i:i + 8])[0]
+            ev = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+            i += 16 + n
+            if ev.HasField("session_log"):
+                out.append(("purge", ev.step))
+            out += [(ev.step, v.tag) for v in ev.summary.value]
+    return out
+
+
+def test_resumed_run_log_keeps_the_checkpoints_evaluation(tmp_path):
+    from rl.runlog import RunLog
+
+    log = RunLog(tmp_path)
+    for step in range(3):
+        log.metrics(step, {"loss": 1.0})
+    log.metrics(2, {"eval/n": 4.0})  # the evaluation of the step-2 checkpoint
+    log.close()
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "lo')  # killed mid-write
+    RunLog(tmp_path, resume_step=2).close()
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], sorted(r)[0]) for r in records] == [(0, "loss"), (1, "loss"),
+                                                            (2, "eval/n")]
+    # TensorBoard drops everything at or after the purge step; the evaluation is written again
+    scalars = _tb_scalars(tmp_path / "tb")
+    after = scalars[scalars.index(("purge", 2)) + 1:]
+    assert after == [(2, "eval/n")]
