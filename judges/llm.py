@@ -11,7 +11,11 @@ Failure handling, per item of a batch:
 2. unparseable -> ``parse_errors``; the conversation is extended with the bad answer and a
    re-ask carrying the parser's complaint; all such items of the batch are re-asked together,
    at most ``max_reasks`` rounds (``reasks`` counts each item of each round);
-3. still unparseable -> the operation's defined fallback (``fallbacks`` and ``fallbacks_<op>``).
+3. still unparseable -> the operation's defined fallback (``fallbacks`` and ``fallbacks_<op>``):
+   check: not met, prob 0.5, ``fallback=True``; compare: a tie with ``fallback=True``;
+   induce / consolidate: ``FallbackDrafts()`` (no drafts, marked as a failure, not an answer);
+   bundle: an empty ``Bundle`` with ``error``; equivalent: cover-exact-match, ``fallback=True``.
+   Consumers must not treat a fallback as evidence (the rubric memory does not).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from judges.types import (
     Draft,
     EquivRequest,
     EquivResult,
+    FallbackDrafts,
     InduceRequest,
     Messages,
     PairRequest,
@@ -287,7 +292,7 @@ class LLMJudge:
             for r in reqs
         ]
         raw = self._run(convs, lambda t, _: parse_drafts(t, self.max_drafts), P.INDUCE.shape)
-        return self._finish("induce", raw, lambda i, f: ())
+        return self._finish("induce", raw, lambda i, f: FallbackDrafts())
 
     def consolidate(self, reqs: Sequence[ConsolidateRequest]) -> list[tuple[Draft, ...]]:
         reqs = list(reqs)
@@ -303,7 +308,7 @@ class LLMJudge:
         raw = self._run(convs, lambda t, _: parse_drafts(t, self.max_common), P.CONSOLIDATE.shape)
         for i, r in zip(todo, raw):
             results[i] = r
-        return self._finish("consolidate", results, lambda i, f: ())
+        return self._finish("consolidate", results, lambda i, f: FallbackDrafts())
 
     def bundle(self, reqs: Sequence[BundleRequest]) -> list[Bundle]:
         reqs = list(reqs)

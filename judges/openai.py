@@ -2,12 +2,15 @@
 
 * async under the hood (one ``httpx.AsyncClient`` per batch), bounded concurrency
   (``max_concurrency`` requests in flight), a total deadline per attempt (``timeout_s``);
-* retries of timeouts, transport errors, unreadable bodies, 408/409/425/429 and 5xx, with
+* retries of timeouts, transport errors, unreadable bodies (undecodable, not JSON, or JSON of
+  the wrong shape), 408/409/425/429 and 5xx, with
   exponential backoff and jitter (``Retry-After`` honoured, capped); a request that exhausts its
   retries yields a ``Completion`` with ``error`` set — a batch never raises for one bad request;
-* an on-disk cache keyed by the SHA-256 of the full request body (model, messages, sampling
-  params); identical requests inside a batch are sent once; only deterministic requests
-  (temperature 0, or a fixed sampling seed) are cached unless ``cache_sampled``;
+* an on-disk cache keyed by the SHA-256 of the server's address (``base_url``, never the API
+  key) and the full request body (model, messages, sampling params): the same model name on
+  another server is another judge; identical requests inside a batch are sent once; only
+  deterministic requests (temperature 0, or a fixed sampling seed) are cached unless
+  ``cache_sampled``;
 * token accounting from ``usage`` (cache hits cost nothing and are not counted);
 * the API key is read from the environment variable named by ``api_key_env`` and kept in a
   ``_Secret`` whose repr is masked and whose pickle re-reads the environment — it is never
@@ -275,7 +278,7 @@ class OpenAIBackend:
         ``to_entry(body)`` turns a response body into the cacheable entry (a JSON-able dict).
         """
         self._c.inc("backend_calls", len(payloads))
-        keys = [stable_digest(p) if cacheable else None for p in payloads]
+        keys = [self._cache_key(p) if cacheable else None for p in payloads]
         entries: list[dict[str, Any] | None] = [None] * len(payloads)
         todo: dict[str, list[int]] = {}
         for i, key in enumerate(keys):
@@ -312,6 +315,12 @@ class OpenAIBackend:
                     entries[i] = entry if n == 0 else {**entry, "cached": "error" not in entry}
         return [e if e is not None else {"error": "internal: no reply"} for e in entries]
 
+    def _cache_key(self, payload: dict) -> str:
+        """``sha256(url, body)``: the server's address is part of a verdict's identity (the
+        same model name, e.g. "default", on another server is another model); the API key is
+        not (it is a secret, and does not change the answer)."""
+        return stable_digest({"url": self._url, "body": payload})
+
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         """Exponential backoff with 'equal jitter'; a server's Retry-After wins (capped)."""
         c = self.config
@@ -343,7 +352,11 @@ class OpenAIBackend:
                     self._c.inc("timeouts")
                     error = "timeout"
                     continue
-                except httpx.TransportError as e:
+                except httpx.DecodingError as e:  # e.g. "content-encoding: gzip", plain body
+                    self._c.inc("bad_responses")
+                    error = f"undecodable response body ({type(e).__name__})"
+                    continue
+                except httpx.RequestError as e:  # TransportError and any other request failure
                     self._c.inc("transport_errors")
                     error = f"transport error ({type(e).__name__})"
                     continue
@@ -356,10 +369,11 @@ class OpenAIBackend:
                 break  # 4xx: the request itself is wrong; retrying cannot help
             try:
                 body = resp.json()
-                to_entry(body)  # validates the shape we need
-            except (ValueError, KeyError, IndexError, TypeError):
+                to_entry(body)  # validates the shape we need (raises ValueError otherwise)
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError,
+                    OverflowError) as e:  # the validators raise ValueError; the rest: belt
                 self._c.inc("bad_responses")
-                error = "unreadable response body"
+                error = f"unreadable response body ({str(e)[:160]})"
                 continue
             return _Reply(body=body, error=None)
         self._c.inc("failed_requests")
@@ -381,41 +395,78 @@ def _retry_after(resp: httpx.Response) -> float | None:
         return None
 
 
+# Response-body validators: a body of the wrong shape raises ``ValueError`` saying which field,
+# so ``_request`` counts it as a bad response and retries (never an exception out of a batch).
+
+
+def _obj(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{field} is not an object")
+    return value
+
+
+def _count(value: Any, field: str) -> int:
+    """A token count: absent/null -> 0; otherwise a finite non-negative number."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+        math.isfinite(value) and value >= 0
+    ):
+        raise ValueError(f"{field} is not a token count")
+    return int(value)
+
+
+def _logprob(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{field} is not a number")
+    return float(value)
+
+
+def _first_choice(body: Any) -> dict[str, Any]:
+    choices = _obj(body, "body").get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise ValueError("choices is not a non-empty list")
+    return _obj(choices[0], "choices[0]")
+
+
 def _usage(body: dict[str, Any]) -> tuple[int, int]:
-    usage = body.get("usage") or {}
-    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    usage = _obj(body.get("usage") or {}, "usage")
+    return (_count(usage.get("prompt_tokens"), "usage.prompt_tokens"),
+            _count(usage.get("completion_tokens"), "usage.completion_tokens"))
 
 
 def _completion_entry(body: dict[str, Any]) -> dict[str, Any]:
-    """Cacheable entry of a chat completion; raises on a body without a message."""
-    message = body["choices"][0]["message"]
+    """Cacheable entry of a chat completion; ``ValueError`` on a body of the wrong shape."""
+    message = _obj(_first_choice(body).get("message"), "choices[0].message")
     text = message.get("content") or ""
     if not isinstance(text, str):
-        raise TypeError("content is not a string")
+        raise ValueError("choices[0].message.content is not a string")
     pt, ct = _usage(body)
     return {"text": text, "prompt_tokens": pt, "completion_tokens": ct}
 
 
 def _logprob_entry(body: dict[str, Any]) -> dict[str, Any]:
     """Cacheable entry of a 1-token logprob request: ``top`` = [[token, logprob], ...] of the
-    first generated position, or ``None`` when the server returned no logprobs."""
-    choice = body["choices"][0]
+    first generated position, or ``None`` when the server returned no logprobs;
+    ``ValueError`` on a body of the wrong shape."""
     entry = _completion_entry(body)
-    lp = choice.get("logprobs")
+    lp = _first_choice(body).get("logprobs")
     top: list[list[Any]] | None = None
     if isinstance(lp, dict):
         content = lp.get("content")
         if isinstance(content, list) and content:  # OpenAI chat format
-            first = content[0] or {}
+            first = _obj(content[0] or {}, "logprobs.content[0]")
             cands = first.get("top_logprobs") or [first]
+            if not isinstance(cands, list):
+                raise ValueError("logprobs.content[0].top_logprobs is not a list")
             top = [
-                [str(t.get("token", "")), float(t.get("logprob", -math.inf))]
+                [str(t.get("token", "")), _logprob(t.get("logprob", -math.inf), "logprob")]
                 for t in cands
                 if isinstance(t, dict)
             ]
         elif isinstance(lp.get("top_logprobs"), list) and lp["top_logprobs"]:  # legacy format
-            first = lp["top_logprobs"][0] or {}
-            top = [[str(k), float(v)] for k, v in first.items()]
+            first = _obj(lp["top_logprobs"][0] or {}, "logprobs.top_logprobs[0]")
+            top = [[str(k), _logprob(v, "logprob")] for k, v in first.items()]
     return {**entry, "top": top}
 
 

@@ -77,7 +77,9 @@ def cover_match(prediction: str, golds: Sequence[str]) -> bool:
 # --- search-trajectory structure -------------------------------------------------------------
 
 _TAG = re.compile(r"<(think|search|answer|information)>(.*?)</\1>", re.DOTALL)
-_PROMPT_EXAMPLE = "<answer> Beijing </answer>"
+# The end of the Search-R1 instruction prompt (``rl.search.env.PROMPT_TEMPLATE``): its example
+# answer, then the question line. Only this text, the prompt's own, is ever stripped.
+_PROMPT_END = re.compile(r"For example,\s*<answer> Beijing </answer>\.?\s*Question:[^\n]*\n")
 
 
 @dataclass(frozen=True)
@@ -98,16 +100,15 @@ class Trajectory:
 
 
 def _strip_prompt(text: str) -> str:
-    """Drop a Search-R1 instruction preamble if the caller passed the full text: its example
-    answer ("Beijing") must not count as the trajectory's answer."""
-    at = text.find(_PROMPT_EXAMPLE)
-    if at < 0:
-        return text
-    q = text.find("Question:", at)
-    if q < 0:
-        return text[at + len(_PROMPT_EXAMPLE):]
-    nl = text.find("\n", q)
-    return "" if nl < 0 else text[nl + 1:]
+    """Drop a Search-R1 instruction preamble if the caller passed the full text (prompt +
+    response): its example answer ("Beijing") must not count as the trajectory's answer.
+
+    The prompt is recognised by how it ends, ``For example, <answer> Beijing </answer>.`` then
+    the ``Question: ...`` line, and everything up to and including that line is dropped. A
+    response alone is returned unchanged, even if its answer is ``<answer> Beijing </answer>``.
+    """
+    m = _PROMPT_END.search(text)
+    return text[m.end():] if m else text
 
 
 def _format_valid(text: str, segments: Sequence[tuple[str, str]]) -> bool:

@@ -112,6 +112,25 @@ class InduceRequest:
     golds: tuple[str, ...] = ()
 
 
+class FallbackDrafts(tuple):
+    """The defined fallback of ``induce`` / ``consolidate``: no drafts because the judge failed
+    (backend gave up, or output still unparseable after re-asks), not an answer that nothing is
+    worth a rubric. It is an empty tuple (``FallbackDrafts() == ()``), so a consumer that only
+    reads drafts needs no change; the rubric memory uses ``isinstance`` to keep the drafts it
+    sent for a later attempt instead of consuming them."""
+
+    __slots__ = ()
+
+    def __new__(cls) -> FallbackDrafts:
+        return super().__new__(cls, ())
+
+    def __getnewargs__(self) -> tuple[()]:  # pickling: rebuilt by ``FallbackDrafts()``
+        return ()
+
+    def __repr__(self) -> str:
+        return "FallbackDrafts()"
+
+
 @dataclass(frozen=True)
 class ConsolidateRequest:
     """K query-local drafts to abstract into cross-query common rubric(s)."""

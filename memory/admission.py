@@ -13,7 +13,10 @@ particular a draft can never be admitted from an outcome-homogeneous group with 
 
 Gates are checked in this order and the first failure is the rejection reason:
 ``empty_text`` (title and description blank: nothing to score), ``group_too_small`` (< 2
-members), ``nan_scores`` (a non-finite score), ``low_variance``, ``low_correlation``.
+members), ``judge_fallback`` (a member's score rests on judge fallbacks only: the judge failed,
+so there is no evidence the draft discriminates), ``nan_scores`` (a non-finite score),
+``low_variance``, ``low_correlation``. Scores are computed from real verdicts only (a fallback
+verdict's defined score, e.g. P(met) = 0.5, never enters ``Var`` or ``Pearson``).
 """
 
 from __future__ import annotations
@@ -67,13 +70,17 @@ def judge_admission(
     scores: Sequence[float] | np.ndarray | None,
     outcome: Sequence[float] | np.ndarray,
     cfg: MemoryConfig,
+    fallback_members: int = 0,
 ) -> AdmissionResult:
-    """Apply the gates to one draft (``scores`` may be None when it was not scored)."""
+    """Apply the gates to one draft (``scores`` may be None when it was not scored;
+    ``fallback_members`` counts members whose score rests on judge fallbacks only)."""
     nan = float("nan")
     if is_empty(draft):
         return AdmissionResult(False, "empty_text", nan, nan)
     if len(outcome) < MIN_GROUP_SIZE:
         return AdmissionResult(False, "group_too_small", nan, nan)
+    if fallback_members > 0:
+        return AdmissionResult(False, "judge_fallback", nan, nan)
     s = np.asarray(scores if scores is not None else [nan] * len(outcome), dtype=np.float64)
     if s.shape != (len(outcome),) or not np.all(np.isfinite(s)):
         return AdmissionResult(False, "nan_scores", nan, nan)
@@ -88,12 +95,17 @@ def judge_admission(
 
 @dataclass(frozen=True)
 class Candidate:
-    """A draft induced from group ``qid``, with its scores on that group (None = unscored)."""
+    """A draft induced from group ``qid``, with its scores on that group (None = unscored).
+
+    ``scores`` are evidence scores (real verdicts only, NaN where a member has none);
+    ``fallback_members`` counts the members whose score the judge could only give as a
+    fallback (rejected ``judge_fallback``)."""
 
     qid: str
     draft: Draft
     scores: tuple[float, ...] | None
     outcome: tuple[float, ...]
+    fallback_members: int = 0
 
 
 def admit(
@@ -112,7 +124,7 @@ def admit(
     admitted: list[DraftRubric] = []
     events: list[Event] = []
     for c in candidates:
-        res = judge_admission(c.draft, c.scores, c.outcome, cfg)
+        res = judge_admission(c.draft, c.scores, c.outcome, cfg, c.fallback_members)
         if not res.admitted:
             events.append(Rejected(step=step, qid=c.qid, title=c.draft.title,
                                    reason=str(res.reason), var=res.var, rho=res.rho))

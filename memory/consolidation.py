@@ -2,8 +2,14 @@
 
 When ``|D| >= K`` (``MemoryConfig.k_consol``), the oldest drafts are cut into chunks of exactly
 ``K`` (a remainder smaller than ``K`` stays in ``D``); each chunk is one ``ConsolidateRequest``
-(all chunks in one batched ``judge.consolidate`` call) and its drafts are consumed (removed
-from ``D``) whatever the judge returns, so the same drafts are never consolidated twice.
+(all chunks in one batched ``judge.consolidate`` call). A chunk the judge *answered* is
+consumed (removed from ``D``) whatever the answer, even an empty one ("nothing in common"), so
+the same drafts are never consolidated twice. A chunk the judge *failed* on (its defined
+fallback ``FallbackDrafts``, no answer at all in a short reply, or something that is not a
+list of drafts) is no answer: its drafts go
+back to the front of ``D`` with ``failed_consolidations + 1`` and are sent again at a later
+step; after ``MemoryConfig.consolidation_attempts`` failed attempts they are dropped. Either way
+a ``ConsolidationFailed`` event records it, so a judge outage never silently empties ``D``.
 
 Each returned rubric ``c`` is compared with the active common rubrics ``P``::
 
@@ -25,23 +31,27 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from judges.base import Judge
-from judges.types import ConsolidateRequest, Draft
+from judges.types import ConsolidateRequest, Draft, FallbackDrafts
 from memory.admission import is_empty
 from memory.embed import Embedder, cosine_matrix
-from memory.events import Consolidated, Event, Merged
+from memory.events import Consolidated, ConsolidationFailed, Event, Merged
 from memory.state import CommonRubric, DraftRubric, MemoryConfig, RubricMemory
 
 
 @dataclass(frozen=True)
 class ConsolidationStats:
     """``requests``: chunks sent; ``added`` / ``merged``: resulting rubrics; ``empty_results``:
-    chunks the judge returned nothing for; ``empty_text``: returned rubrics with blank text."""
+    chunks the judge answered with no rubric; ``empty_text``: returned rubrics with blank text;
+    ``fallbacks``: chunks the judge failed on (kept or dropped); ``dropped``: drafts dropped
+    after ``consolidation_attempts`` failed attempts."""
 
     requests: int = 0
     added: int = 0
     merged: int = 0
     empty_results: int = 0
     empty_text: int = 0
+    fallbacks: int = 0
+    dropped: int = 0
 
 
 def _fold(text: str) -> str:
@@ -107,12 +117,24 @@ def consolidate(
     results = list(judge.consolidate(
         [ConsolidateRequest(drafts=tuple(d.draft for d in ch)) for ch in chunks]
     ))
-    results += [()] * (len(chunks) - len(results))  # a short answer counts as empty
+    results += [FallbackDrafts()] * (len(chunks) - len(results))  # a short reply: no answer
     events: list[Event] = []
-    added = merged = empty_results = empty_text = 0
+    kept: list[DraftRubric] = []
+    added = merged = empty_results = empty_text = fallbacks = dropped = 0
     for chunk, out in zip(chunks, results):
         source = tuple(d.id for d in chunk)
-        produced = [d for d in (out or ()) if isinstance(d, Draft)]
+        if isinstance(out, FallbackDrafts) or not isinstance(out, tuple | list):
+            fallbacks += 1
+            attempts = max(d.failed_consolidations for d in chunk) + 1
+            gone = attempts >= cfg.consolidation_attempts
+            if gone:
+                dropped += len(chunk)
+            else:
+                kept.extend(replace(d, failed_consolidations=attempts) for d in chunk)
+            events.append(ConsolidationFailed(step=step, draft_ids=source, attempts=attempts,
+                                              dropped=gone))
+            continue
+        produced = [d for d in out if isinstance(d, Draft)]
         if not produced:
             empty_results += 1
         for d in produced:
@@ -125,6 +147,9 @@ def consolidate(
                 merged += 1
             else:
                 added += 1
+    if kept:  # the oldest drafts: back to the front of D, in their order
+        memory = replace(memory, drafts=tuple(kept) + memory.drafts)
     stats = ConsolidationStats(requests=len(chunks), added=added, merged=merged,
-                               empty_results=empty_results, empty_text=empty_text)
+                               empty_results=empty_results, empty_text=empty_text,
+                               fallbacks=fallbacks, dropped=dropped)
     return memory, tuple(events), stats

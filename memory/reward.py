@@ -25,11 +25,22 @@ first, and each group is scored (step 2) by its own admitted drafts, at most two
 admission ``rho`` first; nothing is kept in the memory across steps (ids still advance).
 
 Bad inputs have defined outcomes, counted in ``metrics``: groups of size < 2 get ``s~ = 0`` and
-no induction (``groups_too_small``); an induction that returns no drafts (``induce_empty``);
-drafts with blank text (rejected ``empty_text``, never scored); non-finite scores (rejected
-``nan_scores`` at admission, ``nan_score_groups`` at scoring). Non-finite ``R_base`` or
-mismatched lengths are caller errors (``ValueError``). Ragged groups are padded with NaN in
-the ``[N, G_max]`` outputs (the trainer passes equal sizes).
+no induction (``groups_too_small``); an induction that returns no drafts (``induce_empty``, of
+which ``induce_fallbacks`` were judge failures); drafts with blank text (rejected
+``empty_text``, never scored); non-finite scores (rejected ``nan_scores`` at admission,
+``nan_score_groups`` at scoring). Non-finite ``R_base`` or mismatched lengths are caller errors
+(``ValueError``). Ragged groups are padded with NaN in the ``[N, G_max]`` outputs (the trainer
+passes equal sizes).
+
+Judge fallbacks (the judge failed and returned its defined fallback: a tie, P(met) = 0.5, no
+drafts) are not evidence. A fallback tie keeps its defined score in the reward (SPEC 5), but
+every statistic reads evidence scores from real verdicts only (``pairwise.evidence_scores``; a
+fallback check has none): a rubric's activation statistics skip a group with a member that has
+no real verdict (``fallback_groups_excluded``), a draft with such a member is rejected
+``judge_fallback``, and drafts whose consolidation failed stay in ``D`` (``consolidation``).
+Counted: ``compare_fallbacks`` / ``check_fallbacks`` (verdicts), ``consolidation_fallbacks``
+(chunks), ``consolidation_dropped`` (drafts given up on), and ``judge_fallbacks`` from the
+judge's own counters.
 """
 
 from __future__ import annotations
@@ -43,12 +54,21 @@ from typing import NamedTuple
 import numpy as np
 
 from judges.base import Judge
-from judges.types import CheckRequest, CheckResult, Draft, InduceRequest
+from judges.types import CheckRequest, CheckResult, Draft, FallbackDrafts, InduceRequest
 from memory.admission import Candidate, admit, is_empty
 from memory.consolidation import consolidate
-from memory.embed import Embedder, get_embedder
+from memory.embed import Embedder, check_embedder, get_embedder
 from memory.events import REJECT_REASONS, RETIRE_REASONS, Event
-from memory.pairwise import GRAPHS, build_pair_requests, centre, edge_wins, group_scores, mix_seed
+from memory.pairwise import (
+    GRAPHS,
+    build_pair_requests,
+    centre,
+    edge_wins,
+    evidence_scores,
+    fallback_mask,
+    group_scores,
+    mix_seed,
+)
 from memory.retirement import GroupScores, apply_activation
 from memory.selection import select_active
 from memory.state import MIN_GROUP_SIZE, N_ACTIVE, DraftRubric, MemoryConfig, RubricMemory
@@ -148,6 +168,21 @@ class _LazyEmbedder:
         return self._e.embed(texts)
 
 
+class _Scored(NamedTuple):
+    """One group's scores under one rubric: ``scores`` enter the reward (a fallback verdict at
+    its defined score); ``evidence`` enters statistics (real verdicts only, NaN for a member
+    without one); ``fallback_members``: members with a score but no evidence."""
+
+    scores: np.ndarray
+    evidence: np.ndarray
+    fallback_members: int
+
+
+def _scored(scores: np.ndarray, evidence: np.ndarray) -> _Scored:
+    return _Scored(scores, evidence,
+                   int(np.sum(np.isfinite(scores) & ~np.isfinite(evidence))))
+
+
 def _score_items(
     items: Sequence[tuple[int, str, Draft]],
     groups: Sequence[GroupInput],
@@ -156,7 +191,7 @@ def _score_items(
     step: int,
     seed: int,
     tally: _Tally,
-) -> list[np.ndarray]:
+) -> list[_Scored]:
     """Pairwise scores in [0, 1] of each ``(group index, rubric id, rubric)`` item; one batched
     ``judge.compare`` for all of them."""
     graph = GRAPHS.get(cfg.graph)
@@ -174,16 +209,22 @@ def _score_items(
     results += [None] * (len(reqs) - len(results))  # a short answer: malformed -> NaN
     out = []
     for size, edges, flips, start, count in plans:
-        wins = edge_wins(results[start:start + count], flips)
-        out.append(group_scores(size, edges, wins, cfg.score_mode, cfg.bt_iters, cfg.bt_prior))
+        res = results[start:start + count]
+        wins = edge_wins(res, flips)
+        fb = fallback_mask(res)
+        tally.add("compare_fallbacks", int(fb.sum()))
+        sc = group_scores(size, edges, wins, cfg.score_mode, cfg.bt_iters, cfg.bt_prior)
+        ev = evidence_scores(size, edges, wins, fb, cfg.score_mode, cfg.bt_iters, cfg.bt_prior)
+        out.append(_scored(sc, ev))
     return out
 
 
 def _check_scores(
     cands: Sequence[tuple[int, Draft]], groups: Sequence[GroupInput], judge: Judge,
     tally: _Tally,
-) -> list[np.ndarray]:
-    """``s_i = P(met)`` of each ``(group index, draft)`` on every member; one batched call."""
+) -> list[_Scored]:
+    """``s_i = P(met)`` of each ``(group index, draft)`` on every member; one batched call. A
+    fallback result (``CheckResult.fallback``) has no evidence score (NaN)."""
     reqs = [
         CheckRequest(context=groups[n].question, response=t, criterion=d.text())
         for n, d in cands for t in groups[n].texts
@@ -194,6 +235,7 @@ def _check_scores(
     out, k = [], 0
     for n, _d in cands:
         s = np.full(groups[n].size, np.nan)
+        fb = np.zeros(groups[n].size, dtype=bool)
         for i in range(groups[n].size):
             r = results[k]
             k += 1
@@ -202,8 +244,9 @@ def _check_scores(
                     s[i] = float(r.prob)
                 except (TypeError, ValueError):
                     pass  # stays NaN -> rejected "nan_scores"
-                tally.add("check_fallbacks", int(bool(r.fallback)))
-        out.append(s)
+                fb[i] = bool(r.fallback)
+        tally.add("check_fallbacks", int(fb.sum()))
+        out.append(_scored(s, np.where(fb, np.nan, s)))
     return out
 
 
@@ -237,7 +280,7 @@ def _induce_and_admit(
         ))
     drafts_out = list(judge.induce(reqs)) if reqs else []
     tally.add("judge_calls_induce", len(reqs))
-    drafts_out += [()] * (len(reqs) - len(drafts_out))
+    drafts_out += [FallbackDrafts()] * (len(reqs) - len(drafts_out))  # a short reply
 
     # (group, draft) pairs to score; blank drafts are rejected without a judge call.
     pending: list[tuple[int, Draft]] = []
@@ -245,6 +288,7 @@ def _induce_and_admit(
         ds = [d for d in (out or ()) if isinstance(d, Draft)]
         if not ds:
             tally.add("induce_empty")
+            tally.add("induce_fallbacks", int(isinstance(out, FallbackDrafts)))
         tally.add("drafts_induced", len(ds))
         pending.extend((n, d) for d in ds)
     score_idx = [k for k, (_n, d) in enumerate(pending) if not is_empty(d)]
@@ -258,10 +302,13 @@ def _induce_and_admit(
 
     cands = []
     for k, (n, d) in enumerate(pending):
-        s = scores_of.get(k)
-        cands.append(Candidate(qid=groups[n].qid, draft=d,
-                               scores=None if s is None else tuple(float(x) for x in s),
-                               outcome=groups[n].r_base))
+        sc = scores_of.get(k)
+        cands.append(Candidate(
+            qid=groups[n].qid, draft=d,
+            scores=None if sc is None else tuple(float(x) for x in sc.evidence),
+            outcome=groups[n].r_base,
+            fallback_members=0 if sc is None else sc.fallback_members,
+        ))
     memory, admitted, events = admit(memory, cands, cfg, step, keep=cfg.use_common_pool)
     # ``admit`` emits one event per candidate, in order; admitted drafts come back in order.
     per_group: list[list[DraftRubric]] = [[] for _ in groups]
@@ -307,6 +354,10 @@ def arbor_reward_step(
     gmax = max((g.size for g in groups), default=0)
     tally = _Tally()
     events: list[Event] = []
+    if cfg.use_common_pool and embedder is None:
+        # loaded lazily (at the first merge), but a missing package fails now, before any
+        # judge call, not at the first consolidation
+        check_embedder(cfg.embedder)
     stats_before = judge.stats() if hasattr(judge, "stats") else {}
 
     r_base = np.full((n_groups, gmax), np.nan)
@@ -336,6 +387,7 @@ def arbor_reward_step(
     flat_scores = _score_items(flat, groups, judge, cfg, step, seed, tally)
     raw = np.full((N_ACTIVE, n_groups, gmax), np.nan)
     cen = np.full((N_ACTIVE, n_groups, gmax), np.nan)
+    evidence = np.full((N_ACTIVE, n_groups, gmax), np.nan)
     ids = [[""] * n_groups for _ in range(N_ACTIVE)]
     k = 0
     for s, items in enumerate(slot_items):
@@ -343,10 +395,14 @@ def arbor_reward_step(
             sc = flat_scores[k]
             k += 1
             size = groups[n].size
-            raw[s, n, :size] = sc
+            raw[s, n, :size] = sc.scores
+            evidence[s, n, :size] = sc.evidence
             ids[s][n] = rid
-            if np.all(np.isfinite(sc)):
-                cen[s, n, :size] = centre(sc)
+            if np.all(np.isfinite(sc.scores)):
+                cen[s, n, :size] = centre(sc.scores)
+                # a member without a real verdict: the group is left out of the statistics
+                tally.add("fallback_groups_excluded",
+                          int(cfg.use_common_pool and sc.fallback_members > 0))
             else:
                 tally.add("nan_score_groups")
 
@@ -358,10 +414,10 @@ def arbor_reward_step(
         combined[n, :g.size] = np.mean(usable, axis=0) if usable else 0.0
     total = r_base + cfg.rubric_lambda * combined
 
-    # 4: retirement statistics, one activation per active rubric.
+    # 4: retirement statistics, one activation per active rubric, on evidence scores only.
     if cfg.use_common_pool:
         for s, rid in enumerate(active_ids):
-            acts = [GroupScores(scores=tuple(float(x) for x in raw[s, n, :groups[n].size]),
+            acts = [GroupScores(scores=tuple(float(x) for x in evidence[s, n, :groups[n].size]),
                                 outcome=groups[n].r_base)
                     for n, _rid, _d in slot_items[s]]
             memory, ev = apply_activation(memory, rid, acts, cfg, step)
@@ -378,6 +434,8 @@ def arbor_reward_step(
         events.extend(ev)
         tally.add("judge_calls_consolidate", cstats.requests)
         tally.add("consolidation_empty", cstats.empty_results + cstats.empty_text)
+        tally.add("consolidation_fallbacks", cstats.fallbacks)
+        tally.add("consolidation_dropped", cstats.dropped)
 
     metrics = _metrics(memory, groups, total, events, tally, len(active_ids), judge, stats_before)
     rubric_scores = RubricScores(combined=combined, raw=raw, centred=cen,
@@ -431,8 +489,10 @@ def _metrics(
         "memory/retirements": kinds["retired"],
         **{f"memory/retired_{r}": retired[r] for r in RETIRE_REASONS},
     }
-    for key in ("groups_too_small", "induce_empty", "induce_skipped_tied", "tied_triplets",
-                "drafts_induced", "nan_score_groups", "check_fallbacks", "consolidation_empty"):
+    for key in ("groups_too_small", "induce_empty", "induce_fallbacks", "induce_skipped_tied",
+                "tied_triplets", "drafts_induced", "nan_score_groups", "check_fallbacks",
+                "compare_fallbacks", "fallback_groups_excluded", "consolidation_empty",
+                "consolidation_fallbacks", "consolidation_dropped"):
         m[f"memory/{key}"] = c[key]
     calls = {op: c[f"judge_calls_{op}"] for op in ("compare", "check", "induce", "consolidate")}
     m.update({f"memory/judge_calls_{op}": v for op, v in calls.items()})

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from memory.embed import check_embedder
 from memory.reward import GroupInput, arbor_reward_step
 from memory.state import MemoryConfig, RubricMemory
 from memory.static import StaticRubric, load_static_rubrics, static_rubric_step
@@ -99,14 +100,12 @@ def _per_traj(combined: np.ndarray, inputs: Sequence[GroupInput],
 
 def memory_config(options: Mapping[str, Any]) -> MemoryConfig:
     """``MemoryConfig`` from rewarder options (unknown keys are an error, embedder aliases are
-    resolved), so a typo in ``algo.rewarder_options`` fails at start-up."""
+    resolved; ``MemoryConfig`` checks names such as ``graph`` and ``tie_break`` against their
+    registries), so a typo in ``algo.rewarder_options`` fails at start-up."""
     opts = dict(options)
     if "embedder" in opts:
         name = str(opts["embedder"])
         opts["embedder"] = EMBEDDER_ALIASES.get(name.lower(), name)
-        from memory.embed import EMBEDDERS
-
-        EMBEDDERS.get(opts["embedder"])  # fail early on an unknown embedder name
     return MemoryConfig.from_mapping(opts)
 
 
@@ -125,6 +124,8 @@ class ArborRewarder:
 
     def __post_init__(self) -> None:
         _require_judge(self.judge, "arbor")
+        if self.cfg.use_common_pool:  # consolidation will need it: fail at start-up, not then
+            check_embedder(self.cfg.embedder)
 
     def init_state(self) -> RubricMemory:
         return RubricMemory()

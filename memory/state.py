@@ -28,6 +28,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from judges.types import Draft
+from memory.embed import EMBEDDERS
+from memory.pairwise import GRAPHS
+from memory.triplet import TIE_BREAKS
 
 MEMORY_FORMAT_VERSION = 1
 
@@ -55,6 +58,9 @@ class MemoryConfig:
             rubric drifts when its cumulative ``rho_r < rho_min``.
         k_consol: consolidate when ``|D| >= k_consol``; each consolidation request takes the
             ``k_consol`` oldest drafts.
+        consolidation_attempts: drafts whose consolidation the judge could only answer with
+            its fallback (it failed) go back to ``D`` for a later step, until this many
+            attempts have failed; then they are dropped (``ConsolidationFailed`` events).
         retire_k: "mastered" when ``n_r > retire_k`` consecutive low-variance activations.
         min_drift_activations: a rubric can be retired as "drifted" only after this many
             *informative* activations (ones that contributed pairs to ``rho_r``): a fresh
@@ -85,6 +91,7 @@ class MemoryConfig:
     delta_v: float = 0.01
     rho_min: float = 0.2
     k_consol: int = 8
+    consolidation_attempts: int = 3
     retire_k: int = 5
     min_drift_activations: int = 5
     merge_threshold: float = 0.9
@@ -101,15 +108,21 @@ class MemoryConfig:
     embedder: str = "minilm"
 
     def __post_init__(self) -> None:
-        if self.score_mode not in SCORE_MODES:
-            raise ValueError(f"score_mode must be one of {SCORE_MODES}, got {self.score_mode!r}")
-        if self.admission_scoring not in ADMISSION_SCORING:
-            raise ValueError(
-                f"admission_scoring must be one of {ADMISSION_SCORING}, "
-                f"got {self.admission_scoring!r}"
-            )
+        # Names are checked against their registries here, so a typo fails when the config is
+        # built (start-up), not inside the first reward step.
+        for key, allowed in (("score_mode", SCORE_MODES),
+                             ("admission_scoring", ADMISSION_SCORING),
+                             ("tie_break", tuple(TIE_BREAKS.names())),
+                             ("graph", tuple(GRAPHS.names())),
+                             ("embedder", tuple(EMBEDDERS.names()))):
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"MemoryConfig.{key} must be one of {list(allowed)}, "
+                                 f"got {getattr(self, key)!r}")
         if self.k_consol < 1:
             raise ValueError(f"k_consol must be >= 1, got {self.k_consol}")
+        if self.consolidation_attempts < 1:
+            raise ValueError(
+                f"consolidation_attempts must be >= 1, got {self.consolidation_attempts}")
         if self.retire_k < 0 or self.min_drift_activations < 1:
             raise ValueError("retire_k must be >= 0 and min_drift_activations >= 1")
         if self.delta_v < 0 or self.bt_iters < 1 or self.bt_prior <= 0:
@@ -135,7 +148,8 @@ class DraftRubric:
     """An admitted query-local rubric in ``D``.
 
     ``var`` and ``rho`` are the admission statistics on its source group:
-    ``Var_i(s_i)`` and ``Pearson(s, F1)``.
+    ``Var_i(s_i)`` and ``Pearson(s, F1)``. ``failed_consolidations`` counts the consolidation
+    attempts of this draft on which the judge fell back (it stays in ``D`` meanwhile).
     """
 
     id: str
@@ -144,6 +158,7 @@ class DraftRubric:
     step: int
     var: float
     rho: float
+    failed_consolidations: int = 0
 
 
 @dataclass(frozen=True)
@@ -302,12 +317,13 @@ def draft_from_dict(d: dict[str, Any]) -> Draft:
 
 def _draft_rubric_to_dict(r: DraftRubric) -> dict[str, Any]:
     return {"id": r.id, "draft": draft_to_dict(r.draft), "qid": r.qid, "step": r.step,
-            "var": r.var, "rho": r.rho}
+            "var": r.var, "rho": r.rho, "failed_consolidations": r.failed_consolidations}
 
 
 def _draft_rubric_from_dict(d: dict[str, Any]) -> DraftRubric:
     return DraftRubric(id=str(d["id"]), draft=draft_from_dict(d["draft"]), qid=str(d["qid"]),
-                       step=int(d["step"]), var=float(d["var"]), rho=float(d["rho"]))
+                       step=int(d["step"]), var=float(d["var"]), rho=float(d["rho"]),
+                       failed_consolidations=int(d.get("failed_consolidations", 0)))
 
 
 def _common_to_dict(c: CommonRubric) -> dict[str, Any]:

@@ -14,16 +14,20 @@ a non-finite ``p_ik`` (malformed judge output) zeroes that group's rubric term, 
 
 File formats (``load_static_rubrics``): a JSON list of ``{title, description, weight}``, a JSON
 object with such a list under ``"rubrics"`` or ``"rubric"`` (a RaR row), or JSON Lines with one
-rubric per line. ``weight`` defaults to 1; RaR's string labels (Essential, Important, Optional,
-Pitfall) map via ``rewards.rubric.RAR_WEIGHT_LABELS``.
+rubric per line (always for a ``.jsonl`` file, so a one-line file is one rubric). ``weight``
+defaults to 1; RaR's string labels (Essential, Important, Optional, Pitfall) map via
+``rewards.rubric.RAR_WEIGHT_LABELS``. Every error names the file and the line (JSON Lines) or
+row (a JSON list, 1-based) and the field at fault.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,49 +52,100 @@ class StaticRubric:
 
 
 def _weight(w: Any) -> float:
+    """A number, a numeric string, or a RaR label (case and a trailing "criteria" /
+    "criterion" ignored); absent = 1. ``ValueError`` naming the allowed values otherwise."""
     if w is None:
         return 1.0
-    if isinstance(w, int | float):
-        return float(w)
-    s = str(w).strip()
+    if isinstance(w, int | float) and not isinstance(w, bool):
+        value = float(w)
+    else:
+        s = str(w).strip()
+        try:
+            value = float(s)
+        except ValueError:
+            key = s.lower().removesuffix("criteria").removesuffix("criterion").strip()
+            if key not in RAR_WEIGHT_LABELS:
+                labels = ", ".join(k.capitalize() for k in RAR_WEIGHT_LABELS)
+                raise ValueError(f"unknown weight {w!r}: give a number or one of {labels}"
+                                 ) from None
+            value = float(RAR_WEIGHT_LABELS[key])
+    if not math.isfinite(value):
+        raise ValueError(f"weight {w!r} is not finite")
+    return value
+
+
+def _rubric(row: Any, where: str) -> StaticRubric:
+    """One rubric from one parsed row; ``where`` (file and line / row) prefixes every error."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: a rubric is a JSON object, got {type(row).__name__}")
+    title = str(row.get("title", "") or "").strip()
+    desc = str(row.get("description", row.get("criterion", "")) or "").strip()
+    if not title and not desc:
+        raise ValueError(f"{where}: empty 'title' and 'description'")
     try:
-        return float(s)
-    except ValueError:
-        pass
-    key = s.lower().removesuffix("criteria").removesuffix("criterion").strip()
-    if key not in RAR_WEIGHT_LABELS:
-        raise ValueError(f"unknown rubric weight {w!r}")
-    return float(RAR_WEIGHT_LABELS[key])
+        weight = _weight(row.get("weight"))
+    except ValueError as e:
+        raise ValueError(f"{where}: field 'weight': {e}") from None
+    return StaticRubric(title=title or desc, description=desc if title else "", weight=weight)
 
 
-def parse_static_rubrics(rows: Sequence[dict[str, Any]]) -> tuple[StaticRubric, ...]:
-    """Rubrics from parsed rows; rows without a title and a description are an error."""
-    out = []
-    for k, r in enumerate(rows):
-        title = str(r.get("title", "") or "").strip()
-        desc = str(r.get("description", r.get("criterion", "")) or "").strip()
-        if not title and not desc:
-            raise ValueError(f"static rubric {k}: empty title and description")
-        out.append(StaticRubric(title=title or desc, description=desc if title else "",
-                                weight=_weight(r.get("weight"))))
+def parse_static_rubrics(
+    rows: Sequence[dict[str, Any]], source: str = "static rubrics"
+) -> tuple[StaticRubric, ...]:
+    """Rubrics from parsed rows; a row without a title and a description, or with a bad
+    weight, is an error naming ``source`` and the row (1-based)."""
+    return _rubrics([(f"{source}: row {k + 1}", r) for k, r in enumerate(rows)], source)
+
+
+def _rubrics(located: Sequence[tuple[str, Any]], source: str) -> tuple[StaticRubric, ...]:
+    out = tuple(_rubric(row, where) for where, row in located)
     if not out:
-        raise ValueError("no static rubrics")
-    return tuple(out)
+        raise ValueError(f"{source}: no static rubrics")
+    return out
+
+
+def _json_lines(path: str, text: str) -> list[tuple[str, Any]]:
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((f"{path}: line {lineno}", json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: line {lineno} column {e.colno}: invalid JSON ({e.msg})"
+                             ) from None
+    return rows
 
 
 def load_static_rubrics(path: str | os.PathLike[str]) -> tuple[StaticRubric, ...]:
-    """Load a static rubric list (formats in the module docstring)."""
+    """Load a static rubric list (formats in the module docstring). A ``.jsonl`` file is read
+    as JSON Lines, a ``.json`` file as one JSON value; any other name is tried as JSON, then
+    as JSON Lines."""
+    name = str(path)
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
+    suffix = Path(name).suffix.lower()
+    if suffix == ".jsonl":
+        return _rubrics(_json_lines(name, text), name)
     try:
         data: Any = json.loads(text)
-    except json.JSONDecodeError:
-        data = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as e:
+        if suffix == ".json":
+            raise ValueError(f"{name}: line {e.lineno} column {e.colno}: invalid JSON ({e.msg})"
+                             ) from None
+        return _rubrics(_json_lines(name, text), name)
     if isinstance(data, dict):
-        data = data.get("rubrics", data.get("rubric"))
-        if not isinstance(data, list):
-            raise ValueError(f"{path}: no 'rubrics' / 'rubric' list")
-    return parse_static_rubrics(data)
+        listed = data.get("rubrics", data.get("rubric"))
+        if isinstance(listed, list):
+            data = listed
+        elif {"title", "description", "criterion"} & set(data):
+            data = [data]  # a single rubric (e.g. a one-line JSON Lines file)
+        else:
+            raise ValueError(f"{name}: a JSON object with neither a 'rubrics' / 'rubric' list "
+                             "nor a rubric's 'title' / 'description'")
+    if not isinstance(data, list):
+        raise ValueError(f"{name}: expected a JSON list of rubrics, got {type(data).__name__}")
+    return _rubrics([(f"{name}: row {k + 1}", r) for k, r in enumerate(data)], name)
 
 
 @dataclass(frozen=True)

@@ -197,8 +197,11 @@ def test_rewarders_need_a_judge_and_known_options():
         make_rewarder("static_rubrics", task, {}, None)
     with pytest.raises(ValueError, match="unknown MemoryConfig keys"):
         make_rewarder("arbor", task, {"rubric_lamda": 0.1}, RuleJudge())
-    with pytest.raises(KeyError, match="unknown embedder"):
-        make_rewarder("arbor", task, {"embedder": "nope"}, RuleJudge())
+    # names are checked against their registries when the rewarder is built (start-up)
+    for key, typo in (("embedder", "nope"), ("graph", "ring_diam"),
+                      ("tie_break", "fromat_then_length")):
+        with pytest.raises(ValueError, match=rf"MemoryConfig\.{key} must be one of .*{typo}"):
+            make_rewarder("arbor", task, {key: typo}, RuleJudge())
 
 
 # --- the rewarder on hand-written trajectories ------------------------------------------------

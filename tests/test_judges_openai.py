@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import pickle
 import threading
@@ -21,6 +22,7 @@ from judges import (
     ConsolidateRequest,
     Draft,
     EquivRequest,
+    FallbackDrafts,
     InduceRequest,
     Judge,
     LLMJudge,
@@ -207,6 +209,87 @@ def test_exhausted_or_fatal_requests_fall_back_without_reask(server, fault, requ
     assert (s["failed_requests"], s["backend_errors"], s["fallbacks"], s["reasks"]) == (1, 1, 1, 0)
 
 
+def test_induce_and_consolidate_fallbacks_are_marked(server):
+    # A failed induction / consolidation is FallbackDrafts (== ()), not an answer "nothing in
+    # common", so the rubric memory can keep the drafts it sent.
+    judge = make(server, max_retries=0)
+    ok, bad = bounded(lambda: judge.consolidate([
+        ConsolidateRequest((Draft("Plan", "p"),)),
+        ConsolidateRequest((Draft("FAULT[400*all] Plan", "p"),)),
+    ]))
+    assert ok and not isinstance(ok, FallbackDrafts)
+    assert isinstance(bad, FallbackDrafts) and bad == ()
+    (bad,) = bounded(lambda: judge.induce([InduceRequest("FAULT[400*all] q", "b", None, "w")]))
+    assert isinstance(bad, FallbackDrafts)
+    assert judge.stats()["fallbacks_consolidate"] == judge.stats()["fallbacks_induce"] == 1
+
+
+class CannedServer(FakeJudgeServer):
+    """Answers every chat request with HTTP 200 and the next canned ``(headers, raw body)``
+    (the last one repeats): for bodies the fake judge never sends."""
+
+    def __init__(self, replies: list[tuple[dict[str, str], bytes]]):
+        super().__init__()
+        self.replies = replies
+
+    def _handle(self, h) -> None:
+        h.rfile.read(int(h.headers.get("Content-Length") or 0))
+        with self.lock:
+            self.requests += 1
+            headers, raw = self.replies[min(self.requests, len(self.replies)) - 1]
+        self._send(h, 200, None, raw=raw, headers=headers)
+
+
+def _reply(content: str, **extra) -> bytes:
+    return json.dumps({"choices": [{"message": {"content": content}, **extra}]}).encode()
+
+
+MET = _reply(json.dumps({"explanation": "x", "criteria_met": True}))
+BAD_BODIES = {
+    "message is a string": ({}, b'{"choices": [{"message": "hello"}]}'),
+    "usage is a number": ({}, b'{"choices": [{"message": {"content": "x"}}], "usage": 5}'),
+    "token count is text": ({}, b'{"choices": [{"message": {"content": "x"}}], '
+                                b'"usage": {"prompt_tokens": "many"}}'),
+    "choices is a string": ({}, b'{"choices": "none"}'),
+    "body is a list": ({}, b"[1, 2]"),
+    # httpx raises DecodingError (a RequestError, not a TransportError) inside client.post
+    "gzip header, plain body": ({"Content-Encoding": "gzip"}, MET),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_BODIES))
+def test_wrongly_shaped_or_undecodable_bodies_are_retried_then_fall_back(name):
+    bad = BAD_BODIES[name]
+    with CannedServer([bad]) as srv:
+        judge = make(srv, max_retries=2)
+        res = bounded(lambda: judge.check([CheckRequest("q", "paris", "paris")]))
+        assert res == [CheckResult(False, 0.5, True)]
+        s = judge.stats()
+        assert (s["bad_responses"], s["retries"], s["failed_requests"]) == (3, 2, 1)
+        assert (s["backend_errors"], s["fallbacks"], s["transport_errors"]) == (1, 1, 0)
+        assert srv.requests == 3
+    with CannedServer([bad, ({}, MET)]) as srv:  # a retry recovers
+        judge = make(srv, max_retries=2)
+        res = bounded(lambda: judge.check([CheckRequest("q", "paris", "paris")]))
+        assert res == [CheckResult(True, 1.0)]
+        assert (judge.stats()["bad_responses"], judge.stats()["retries"]) == (1, 1)
+
+
+@pytest.mark.parametrize("logprobs", [
+    {"content": ["Yes"]},  # an entry that is not an object
+    {"content": [{"token": "Yes", "logprob": None}]},
+    {"content": [{"top_logprobs": "Yes"}]},
+    {"top_logprobs": ["Yes"]},  # legacy format, entry not an object
+])
+def test_wrongly_shaped_logprobs_are_bad_responses(logprobs):
+    with CannedServer([({}, _reply("Yes", logprobs=logprobs))]) as srv:
+        backend = make(srv, max_retries=1).backend
+        out = bounded(lambda: backend.choice_probs([[{"role": "user", "content": "q"}]]))
+        assert out == [{}]
+        s = backend.stats()
+        assert (s["bad_responses"], s["failed_requests"], s["logprob_unsupported"]) == (2, 1, 1)
+
+
 def test_connection_refused_is_counted_and_does_not_hang():
     with FakeJudgeServer() as srv:
         url = srv.base_url  # the port is free again once the server stops
@@ -270,6 +353,21 @@ def test_cache_key_covers_model_and_sampling(server, tmp_path):
     assert server.requests == 4
     bounded(lambda: make(server, cache_dir=str(tmp_path), seed=1).check(reqs))
     assert server.requests == 4
+
+
+def test_cache_key_covers_the_server_address_but_not_the_api_key(monkeypatch, tmp_path):
+    # conf/judge/openai.yaml: model "default", seed 0, one cache folder for every server. A
+    # verdict of one server must not be replayed for another; the key does not matter.
+    reqs = [CheckRequest("q", "paris", "paris")]
+    with FakeJudgeServer() as a, FakeJudgeServer() as b:
+        bounded(lambda: make(a, cache_dir=str(tmp_path), model="default", seed=0).check(reqs))
+        bounded(lambda: make(b, cache_dir=str(tmp_path), model="default", seed=0).check(reqs))
+        assert (a.requests, b.requests) == (1, 1)
+        monkeypatch.setenv("JUDGE_TEST_KEY", SECRET)
+        again = make(b, cache_dir=str(tmp_path), model="default", seed=0,
+                     api_key_env="JUDGE_TEST_KEY")
+        assert bounded(lambda: again.check(reqs))[0].met and b.requests == 1
+        assert again.stats()["cache_hits"] == 1
 
 
 # --- secrets --------------------------------------------------------------------------------------

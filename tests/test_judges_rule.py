@@ -88,6 +88,25 @@ def test_trajectory_parsing_and_prompt_stripping():
     assert not parse_trajectory("<search>x<answer>a</answer>").valid_format
 
 
+def test_a_real_beijing_answer_is_kept_and_only_the_prompt_is_stripped():
+    # The prompt's example answer is "<answer> Beijing </answer>"; a policy whose real answer is
+    # Beijing wrote the same text, and used to lose its whole trajectory (no segments, invalid).
+    resp = ("<think>..</think><search>capital of China</search><information>...</information>"
+            "<think>ok</think>\n<answer> Beijing </answer>")
+    t = parse_trajectory(resp)
+    assert t.answer == "Beijing" and t.valid_format and t.searches == ["capital of China"]
+    # With the prompt in front (the test prompt's layout and the environment's own), only the
+    # prompt is dropped, whatever the answer.
+    from rl.search.env import search_prompt
+
+    for prompt in (SEARCH_R1_PROMPT, search_prompt("What is the capital of China?")):
+        full = parse_trajectory(prompt + resp)
+        assert full.segments == t.segments and full.valid_format
+        assert parse_trajectory(prompt).segments == ()  # a prompt alone has no answer
+    # the process features read the real trajectory: one search, then an answer
+    assert fsat("max_searches:1", resp, "What is the capital of China?")
+
+
 def test_question_entities():
     ents = question_entities('Who wrote "The Old Man and the Sea"? When did Bank of America open?')
     assert ["old", "man", "and", "sea"] in ents and ["bank", "of", "america"] in ents

