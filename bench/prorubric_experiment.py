@@ -22,7 +22,7 @@ Usage (CPU, shipped SmolLM2-135M, rule judge)::
         --seeds 0,1 --steps 30 --extra optim.lr=1e-5
 
 Re-running continues where it stopped (finished runs are skipped, interrupted ones resume).
-Plots: ``PRORUBRIC_RUNS=<out>/* jupyter nbconvert --execute notebooks/prorubric.ipynb``.
+Plots: ``PRORUBRIC_RUNS=<out>/* jupyter execute --inplace notebooks/prorubric.ipynb``.
 """
 
 from __future__ import annotations

@@ -231,3 +231,14 @@ def test_sharded_forward_matches_single_device():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300)
     assert "SHARDED_OK" in res.stdout, res.stderr[-3000:]
+
+
+def test_demo_cli_generates_for_each_prompt():
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "models.demo", "hello", "two", "--model", "tiny",
+                          "--max-new-tokens", "5"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.count("[length]") == 2 and "> hello" in res.stdout
+    assert "10 tokens in" in res.stdout and "batch 2" in res.stdout
