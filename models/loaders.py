@@ -129,7 +129,10 @@ def load_hf_folder(folder: str | Path, dtype: Any = np.float32) -> tuple[ModelCo
     names = {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight",
              "lm_head": "lm_head.weight"}
     if not cfg.tie_embeddings and "lm_head.weight" not in tensors:
-        cfg = cfg.replace(tie_embeddings=True)  # some exports drop the head when it is tied
+        # a tied head that an export dropped looks the same as a missing shard: only the
+        # config can tell, and it says the head is untied
+        raise ModelLoadError(f"{folder}: config.json has tie_word_embeddings=false but the "
+                             f"weights hold no lm_head.weight (a missing shard?)")
     params = _assemble(cfg, get, names, "model.layers.{i}.{name}", HF_LAYER, str(folder), dtype)
     return cfg, params
 

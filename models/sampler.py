@@ -117,9 +117,12 @@ def sample_categorical(key: jax.Array, logits: jax.Array, block: int = 128) -> j
     inner = jnp.take_along_axis(p, chosen[:, None, None], 1)[:, 0]          # [B, block]
     cum_inner = inner @ jnp.triu(jnp.ones((block, block), p.dtype))
     idx = jnp.sum(cum_inner <= u - before, axis=-1)
-    # rounding can push u past the block's own sum: fall back to its last possible token
-    last = jnp.max(jnp.where(inner > 0, jnp.arange(block), 0), axis=-1)
-    return (chosen * block + jnp.minimum(idx, last)).astype(jnp.int32)
+    # rounding can push u outside the block's own mass, past its end or before its start:
+    # clamp to the block's first and last possible tokens
+    possible = jnp.where(inner > 0, jnp.arange(block), -1)
+    last = jnp.max(possible, axis=-1)
+    first = jnp.min(jnp.where(possible >= 0, possible, block), axis=-1)
+    return (chosen * block + jnp.clip(idx, first, last)).astype(jnp.int32)
 
 
 def _sample(logits: jax.Array, key: jax.Array, temperature: float, top_p: float) -> jax.Array:

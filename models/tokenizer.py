@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ import jinja2.sandbox
 import tokenizers
 
 from models.config import ModelLoadError
+
+log = logging.getLogger(__name__)
 
 Message = dict[str, str]
 
@@ -53,7 +56,12 @@ class Tokenizer:
         self.bos_id = self._id(bos_token)
         eos = [self._id(t) for t in (eos_token, *extra_eos)]
         self.eos_ids = tuple(dict.fromkeys(i for i in eos if i is not None))
-        self.pad_id = self._id(pad_token) if pad_token else (self.eos_ids or (0,))[0]
+        pad_id = self._id(pad_token) if pad_token else None
+        if pad_token and pad_id is None:
+            log.warning("%s: pad token %r is not in the vocabulary; padding with the EOS "
+                        "token instead", source, pad_token)
+        # padding is always masked out, so any in-vocabulary id serves
+        self.pad_id = pad_id if pad_id is not None else (self.eos_ids or (0,))[0]
 
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self.backend.token_to_id(token)
@@ -139,14 +147,14 @@ def load_hf_tokenizer(folder: str | Path) -> Tokenizer:
         raise ModelLoadError(f"{path}: cannot read tokenizer ({e})") from None
     cfg: dict[str, Any] = {}
     if (folder / "tokenizer_config.json").exists():
-        cfg = json.loads((folder / "tokenizer_config.json").read_text())
+        cfg = _read_json(folder / "tokenizer_config.json")
     template = cfg.get("chat_template")
     if (folder / "chat_template.jinja").exists():
         template = (folder / "chat_template.jinja").read_text()
     extra_eos: tuple[str, ...] = ()
     gen_cfg = folder / "generation_config.json"
     if gen_cfg.exists():
-        eos = json.loads(gen_cfg.read_text()).get("eos_token_id")
+        eos = _read_json(gen_cfg).get("eos_token_id")
         ids = [eos] if isinstance(eos, int) else (eos or [])
         extra_eos = tuple(backend.id_to_token(i) for i in ids if backend.id_to_token(i))
     return Tokenizer(backend, chat_template=template,
@@ -155,6 +163,16 @@ def load_hf_tokenizer(folder: str | Path) -> Tokenizer:
                      pad_token=_token_content(cfg.get("pad_token")),
                      add_bos=bool(cfg.get("add_bos_token", False)), extra_eos=extra_eos,
                      source=str(folder))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def load_gguf_tokenizer(path: str | Path) -> Tokenizer:

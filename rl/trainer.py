@@ -31,7 +31,7 @@ from models.sharding import (
     param_shardings,
     shard,
 )
-from rl.advantages import group_advantages
+from rl.advantages import ADVANTAGES, group_advantages
 from rl.batch import build_batch
 from rl.checkpoint import Checkpointer
 from rl.dapo import overlong_penalty
@@ -39,6 +39,8 @@ from rl.data import PromptStream
 from rl.envs import SamplerPolicy
 from rl.eval import greedy_rollouts
 from rl.group_stats import all_wrong_frac, converted_frac, homogeneous_frac
+from rl.kl import KL_ESTIMATORS
+from rl.losses import LOSS_AGG
 from rl.optim import OptimConfig, lr_schedule, make_optimizer
 from rl.rewarders import make_rewarder
 from rl.runlog import RunLog
@@ -85,6 +87,30 @@ def validate(cfg: Mapping[str, Any]) -> None:
              f"= {per_update}")
     if a.get("dynamic_sampling"):
         _require(int(a["max_gen_batches"]) >= 1, "algo.max_gen_batches", "must be >= 1")
+    for key, registry in (("advantage", ADVANTAGES), ("kl_estimator", KL_ESTIMATORS),
+                          ("loss_agg", LOSS_AGG)):
+        _require(str(a[key]) in registry, f"algo.{key}",
+                 f"must be one of {registry.names()}, got {a[key]!r}")
+    ov = a.get("overlong") or {}
+    if ov.get("enabled"):
+        _require(float(ov["penalty"]) >= 0, "algo.overlong.penalty",
+                 f"must be >= 0, got {ov['penalty']}")
+
+
+def response_budget(cfg: Mapping[str, Any], task: Any) -> int:
+    """Most tokens a trajectory holds after its prompt: the task's budget for multi-turn tasks
+    (actions and observations), else trainer.max_new_tokens."""
+    return int(getattr(task, "max_response_tokens", 0) or cfg["trainer"]["max_new_tokens"])
+
+
+def overlong_buffer(cfg: Mapping[str, Any], budget: int) -> int:
+    """DAPO's soft-punishment buffer: algo.overlong.buffer_len tokens before the response
+    budget (null: a quarter of it; DAPO used 4,096 of 20,480)."""
+    value = (cfg["algo"].get("overlong") or {}).get("buffer_len")
+    buffer = budget // 4 if value is None else int(value)
+    _require(0 <= buffer < budget, "algo.overlong.buffer_len",
+             f"must be in [0, {budget}) (the response budget), got {buffer}")
+    return buffer
 
 
 def fingerprint(cfg: Mapping[str, Any], model_cfg: Any) -> dict[str, Any]:
@@ -129,9 +155,7 @@ class Trainer:
     # ------------------------------------------------------------------------- phases
 
     def response_budget(self) -> int:
-        """Most tokens a trajectory holds after its prompt (multi-turn tasks say so)."""
-        return int(getattr(self.task, "max_response_tokens", 0)
-                   or self.cfg["trainer"]["max_new_tokens"])
+        return response_budget(self.cfg, self.task)
 
     def policy(self, evaluation: bool = False) -> SamplerPolicy:
         """The sampler on the current weights; training rollouts in trainer.rollout_dtype,
@@ -189,9 +213,11 @@ class Trainer:
         ov = self.cfg["algo"].get("overlong") or {}
         if not ov.get("enabled"):
             return rewards
-        lengths = np.asarray([[tr.num_action_tokens for tr in g.trajectories] for g in groups])
-        pen = overlong_penalty(jnp.asarray(lengths), int(self.cfg["trainer"]["max_new_tokens"]),
-                               int(ov["buffer_len"]), float(ov["penalty"]))
+        # the whole response (a multi-turn one with its observations) against its budget
+        lengths = np.asarray([[len(tr.tokens) for tr in g.trajectories] for g in groups])
+        budget = self.response_budget()
+        pen = overlong_penalty(jnp.asarray(lengths), budget, overlong_buffer(self.cfg, budget),
+                               float(ov["penalty"]))
         return rewards + np.asarray(pen)
 
     def update(self, batch: dict) -> tuple[list[dict], float]:
@@ -243,7 +269,8 @@ class Trainer:
         step_s = time.perf_counter() - t_start
 
         lengths = np.asarray([tr.num_action_tokens for g in groups for tr in g.trajectories])
-        out_j, tot_j = jnp.asarray(out.outcome), jnp.asarray(rewards)
+        # before length shaping: the rubric term alone decides which groups it converted
+        out_j, tot_j = jnp.asarray(out.outcome), jnp.asarray(out.rewards)
         avg = {k: float(np.mean([m[k] for m in train_metrics])) for k in train_metrics[0]}
         record = {
             "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
@@ -365,14 +392,15 @@ def _samples(groups: Sequence[Group], out: RewardOutput, rewards: np.ndarray,
     return recs
 
 
-def loss_config(cfg: Mapping[str, Any]) -> LossConfig:
+def loss_config(cfg: Mapping[str, Any], budget: int) -> LossConfig:
+    """The loss settings; `budget` is the response budget (Dr.GRPO's constant normaliser)."""
     a, t = cfg["algo"], cfg["trainer"]
     updates = int(t["ppo_epochs"]) * int(t["mini_batches"])
     return LossConfig(
         eps_low=float(a["eps_low"]), eps_high=float(a["eps_high"]),
         dual_clip=None if a.get("dual_clip") is None else float(a["dual_clip"]),
         beta=float(a["beta"]), kl_estimator=str(a["kl_estimator"]),
-        loss_agg=str(a["loss_agg"]), max_len_norm=int(t["max_new_tokens"]),
+        loss_agg=str(a["loss_agg"]), max_len_norm=budget,
         entropy_coef=float(a.get("entropy_coef", 0.0)), on_policy=updates == 1,
         micro_batches=int(t["micro_batches"]), remat=bool(t["remat"]))
 
@@ -409,7 +437,11 @@ def init_from_run(run_dir: str, cfg: Mapping[str, Any], params: Any) -> Any:
 def build_trainer(cfg: Mapping[str, Any], config_text: str = "") -> Trainer:
     """Validate, load, restore: everything up to the first step."""
     validate(cfg)
-    lc, oc = loss_config(cfg), optim_config(cfg)  # raise on bad values before any loading
+    task = make_task(cfg["task"])
+    budget = response_budget(cfg, task)
+    if (cfg["algo"].get("overlong") or {}).get("enabled"):
+        overlong_buffer(cfg, budget)
+    lc, oc = loss_config(cfg, budget), optim_config(cfg)  # bad values fail before any loading
     t = cfg["trainer"]
     run_dir = Path(str(t["run_dir"]))
     ckpt = Checkpointer(run_dir / "checkpoints", keep=int(t["keep_checkpoints"]))
@@ -421,7 +453,6 @@ def build_trainer(cfg: Mapping[str, Any], config_text: str = "") -> Trainer:
     mesh_cfg = cfg.get("mesh") or {}
     initialize_distributed(mesh_cfg.get("coordinator"), mesh_cfg.get("num_processes"),
                            mesh_cfg.get("process_id"))
-    task = make_task(cfg["task"])
     dtype = jnp.dtype(str(cfg["model"].get("dtype", "float32")))
     model_cfg, params, tokenizer = load_params(str(cfg["model"]["path"]), dtype,
                                                seed=int(t["seed"]))

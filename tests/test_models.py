@@ -115,6 +115,34 @@ def test_load_hf_folder_with_tokenizer(tmp_path_factory, tmp_path):
         load(str(work))
 
 
+def test_untied_model_without_its_head_is_refused(tmp_path_factory, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    _, _, folder = _saved("llama", tmp_path_factory)  # tie_word_embeddings=false
+    work = tmp_path / "m"
+    shutil.copytree(folder, work)
+    weights = load_file(work / "model.safetensors")
+    del weights["lm_head.weight"]
+    save_file(weights, work / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="tie_word_embeddings=false.*no lm_head.weight"):
+        load_hf_folder(work)
+
+
+def test_tokenizer_files_that_do_not_parse_are_named(tmp_path):
+    from models.presets import cached_tokenizer
+    from models.tokenizer import load_hf_tokenizer
+
+    tok = cached_tokenizer(str(shipped_gguf_path()))
+    tok.backend.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>",')
+    with pytest.raises(ModelLoadError, match="tokenizer_config.json: not valid JSON"):
+        load_hf_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|im_end|>", "pad_token": "<pad-not-in-vocab>"}))
+    t = load_hf_tokenizer(tmp_path)  # padding falls back to EOS, with a warning
+    assert t.pad_id == t.eos_ids[0] == tok.backend.token_to_id("<|im_end|>")
+
+
 @pytest.fixture(scope="module")
 def shipped():
     return load_params("smollm2_135m")

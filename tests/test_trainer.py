@@ -14,8 +14,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from rl.tasks import TASKS
-from rl.trainer import ConfigError, build_trainer
-from rl.types import Prompt, Trajectory
+from rl.trainer import ConfigError, Trainer, build_trainer
+from rl.types import Group, Prompt, Trajectory
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -145,6 +145,18 @@ def test_bfloat16_rollouts_train_and_evaluate_in_float32(tmp_path):
     assert all(np.isfinite(r["loss"]) for r in recs if "loss" in r)
 
 
+def test_dapo_overlong_shaping_ramps_over_the_last_quarter_of_the_budget(tmp_path):
+    """algo=dapo with the default buffer (a quarter of a 16-token budget): responses up to 12
+    tokens are not punished, then -1/4 per token, -1 at the budget."""
+    trainer = type("T", (), {"cfg": make_cfg(tmp_path / "d", "algo=dapo"),
+                             "response_budget": lambda self: 16})()
+    trajs = tuple(Trajectory((1,), (2,) * n, (1,) * n, (0.0,) * n, "", "eos")
+                  for n in (8, 12, 14, 16))
+    groups = [Group(Prompt("p", ({"role": "user", "content": "q"},)), trajs)]
+    shaped = Trainer.shaped_rewards(trainer, groups, np.zeros((1, 4)))
+    np.testing.assert_allclose(shaped, [[0.0, 0.0, -0.5, -1.0]])
+
+
 @pytest.mark.parametrize("override, key", [
     ("algo.group_size=1", "algo.group_size"),
     ("algo.eps_low=-0.1", "algo.eps_low"),
@@ -152,10 +164,15 @@ def test_bfloat16_rollouts_train_and_evaluate_in_float32(tmp_path):
     ("trainer.mini_batches=3", "trainer.mini_batches"),
     ("algo.dual_clip=0.5", "algo.dual_clip"),
     ("trainer.rollout_dtype=float16", "trainer.rollout_dtype"),
+    ("algo.loss_agg=token_mean", "algo.loss_agg"),
+    ("algo.advantage=dr_grpo", "algo.advantage"),
+    ("algo.kl_estimator=kl3", "algo.kl_estimator"),
+    ("algo.overlong.enabled=true algo.overlong.buffer_len=16", "algo.overlong.buffer_len"),
+    ("algo.overlong.enabled=true algo.overlong.penalty=-1", "algo.overlong.penalty"),
 ])
 def test_invalid_config_names_the_key(tmp_path, override, key):
     with pytest.raises(ConfigError, match=key.replace(".", "\\.")):
-        build_trainer(make_cfg(tmp_path / "x", override))
+        build_trainer(make_cfg(tmp_path / "x", *override.split()))
     assert not (tmp_path / "x" / "metrics.jsonl").exists()
 
 
