@@ -122,7 +122,9 @@ def fingerprint(cfg: Mapping[str, Any], model_cfg: Any) -> dict[str, Any]:
             "group_size": int(cfg["algo"]["group_size"]),
             "batch_prompts": int(cfg["trainer"]["batch_prompts"]),
             # the prompt order and every step's sampling seed derive from it
-            "seed": int(cfg["trainer"]["seed"])}
+            "seed": int(cfg["trainer"]["seed"]),
+            # the starting weights, and with beta > 0 the KL reference
+            "init_from": str(cfg["trainer"].get("init_from") or "")}
 
 
 def _step_seed(seed: int, step: int, draw: int = 0) -> int:
@@ -456,7 +458,7 @@ def build_trainer(cfg: Mapping[str, Any], config_text: str = "") -> Trainer:
     dtype = jnp.dtype(str(cfg["model"].get("dtype", "float32")))
     model_cfg, params, tokenizer = load_params(str(cfg["model"]["path"]), dtype,
                                                seed=int(t["seed"]))
-    if t.get("init_from") and latest is None:
+    if t.get("init_from"):  # on resume too: the KL reference is these weights, not the base
         params = init_from_run(str(t["init_from"]), cfg, params)
     meta = None
     if latest is not None:

@@ -119,6 +119,27 @@ def test_exact_resume(tmp_path):
     assert [r["step"] for r in records if "eval/n" in r] == [2, 4]
 
 
+def test_resumed_run_keeps_its_init_from_weights_as_kl_reference(tmp_path):
+    common = [*LEARN, "trainer.batch_prompts=2", "algo.group_size=2", "trainer.max_new_tokens=4",
+              "trainer.eval_at_ends=false", "optim.lr=1e-2"]
+    warm_cfg = make_cfg(tmp_path / "warm", *common, "trainer.max_steps=1")
+    warm = build_trainer(warm_cfg, OmegaConf.to_yaml(warm_cfg))  # a run folder with its config
+    warm.run()
+    warmed = jax.device_get(warm.state.params)
+    warm.close()
+    rl = [*common, "trainer.max_steps=2", "trainer.save_every=1", "algo.beta=0.1",
+          f"trainer.init_from={tmp_path / 'warm'}"]
+    first = build_trainer(make_cfg(tmp_path / "rl", *rl))
+    first.run(until=1)
+    first.close()
+    resumed = build_trainer(make_cfg(tmp_path / "rl", *rl, "trainer.resume=true"))
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.ref_params), warmed)
+    resumed.close()
+    with pytest.raises(ConfigError, match="incompatible.*init_from"):
+        build_trainer(make_cfg(tmp_path / "rl", *common, "trainer.max_steps=2",
+                               "trainer.save_every=1", "algo.beta=0.1", "trainer.resume=true"))
+
+
 def test_incompatible_checkpoint_is_refused(tmp_path):
     common = [*LEARN, "trainer.max_steps=1", "trainer.batch_prompts=2", "algo.group_size=2",
               "trainer.max_new_tokens=4", "trainer.eval_at_ends=false"]
