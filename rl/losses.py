@@ -70,48 +70,60 @@ def ppo_clip_loss(
     return jnp.where(mask, loss, 0.0), stats
 
 
-def _seq_mean(per_seq: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean of per-sequence values over sequences with at least one unmasked token."""
+def _over_seqs(per_seq: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(sum of per-sequence values, count) over sequences with at least one unmasked token."""
     has_tokens = jnp.any(mask.astype(bool), axis=-1)
-    return masked_mean(per_seq, has_tokens)
+    return masked_sum(per_seq, has_tokens), jnp.sum(has_tokens, dtype=per_seq.dtype)
+
+
+# Each mode is a sum over units (tokens or sequences) divided by their count. A mode returns
+# the two parts, so that micro-batches of one mini-batch can share the mini-batch's count and
+# add up to exactly its loss (see agg_loss's `count`).
 
 
 @LOSS_AGG.register("token-mean")
-def agg_token_mean(per_token: jax.Array, mask: jax.Array, max_len: int | None = None) -> jax.Array:
+def agg_token_mean(per_token: jax.Array, mask: jax.Array,
+                   max_len: int | None = None) -> tuple[jax.Array, jax.Array]:
     """``sum_{b,t} m L / sum_{b,t} m`` over the whole batch."""
-    return masked_mean(per_token, mask)
+    return masked_sum(per_token, mask), masked_sum(jnp.ones_like(per_token), mask)
 
 
 @LOSS_AGG.register("seq-mean-token-mean")
-def agg_seq_mean_token_mean(
-    per_token: jax.Array, mask: jax.Array, max_len: int | None = None
-) -> jax.Array:
+def agg_seq_mean_token_mean(per_token: jax.Array, mask: jax.Array,
+                            max_len: int | None = None) -> tuple[jax.Array, jax.Array]:
     """``mean_b (sum_t m L / sum_t m)`` over sequences with at least one token."""
-    return _seq_mean(masked_mean(per_token, mask, axis=-1), mask)
+    return _over_seqs(masked_mean(per_token, mask, axis=-1), mask)
 
 
 @LOSS_AGG.register("seq-mean-token-sum")
-def agg_seq_mean_token_sum(
-    per_token: jax.Array, mask: jax.Array, max_len: int | None = None
-) -> jax.Array:
+def agg_seq_mean_token_sum(per_token: jax.Array, mask: jax.Array,
+                           max_len: int | None = None) -> tuple[jax.Array, jax.Array]:
     """``mean_b (sum_t m L)`` over sequences with at least one token."""
-    return _seq_mean(masked_sum(per_token, mask, axis=-1), mask)
+    return _over_seqs(masked_sum(per_token, mask, axis=-1), mask)
 
 
 @LOSS_AGG.register("seq-mean-token-sum-norm")
-def agg_seq_mean_token_sum_norm(
-    per_token: jax.Array, mask: jax.Array, max_len: int | None = None
-) -> jax.Array:
+def agg_seq_mean_token_sum_norm(per_token: jax.Array, mask: jax.Array,
+                                max_len: int | None = None) -> tuple[jax.Array, jax.Array]:
     """``mean_b (sum_t m L / max_len)`` (Dr.GRPO); ``max_len`` defaults to ``T``."""
     norm = per_token.shape[-1] if max_len is None else max_len
-    return _seq_mean(masked_sum(per_token, mask, axis=-1) / norm, mask)
+    return _over_seqs(masked_sum(per_token, mask, axis=-1) / norm, mask)
 
 
-def agg_loss(
-    per_token: jax.Array, mask: jax.Array, mode: str = "token-mean", max_len: int | None = None
-) -> jax.Array:
-    """Scalar loss from per-token losses [B, T] and mask [B, T]; 0 when the mask is empty."""
-    return LOSS_AGG.get(mode)(per_token, mask, max_len=max_len)
+def agg_loss(per_token: jax.Array, mask: jax.Array, mode: str = "token-mean",
+             max_len: int | None = None, count: jax.Array | None = None) -> jax.Array:
+    """Scalar loss from per-token losses [B, T] and mask [B, T]; 0 when the mask is empty.
+
+    ``count`` replaces the mode's own count of units (tokens or sequences) in the division:
+    a micro-batch divided by its mini-batch's count (:func:`agg_count`) contributes its share,
+    and the micro-batches' losses add up to the mini-batch's."""
+    total, own = LOSS_AGG.get(mode)(per_token, mask, max_len=max_len)
+    return total / jnp.maximum(own if count is None else count, 1.0)
+
+
+def agg_count(mask: jax.Array, mode: str = "token-mean") -> jax.Array:
+    """The number of units (tokens or sequences) that ``mode`` averages over in ``mask``."""
+    return LOSS_AGG.get(mode)(jnp.zeros(mask.shape), mask)[1]
 
 
 def entropy_from_logits(logits: jax.Array) -> jax.Array:

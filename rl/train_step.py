@@ -15,6 +15,7 @@ extra forward pass); otherwise the batch carries logp_old from a forward before 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -26,7 +27,7 @@ from models.config import ModelConfig
 from models.sampler import group_logprobs
 from models.transformer import Params
 from rl.kl import kl_penalty
-from rl.losses import agg_loss, masked_mean, ppo_clip_loss
+from rl.losses import agg_count, agg_loss, masked_mean, ppo_clip_loss
 
 Batch = dict[str, jax.Array]
 
@@ -65,13 +66,14 @@ def init_train_state(params: Params, optimizer: optax.GradientTransformation) ->
     return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
 
 
-def policy_loss(cfg: ModelConfig, lc: LossConfig, params: Params,
-                batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+def policy_loss(cfg: ModelConfig, lc: LossConfig, params: Params, batch: Batch,
+                count: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Scalar loss and metrics for one (micro-)batch, laid out as ``rl.batch`` describes.
 
     batch: prefix, prefix_mask [N,P]; tokens, attn_mask, loss_mask [N,G,R]; advantages [N,G];
     logp_old [N,G,R] unless on_policy; logp_ref [N,G,R] when beta > 0. The loss sees the
-    N*G trajectories as rows.
+    N*G trajectories as rows. ``count``: the mini-batch's count of the units the aggregation
+    averages over, when this is one of its micro-batches (``rl.losses.agg_loss``).
     """
     logp, entropy = group_logprobs(cfg, params, batch["prefix"], batch["prefix_mask"],
                                    batch["tokens"], batch["attn_mask"], remat=lc.remat,
@@ -83,21 +85,26 @@ def policy_loss(cfg: ModelConfig, lc: LossConfig, params: Params,
     per_token, stats = ppo_clip_loss(logp, logp_old, batch["advantages"].reshape(-1), mask,
                                      eps_low=lc.eps_low, eps_high=lc.eps_high,
                                      dual_clip=lc.dual_clip)
-    pg_loss = agg_loss(per_token, mask, lc.loss_agg, lc.max_len_norm)
+    agg = functools.partial(agg_loss, mask=mask, mode=lc.loss_agg, max_len=lc.max_len_norm,
+                            count=count)
+    pg_loss = agg(per_token)
     loss = pg_loss
     metrics = {"pg_loss": pg_loss, "clip_frac": stats["clip_frac"],
                "approx_kl": stats["approx_kl"], "entropy": masked_mean(entropy, mask)}
     if lc.beta > 0:
         kl = kl_penalty(logp, rows(batch["logp_ref"]), lc.kl_estimator)
-        kl_loss = agg_loss(kl, mask, lc.loss_agg, lc.max_len_norm)
+        kl_loss = agg(kl)
         loss = loss + lc.beta * kl_loss
         metrics["kl"] = masked_mean(kl, mask)
     else:
         metrics["kl"] = jnp.zeros(())
     if lc.entropy_coef > 0:
-        loss = loss - lc.entropy_coef * agg_loss(entropy, mask, lc.loss_agg, lc.max_len_norm)
+        loss = loss - lc.entropy_coef * agg(entropy)
     metrics["loss"] = loss
     return loss, metrics
+
+
+SUMMED = ("loss", "pg_loss")  # metrics that are micro-batch shares of the mini-batch's value
 
 
 def make_train_step(cfg: ModelConfig, lc: LossConfig, optimizer: optax.GradientTransformation,
@@ -105,24 +112,31 @@ def make_train_step(cfg: ModelConfig, lc: LossConfig, optimizer: optax.GradientT
                     donate: bool = True) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
     """Build the jitted ``train_step(state, batch) -> (state, metrics)``."""
 
-    grad_fn = jax.value_and_grad(lambda p, b: policy_loss(cfg, lc, p, b), has_aux=True)
+    grad_fn = jax.value_and_grad(lambda p, b, c=None: policy_loss(cfg, lc, p, b, c),
+                                 has_aux=True)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         m = lc.micro_batches
         if m == 1:
             (_, metrics), grads = grad_fn(state.params, batch)
         else:
+            # Each micro-batch divides by the whole mini-batch's count of tokens (or
+            # sequences), so losses and gradients add up to exactly the mini-batch's; token
+            # means among the metrics are weighted by each micro-batch's share of the tokens.
             micro = jax.tree.map(lambda x: x.reshape(m, x.shape[0] // m, *x.shape[1:]), batch)
+            loss_mask = batch["loss_mask"].reshape(-1, batch["loss_mask"].shape[-1])
+            count = agg_count(loss_mask, lc.loss_agg)
+            tokens = jnp.maximum(jnp.sum(loss_mask), 1.0)
 
             def acc(carry, mb):
-                (_, met), g = grad_fn(state.params, mb)
+                (_, met), g = grad_fn(state.params, mb, count)
+                share = jnp.sum(mb["loss_mask"]) / tokens
+                met = {k: v if k in SUMMED else v * share for k, v in met.items()}
                 return jax.tree.map(jnp.add, carry, (g, met)), None
 
             zeros = jax.tree.map(jnp.zeros_like, (state.params, jax.eval_shape(
                 lambda: grad_fn(state.params, jax.tree.map(lambda x: x[0], micro))[0][1])))
             (grads, metrics), _ = jax.lax.scan(acc, zeros, micro)
-            grads = jax.tree.map(lambda g: g / m, grads)
-            metrics = jax.tree.map(lambda v: v / m, metrics)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = dict(metrics, grad_norm=optax.tree.norm(grads))

@@ -230,6 +230,8 @@ class Trainer:
         for _ in range(int(t["ppo_epochs"])):
             for k in range(int(t["mini_batches"])):
                 sl = {key: v[k * mb:(k + 1) * mb] for key, v in batch.items()}
+                if not sl["loss_mask"].any() and batch["loss_mask"].any():
+                    continue  # only filler groups (rl.batch): an optimizer step on nothing
                 sl = jax.device_put(sl, batch_sharding(self.mesh, 1, None)
                                     if self.mesh is not None else None)
                 self.state, m = self.train_step(self.state, sl)

@@ -112,3 +112,27 @@ def test_a_batch_that_cannot_be_cut_evenly_is_filled_with_blank_groups():
     np.testing.assert_allclose(float(m["loss"]), float(ref_m["loss"]), rtol=1e-5)
     for a, r in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                  "seq-mean-token-sum-norm"])
+def test_micro_batches_add_up_to_the_whole_batch(mode):
+    """Micro-batches with different token counts (one of them all blank) give the loss, the
+    metrics and the update of one pass over the mini-batch."""
+    cfg = tiny_config(vocab_size=256)
+    params = init_params(cfg, jax.random.key(0))
+    groups = _groups(np.random.default_rng(6), n=3, g=2, vocab=256)
+    adv = np.random.default_rng(7).normal(size=(3, 2)).astype(np.float32)
+    batch = build_batch(groups, adv, PAD, resp_len=16, slices=4)  # + a blank group
+    opt = optax.sgd(1.0)
+    results = []
+    for m in (1, 2, 4):
+        lc = LossConfig(loss_agg=mode, beta=0.0, micro_batches=m, entropy_coef=0.01)
+        results.append(make_train_step(cfg, lc, opt, donate=False)(
+            init_train_state(params, opt), batch))
+    (ref_state, ref_m), *others = results
+    for state, m in others:
+        for key in ("loss", "pg_loss", "entropy", "clip_frac"):
+            np.testing.assert_allclose(float(m[key]), float(ref_m[key]), rtol=1e-5, atol=1e-7)
+        for a, r in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref_state.params)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=1e-6)
