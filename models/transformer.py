@@ -336,6 +336,10 @@ def forward_with_prefix(cfg: ModelConfig, params: Params, prefix: jax.Array,
                                                                          prefix.shape[1])),
          _causal(t)[None] & attn_mask[:, None, :]], axis=2)
 
+    # XLA:CPU has no bfloat16 x bfloat16 -> float32 dot over the joined keys (as over a cache
+    # buffer, see forward): there the continuations attend in float32
+    upcast = params["embed"].dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
+
     def body(carry, p):
         xp, x = carry
 
@@ -343,10 +347,15 @@ def forward_with_prefix(cfg: ModelConfig, params: Params, prefix: jax.Array,
             k, v = cached_keys(k), cached_values(v)
             return k, v, (k, v)
 
+        def joined(k, v):
+            keys = jnp.concatenate([jnp.repeat(kp, g, axis=0), cached_keys(k)], axis=3)
+            values = jnp.concatenate([jnp.repeat(vp, g, axis=0), cached_values(v)], axis=2)
+            if upcast:
+                keys, values = keys.astype(jnp.float32), values.astype(jnp.float32)
+            return keys, values, None
+
         xp, (kp, vp) = _layer(cfg, p, xp, prefix_pos, inv_freq, prefix_attn, own)
-        x, _ = _layer(cfg, p, x, pos, inv_freq, cont_attn, lambda k, v: (
-            jnp.concatenate([jnp.repeat(kp, g, axis=0), cached_keys(k)], axis=3),
-            jnp.concatenate([jnp.repeat(vp, g, axis=0), cached_values(v)], axis=2), None))
+        x, _ = _layer(cfg, p, x, pos, inv_freq, cont_attn, joined)
         return (xp, x), None
 
     xs = (params["embed"][prefix], params["embed"][tokens.reshape(n * g, t)])

@@ -38,19 +38,20 @@ from models.transformer import Params
 from rl.batch import trajectory_arrays
 from rl.compile_cache import use_compile_cache
 from rl.optim import OptimConfig, lr_schedule, make_optimizer
-from rl.train_step import Batch, TrainState, init_train_state
+from rl.train_step import Batch, TrainState, in_compute_dtype, init_train_state
 from rl.types import Trajectory
 
 log = logging.getLogger("rl.sft")
 
 
-def sft_loss(cfg: ModelConfig, params: Params, batch: Batch,
-             remat: bool = False) -> tuple[jax.Array, jax.Array]:
+def sft_loss(cfg: ModelConfig, params: Params, batch: Batch, remat: bool = False,
+             compute_dtype: str = "float32") -> tuple[jax.Array, jax.Array]:
     """(mean NLL over masked response tokens, number of those tokens).
 
     batch: prefix, prefix_mask [N,P]; tokens, attn_mask, loss_mask [N,G,R] (``rl.batch``).
     """
     mask = batch["loss_mask"].astype(jnp.float32)
+    params = in_compute_dtype(params, compute_dtype)  # float32 masters (see rl.train_step)
     logp = group_logprobs(cfg, params, batch["prefix"], batch["prefix_mask"], batch["tokens"],
                           batch["attn_mask"], remat=remat)
     n = jnp.sum(mask)
@@ -58,10 +59,12 @@ def sft_loss(cfg: ModelConfig, params: Params, batch: Batch,
 
 
 def make_sft_step(cfg: ModelConfig, optimizer: optax.GradientTransformation,
-                  lr_fn: Callable[[Any], Any] | None = None, remat: bool = False
+                  lr_fn: Callable[[Any], Any] | None = None, remat: bool = False,
+                  compute_dtype: str = "float32"
                   ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
     """The jitted ``sft_step(state, batch) -> (state, metrics)``: one optimizer update."""
-    grad_fn = jax.value_and_grad(lambda p, b: sft_loss(cfg, p, b, remat), has_aux=True)
+    grad_fn = jax.value_and_grad(lambda p, b: sft_loss(cfg, p, b, remat, compute_dtype),
+                                 has_aux=True)
 
     def sft_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         (loss, n), grads = grad_fn(state.params, batch)
@@ -116,7 +119,7 @@ def run(cfg: Mapping[str, Any], config_text: str = "") -> dict[str, Any]:
         raise ConfigError(f"task.name: task {cfg['task']['name']!r} has no demonstrations "
                           f"for SFT")
     model_cfg, params, tok = load_params(str(cfg["model"]["path"]),
-                                         jnp.dtype(str(cfg["model"].get("dtype", "float32"))),
+                                         jnp.float32,  # master weights; model.dtype computes
                                          seed=int(t["seed"]))
     new = int(t["max_new_tokens"])
     groups = task.demonstrations(str(s["split"]), tok, n=int(s["examples"]), max_new_tokens=new)
@@ -133,7 +136,8 @@ def run(cfg: Mapping[str, Any], config_text: str = "") -> dict[str, Any]:
                      schedule=str(o["schedule"]), total_steps=steps,
                      min_lr_ratio=float(o.get("min_lr_ratio", 0.1)))
     optimizer = make_optimizer(oc)
-    step_fn = make_sft_step(model_cfg, optimizer, lr_schedule(oc), bool(t.get("remat", False)))
+    step_fn = make_sft_step(model_cfg, optimizer, lr_schedule(oc), bool(t.get("remat", False)),
+                            str(cfg["model"].get("dtype", "float32")))
     state = init_train_state(params, optimizer)
 
     runlog = RunLog(run_dir, tensorboard=bool(t.get("tensorboard", True)))

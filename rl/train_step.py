@@ -45,6 +45,7 @@ class LossConfig:
     on_policy: bool = True  # logp_old = stop_gradient(logp): exact when one update per batch
     micro_batches: int = 1
     remat: bool = False
+    compute_dtype: str = "float32"  # forward/backward dtype; the weights stay float32 masters
 
     def __post_init__(self) -> None:
         for key in ("eps_low", "eps_high", "beta", "entropy_coef"):
@@ -54,6 +55,17 @@ class LossConfig:
             raise ValueError(f"algo.dual_clip must be > 1 (or null), got {self.dual_clip}")
         if self.micro_batches < 1:
             raise ValueError(f"trainer.micro_batches must be >= 1, got {self.micro_batches}")
+
+
+def in_compute_dtype(params: Params, dtype: Any) -> Params:
+    """The float32 master weights cast to the compute dtype (e.g. bfloat16) for a forward
+    pass; gradients flow back through the cast to the float32 weights, so updates far below
+    bfloat16's resolution (lr 1e-6) still move them."""
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.float32:
+        return params
+    return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating)
+                        else a, params)
 
 
 class TrainState(NamedTuple):
@@ -75,6 +87,7 @@ def policy_loss(cfg: ModelConfig, lc: LossConfig, params: Params, batch: Batch,
     N*G trajectories as rows. ``count``: the mini-batch's count of the units the aggregation
     averages over, when this is one of its micro-batches (``rl.losses.agg_loss``).
     """
+    params = in_compute_dtype(params, lc.compute_dtype)
     logp, entropy = group_logprobs(cfg, params, batch["prefix"], batch["prefix_mask"],
                                    batch["tokens"], batch["attn_mask"], remat=lc.remat,
                                    with_entropy=True)

@@ -45,7 +45,13 @@ from rl.optim import OptimConfig, lr_schedule, make_optimizer
 from rl.rewarders import make_rewarder
 from rl.runlog import RunLog
 from rl.tasks import make_task
-from rl.train_step import LossConfig, TrainState, init_train_state, make_train_step
+from rl.train_step import (
+    LossConfig,
+    TrainState,
+    in_compute_dtype,
+    init_train_state,
+    make_train_step,
+)
 from rl.types import Group, RewardOutput
 
 log = logging.getLogger(__name__)
@@ -241,6 +247,7 @@ class Trainer:
 
     def logprobs_with(self, params: Any, batch: dict) -> np.ndarray:
         keys = ("prefix", "prefix_mask", "tokens", "attn_mask")
+        params = in_compute_dtype(params, self.loss_cfg.compute_dtype)
         return np.asarray(group_logprobs(self.model_cfg, params,
                                          *(jnp.asarray(batch[k]) for k in keys),
                                          remat=self.loss_cfg.remat))
@@ -406,7 +413,8 @@ def loss_config(cfg: Mapping[str, Any], budget: int) -> LossConfig:
         beta=float(a["beta"]), kl_estimator=str(a["kl_estimator"]),
         loss_agg=str(a["loss_agg"]), max_len_norm=budget,
         entropy_coef=float(a.get("entropy_coef", 0.0)), on_policy=updates == 1,
-        micro_batches=int(t["micro_batches"]), remat=bool(t["remat"]))
+        micro_batches=int(t["micro_batches"]), remat=bool(t["remat"]),
+        compute_dtype=str(cfg["model"].get("dtype", "float32")))
 
 
 def optim_config(cfg: Mapping[str, Any]) -> OptimConfig:
@@ -457,8 +465,10 @@ def build_trainer(cfg: Mapping[str, Any], config_text: str = "") -> Trainer:
     mesh_cfg = cfg.get("mesh") or {}
     initialize_distributed(mesh_cfg.get("coordinator"), mesh_cfg.get("num_processes"),
                            mesh_cfg.get("process_id"))
-    dtype = jnp.dtype(str(cfg["model"].get("dtype", "float32")))
-    model_cfg, params, tokenizer = load_params(str(cfg["model"]["path"]), dtype,
+    # float32 master weights and optimizer state whatever model.dtype says: that is the
+    # forward/backward dtype (LossConfig.compute_dtype), and bfloat16 weights would round
+    # small updates away
+    model_cfg, params, tokenizer = load_params(str(cfg["model"]["path"]), jnp.float32,
                                                seed=int(t["seed"]))
     if t.get("init_from"):  # on resume too: the KL reference is these weights, not the base
         params = init_from_run(str(t["init_from"]), cfg, params)
@@ -476,7 +486,9 @@ def build_trainer(cfg: Mapping[str, Any], config_text: str = "") -> Trainer:
         mesh = make_mesh(dict(mesh_cfg.get("shape") or {"data": -1}))
         params = shard(params, param_shardings(params, mesh))
     optimizer = make_optimizer(oc)
-    ref_params = jax.tree.map(jnp.copy, params) if lc.beta > 0 else None
+    # the reference only runs forward passes: kept in the compute dtype
+    ref_params = (jax.tree.map(jnp.copy, in_compute_dtype(params, lc.compute_dtype))
+                  if lc.beta > 0 else None)
     state = init_train_state(params, optimizer)
     sampling = SamplingParams(max_new_tokens=int(t["max_new_tokens"]),
                               temperature=float(t["temperature"]), top_p=float(t["top_p"]),

@@ -178,6 +178,25 @@ def test_dapo_overlong_shaping_ramps_over_the_last_quarter_of_the_budget(tmp_pat
     np.testing.assert_allclose(shaped, [[0.0, 0.0, -0.5, -1.0]])
 
 
+def test_bfloat16_model_trains_float32_master_weights(tmp_path):
+    """model.dtype=bfloat16 computes in bfloat16, but an lr of 1e-6 still moves the weights:
+    bfloat16 weights would round such updates away."""
+    t = build_trainer(make_cfg(tmp_path / "bf", *LEARN, "model.dtype=bfloat16",
+                               "optim.lr=1e-6", "optim.warmup_steps=0", "trainer.max_steps=1",
+                               "trainer.batch_prompts=2", "algo.group_size=4",
+                               "trainer.max_new_tokens=8", "trainer.eval_at_ends=false"))
+    assert t.loss_cfg.compute_dtype == "bfloat16"
+    before = jax.device_get(t.state.params)
+    assert all(a.dtype == np.float32 for a in jax.tree.leaves(before))
+    t.run()
+    after = jax.device_get(t.state.params)
+    t.close()
+    moved = [np.max(np.abs(a - b)) for a, b in zip(jax.tree.leaves(after),
+                                                    jax.tree.leaves(before))]
+    assert all(a.dtype == np.float32 for a in jax.tree.leaves(after))
+    assert 0 < max(moved) < 1e-4  # Adam's first step: about lr per weight
+
+
 @pytest.mark.parametrize("override, key", [
     ("algo.group_size=1", "algo.group_size"),
     ("algo.eps_low=-0.1", "algo.eps_low"),
