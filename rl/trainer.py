@@ -179,6 +179,7 @@ class Trainer:
         keep_groups: list[Group] = []
         outs: list[RewardOutput] = []
         events: list = []  # every draw's rubric-memory events, kept or not
+        drawn: list[tuple[np.ndarray, np.ndarray]] = []  # every draw's (outcome, rewards)
         info = {"time/rollout_s": 0.0, "time/reward_s": 0.0, "dapo/gen_batches": 0,
                 "dapo/dropped_groups": 0, "rollout/generated_tokens": 0}
         state = self.reward_state
@@ -202,12 +203,19 @@ class Trainer:
                 return groups, out, info | {"_state": state}
             keep = np.std(out.rewards, axis=1) > 1e-6
             info["dapo/dropped_groups"] += int((~keep).sum())
+            drawn.append((out.outcome, out.rewards))
             for i in np.flatnonzero(keep)[: target - len(keep_groups)]:
                 keep_groups.append(groups[i])
                 outs.append(_row(out, i))
             if len(keep_groups) >= target:
                 break
         info["dapo/filled"] = float(len(keep_groups) >= target)
+        # the group statistics of everything drawn, before dynamic sampling dropped the
+        # homogeneous groups (the kept batch's own read ~0 by construction)
+        outcome, total = (jnp.asarray(np.concatenate(x)) for x in zip(*drawn))
+        info |= {"dapo/drawn_homogeneous_frac": float(homogeneous_frac(outcome)),
+                 "dapo/drawn_total_homogeneous_frac": float(homogeneous_frac(total)),
+                 "dapo/drawn_all_wrong_frac": float(all_wrong_frac(outcome))}
         if not keep_groups:  # nothing informative: train on the last draw (zero advantages)
             return groups, dataclasses.replace(out, events=tuple(events)), info | {
                 "_state": state}

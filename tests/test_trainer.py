@@ -238,6 +238,7 @@ def test_cli_runs_and_writes_run_folder(tmp_path):
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs if "reward/mean" in r] == [0, 1]
     assert "eval/outcome_mean" in recs[0] and "dapo/gen_batches" in recs[1]
+    assert 0 <= recs[1]["dapo/drawn_homogeneous_frac"] <= 1  # before dynamic sampling's filter
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["2"]
 
 
