@@ -70,7 +70,9 @@ class Generation:
         return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
 
 
-def _bucket(n: int, size: int) -> int:
+def round_up(n: int, size: int) -> int:
+    """n rounded up to a multiple of `size`, at least `size`: padded shapes come in few sizes,
+    so jitted functions compile few times."""
     return max(size, -(-n // size) * size)
 
 
@@ -79,7 +81,7 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
     """Left-pad token lists to a common length rounded up to `bucket` (fewer recompiles)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    width = _bucket(max(len(p) for p in prompts), bucket)
+    width = round_up(max(len(p) for p in prompts), bucket)
     tokens = np.full((len(prompts), width), pad_id, np.int32)
     mask = np.zeros((len(prompts), width), bool)
     for i, p in enumerate(prompts):
@@ -265,7 +267,7 @@ def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Arra
     # the same slots in the unpadded cache: the `extra` padding slots are invalid, so any
     # real slot's (finite) contents can stand in for them, and the cache is never padded
     source = jnp.maximum(order - extra, 0)
-    grow = chunk.shape[1] + _bucket(max_new, 16)
+    grow = chunk.shape[1] + round_up(max_new, 16)
 
     def compact(layer: jax.Array, axis: int) -> jax.Array:  # gather `source` along slot axis
         # one row at a time (vmap): XLA:CPU gathers the keys' minor slot axis ~2x faster
@@ -388,7 +390,7 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
         *_stopping(cfg, tokenizer, sampling, eos_ids),
         jnp.asarray(tokenizer.pad_id, jnp.int32), max_new=n,
         temperature=float(sampling.temperature), top_p=float(sampling.top_p),
-        cache_len=tokens.shape[1] + _bucket(n, 16))
+        cache_len=tokens.shape[1] + round_up(n, 16))
     return _result(tokenizer, outputs, len(prompts), decode_text, sampling.stop)
 
 
@@ -417,12 +419,12 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     if min(rows) < 0 or max(rows) >= n_state:
         raise ValueError(f"rows must index the {n_state} rows of the state, got {list(rows)}")
     longest = max(len(a) for a in appended)
-    width = _bucket(longest, 16) if longest else 0  # nothing to read: go straight to decoding
-    b = _bucket(len(rows), 4)
+    width = round_up(longest, 16) if longest else 0  # nothing to read: go straight to decoding
+    b = round_up(len(rows), 4)
     readers = [i for i, ids in enumerate(appended) if len(ids)]
     # readers: 1, 2, 4, then multiples of 4 (a read costs per row and token; one reader
     # padded to four would read four times the tokens)
-    n_read = _bucket(len(readers), 4) if len(readers) > 2 else len(readers)
+    n_read = round_up(len(readers), 4) if len(readers) > 2 else len(readers)
     # chunk line j is read by row reader_idx[j]; b (out of range) pads the list. When the
     # padded list is as long as the batch, every row gets its own line instead (a row with
     # nothing to read gets an empty one) and the reader rows need no gather and scatter.
@@ -439,7 +441,7 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     limits[:len(rows)] = _limits(len(rows), sampling, max_new_per_row)
     idx = np.full(b, rows[0], np.int32)
     idx[:len(rows)] = rows
-    keep = _bucket(int(state.n_tokens[idx].max()), 64)
+    keep = round_up(int(state.n_tokens[idx].max()), 64)
     stop_state = np.zeros(b, np.int32)
     if state.stop_state is not None and state.stops == _canonical(sampling.stop):
         resume = np.asarray([len(a) == 0 for a in appended])

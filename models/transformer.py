@@ -260,9 +260,8 @@ def forward(
         causal = slots[None, :] <= (cache_index + jnp.arange(t))[:, None]  # [T,S]
         mask = causal[None] & valid[:, None, :]
         at = jnp.asarray(cache_index, jnp.int32)
-        # XLA:CPU cannot run a bfloat16 x bfloat16 -> float32 dot on a cache buffer
-        # ("DotThunk"): a several-token forward there reads a bfloat16 cache in float32
-        upcast = t > 1 and cache.k[0].dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
+        # a several-token forward reads a bfloat16 cache in float32 on CPU
+        upcast = t > 1 and _no_bf16_dot_on_buffers(cache.k[0].dtype)
 
         def write(ck: jax.Array, cv: jax.Array, k: jax.Array, v: jax.Array):
             """Write the new keys/values at slot `cache_index` of one layer's cache (keys
@@ -296,6 +295,13 @@ def _layer(cfg: ModelConfig, p: Params, x: jax.Array, positions: jax.Array,
     keys, values, out = attend(k, v)
     x = x + dense(attention(q, keys, values, mask), p["wo"])
     return x + _mlp(p, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)), out
+
+
+def _no_bf16_dot_on_buffers(dtype: Any) -> bool:
+    """XLA:CPU cannot run a bfloat16 x bfloat16 -> float32 dot ("DotThunk") whose key operand
+    is a buffer built apart from the queries (a KV cache, keys joined from two passes): such
+    keys and values are attended over in float32 there."""
+    return dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
 
 
 def _causal(t: int) -> jax.Array:
@@ -336,9 +342,8 @@ def forward_with_prefix(cfg: ModelConfig, params: Params, prefix: jax.Array,
                                                                          prefix.shape[1])),
          _causal(t)[None] & attn_mask[:, None, :]], axis=2)
 
-    # XLA:CPU has no bfloat16 x bfloat16 -> float32 dot over the joined keys (as over a cache
-    # buffer, see forward): there the continuations attend in float32
-    upcast = params["embed"].dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
+    # the continuations attend over joined keys, like a cache buffer: float32 there on CPU
+    upcast = _no_bf16_dot_on_buffers(params["embed"].dtype)
 
     def body(carry, p):
         xp, x = carry

@@ -22,11 +22,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from models.sampler import round_up
 from rl.types import Group, Trajectory
-
-
-def _round_up(n: int, size: int) -> int:
-    return max(size, -(-n // size) * size)
 
 
 def split_groups(groups: Sequence[Sequence[Trajectory]],
@@ -56,8 +53,8 @@ def trajectory_arrays(groups: Sequence[Sequence[Trajectory]], pad_id: int,
     shared = [_shared_prefix([t.prompt_tokens for t in g]) for g in groups]
     rests = [[(t.prompt_tokens[c:], t) for t in g] for g, c in zip(groups, shared)]
     n, g = len(groups), len(groups[0])
-    p = _round_up(max(shared), 32)
-    r = _round_up(max(resp_len, *(len(rest) + len(t.tokens) for row in rests
+    p = round_up(max(shared), 32)
+    r = round_up(max(resp_len, *(len(rest) + len(t.tokens) for row in rests
                                   for rest, t in row)), 16)
     prefix = np.full((n, p), pad_id, np.int32)
     prefix_mask = np.zeros((n, p), bool)

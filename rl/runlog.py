@@ -29,15 +29,16 @@ def _clean(v: Any) -> Any:
     return v
 
 
-def truncate_jsonl(path: Path, keep: Callable[[dict], bool]) -> None:
-    """Drop lines whose parsed record fails `keep` (used on resume to forget the future).
+def truncate_jsonl(path: Path, keep: Callable[[dict], bool]) -> list[dict]:
+    """Drop lines whose parsed record fails `keep` (used on resume to forget the future);
+    returns the kept records.
 
     A last line that does not parse was cut off mid-write (the run was killed): it is dropped
     with a warning. Any other line that does not parse is kept as it is, with a warning."""
     if not path.exists():
-        return
+        return []
     lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    kept = []
+    kept, records = [], []
     for i, line in enumerate(lines):
         try:
             record = json.loads(line)
@@ -50,7 +51,9 @@ def truncate_jsonl(path: Path, keep: Callable[[dict], bool]) -> None:
             continue
         if not isinstance(record, dict) or keep(record):
             kept.append(line)
+            records.append(record)
     path.write_text("".join(ln + "\n" for ln in kept))
+    return [r for r in records if isinstance(r, dict)]
 
 
 def _before(step: int) -> Callable[[dict], bool]:
@@ -58,17 +61,6 @@ def _before(step: int) -> Callable[[dict], bool]:
     `step` itself (it scored the checkpoint's weights; training step `step` is redone)."""
     return lambda r: r.get("step", -1) < step or (
         r.get("step") == step and any(k.startswith("eval/") for k in r))
-
-
-def _read_records(path: Path) -> list[dict]:
-    records = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # reported by truncate_jsonl
-    return [r for r in records if isinstance(r, dict)]
 
 
 class RunLog:
@@ -79,8 +71,10 @@ class RunLog:
         self.metrics_path = self.dir / "metrics.jsonl"
         self.samples_path = self.dir / "samples.jsonl"
         self.events_path = self.dir / "memory_events.jsonl"
+        kept: list[dict] = []  # the metrics records a resumed run keeps
         if resume_step is not None:  # a resumed run rewrites everything after its checkpoint
-            for p in (self.metrics_path, self.samples_path, self.events_path):
+            kept = truncate_jsonl(self.metrics_path, _before(resume_step))
+            for p in (self.samples_path, self.events_path):
                 truncate_jsonl(p, _before(resume_step))
         else:
             for p in (self.metrics_path, self.samples_path, self.events_path):
@@ -90,10 +84,9 @@ class RunLog:
             from tensorboardX import SummaryWriter
 
             self._tb = SummaryWriter(str(self.dir / "tb"), purge_step=resume_step)
-            if resume_step is not None:  # the purge also took the kept evaluation's scalars
-                for record in _read_records(self.metrics_path):
-                    if record.get("step") == resume_step:
-                        self._scalars(record)
+            for record in kept:  # the purge also took the kept evaluation's scalars
+                if record.get("step") == resume_step:
+                    self._scalars(record)
 
     def write_config(self, text: str, name: str = "config.yaml") -> None:
         (self.dir / name).write_text(text)
