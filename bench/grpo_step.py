@@ -109,7 +109,7 @@ class _FixedTask:
     name: str = "bench"
 
     def prompts(self, split):
-        from rl.types import Prompt
+        from core.types import Prompt
 
         return [Prompt(id=str(i), messages=({"role": "user", "content": t},))
                 for i, t in enumerate(self.prompts_text)]

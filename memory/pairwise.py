@@ -48,8 +48,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from core.registry import Registry
 from judges.types import TIE, Draft, PairRequest, PairResult
-from rl.registry import Registry
 
 Edge = tuple[int, int]
 

@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from core.types import Group, RewardOutput, Task
 from memory.embed import check_embedder
 from memory.reward import GroupInput, arbor_reward_step
 from memory.state import MemoryConfig, RubricMemory
 from memory.static import StaticRubric, load_static_rubrics, static_rubric_step
 from rl.rewarders import REWARDERS
-from rl.types import Group, RewardOutput, Task
 
 #: The repository root (``conf/`` lives there); relative rubric paths fall back to it so a run
 #: started from another working directory still finds the shipped rubric file.

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rl.registry import Registry
+from core.registry import Registry
 
 TOL = 1e-9
 

@@ -31,8 +31,8 @@ from typing import Literal, Protocol
 import jax.numpy as jnp
 import numpy as np
 
+from core.registry import Registry
 from rewards.rubric import RubricError
-from rl.registry import Registry
 
 Array = jnp.ndarray
 

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 
-from rl.registry import Registry
+from core.registry import Registry
 
 Golds = str | Sequence[str]
 

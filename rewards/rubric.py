@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rl.registry import Registry
+from core.registry import Registry
 
 MIN_DIMS = 2
 MAX_DIMS = 5

@@ -63,6 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from core.types import Group, Prompt, RewardOutput, Task
 from judges.base import Judge
 from judges.types import CheckRequest, CheckResult
 from rewards.aggregate import Array, _prep, _safe_div, get_aggregator
@@ -77,7 +78,6 @@ from rewards.rubric import (
     to_arrays,
 )
 from rl.rewarders import REWARDERS
-from rl.types import Group, Prompt, RewardOutput, Task
 
 log = logging.getLogger(__name__)
 

@@ -7,15 +7,16 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from rl.registry import Registry
+from core.groups import homogeneous
+from core.registry import Registry
 
 AdvantageFn = Callable[[jax.Array, float], jax.Array]
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
 
 
 def _homogeneous(rewards: jax.Array) -> jax.Array:
-    """[N, 1] bool: every member of the group has exactly the same reward."""
-    return jnp.all(rewards == rewards[..., :1], axis=-1, keepdims=True)
+    """[N, 1] bool: the group is homogeneous (``core.groups``: std_G <= 1e-6)."""
+    return homogeneous(rewards, xp=jnp)[..., None]
 
 
 @ADVANTAGES.register("grpo")

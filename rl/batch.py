@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from core.types import Group, Trajectory
 from models.sampler import round_up
-from rl.types import Group, Trajectory
 
 
 def split_groups(groups: Sequence[Sequence[Trajectory]],

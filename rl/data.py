@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rl.types import Prompt
+from core.types import Prompt
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from core.types import Group, Policy, Prompt, Trajectory
 from models.config import ModelConfig
 from models.sampler import (
     DecodeState,
@@ -17,7 +18,6 @@ from models.sampler import (
 )
 from models.tokenizer import Tokenizer
 from models.transformer import Params
-from rl.types import Group, Policy, Prompt, Trajectory
 
 
 @dataclasses.dataclass(frozen=True)

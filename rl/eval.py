@@ -25,11 +25,11 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from core.types import Group, Prompt
 from models import load_params
 from models.sampler import SamplingParams
 from rl.compile_cache import use_compile_cache
 from rl.envs import SamplerPolicy
-from rl.types import Group, Prompt
 
 log = logging.getLogger("rl.eval")
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-
-def homogeneous_groups(rewards: jax.Array, tol: float = 1e-6) -> jax.Array:
-    """[N] bool: ``std_G(R) <= tol`` (population std)."""
-    return jnp.std(rewards, axis=-1) <= tol
+from core.groups import HOMOGENEOUS_TOL, homogeneous
 
 
-def homogeneous_frac(rewards: jax.Array, tol: float = 1e-6) -> jax.Array:
+def homogeneous_groups(rewards: jax.Array, tol: float = HOMOGENEOUS_TOL) -> jax.Array:
+    """[N] bool: ``std_G(R) <= tol`` (population std; ``core.groups``)."""
+    return homogeneous(rewards, tol, xp=jnp)
+
+
+def homogeneous_frac(rewards: jax.Array, tol: float = HOMOGENEOUS_TOL) -> jax.Array:
     """Fraction of groups with ``std_G(R) <= tol``."""
     return jnp.mean(homogeneous_groups(rewards, tol).astype(jnp.float32))
 
@@ -24,7 +26,8 @@ def all_wrong_frac(outcome: jax.Array, wrong_threshold: float = 0.0) -> jax.Arra
     return jnp.mean(jnp.all(outcome <= wrong_threshold, axis=-1).astype(jnp.float32))
 
 
-def converted_frac(outcome: jax.Array, total: jax.Array, tol: float = 1e-6) -> jax.Array:
+def converted_frac(outcome: jax.Array, total: jax.Array,
+                   tol: float = HOMOGENEOUS_TOL) -> jax.Array:
     """Among outcome-homogeneous groups, the fraction whose total reward has ``std > tol``.
 
     0 when no group is outcome-homogeneous.
@@ -33,7 +36,3 @@ def converted_frac(outcome: jax.Array, total: jax.Array, tol: float = 1e-6) -> j
     converted = homog & ~homogeneous_groups(total, tol)
     return jnp.sum(converted) / jnp.maximum(jnp.sum(homog), 1).astype(jnp.float32)
 
-
-def reward_stats(rewards: jax.Array) -> dict[str, jax.Array]:
-    """``{"mean": mean(R), "std": std(R)}`` over all entries (population std)."""
-    return {"mean": jnp.mean(rewards), "std": jnp.std(rewards)}

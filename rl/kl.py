@@ -7,7 +7,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from rl.registry import Registry
+from core.registry import Registry
 
 KLFn = Callable[[jax.Array, jax.Array], jax.Array]
 KL_ESTIMATORS: Registry[KLFn] = Registry("kl estimator")

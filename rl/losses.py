@@ -7,7 +7,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from rl.registry import Registry
+from core.registry import Registry
 
 AggFn = Callable[..., jax.Array]
 Axis = int | tuple[int, ...] | None

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from rl.registry import Registry
-from rl.types import Group, Rewarder, RewardOutput, Task
+from core.registry import Registry
+from core.types import Group, Rewarder, RewardOutput, Task
 
 REWARDERS: Registry[Callable[..., Rewarder]] = Registry("rewarder")
 

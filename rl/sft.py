@@ -32,6 +32,7 @@ import numpy as np
 import optax
 from omegaconf import DictConfig, OmegaConf
 
+from core.types import Trajectory
 from models.config import ModelConfig
 from models.sampler import group_logprobs
 from models.transformer import Params
@@ -39,7 +40,6 @@ from rl.batch import trajectory_arrays
 from rl.compile_cache import use_compile_cache
 from rl.optim import OptimConfig, lr_schedule, make_optimizer
 from rl.train_step import Batch, TrainState, in_compute_dtype, init_train_state
-from rl.types import Trajectory
 
 log = logging.getLogger("rl.sft")
 

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from core.types import Group, RewardOutput
 from models import load_params
 from models.sampler import SamplingParams, group_logprobs
 from models.sharding import (
@@ -52,7 +53,6 @@ from rl.train_step import (
     init_train_state,
     make_train_step,
 )
-from rl.types import Group, RewardOutput
 
 log = logging.getLogger(__name__)
 

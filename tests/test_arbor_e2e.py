@@ -22,6 +22,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from core.types import Group, Prompt, Trajectory
 from judges import RuleJudge
 from judges.rule import question_entities
 from memory.events import REJECT_REASONS, event_from_dict
@@ -30,7 +31,6 @@ from memory.state import RubricMemory
 from rl.rewarders import make_rewarder
 from rl.search.task import SearchQATask
 from rl.tasks import TASKS
-from rl.types import Group, Prompt, Trajectory
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 

@@ -7,11 +7,11 @@ import numpy as np
 import optax
 import pytest
 
+from core.types import Group, Prompt, Trajectory
 from models.presets import tiny_config
 from models.transformer import init_params
 from rl.batch import build_batch, split_groups, trajectory_arrays
 from rl.train_step import LossConfig, init_train_state, make_train_step
-from rl.types import Group, Prompt, Trajectory
 
 PAD = 0
 

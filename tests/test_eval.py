@@ -6,9 +6,9 @@ import sys
 
 import numpy as np
 
+from core.types import Group, Prompt, Trajectory
 from judges import make_judge
 from rl.eval import format_table, greedy_rollouts, search_metrics
-from rl.types import Group, Prompt, Trajectory
 
 
 def _group(answer_text, golds, turns=2, searches=1):

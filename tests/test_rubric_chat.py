@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.types import Group, Prompt, Trajectory
 from judges.rule import RuleJudge, compile_rule
 from rewards.perturb import name_only
 from rewards.rubric import Criterion, Rubric, RubricError, load_rubrics
@@ -21,7 +22,6 @@ from rewards.rubric_rewarder import (
 from rl.rewarders import make_rewarder
 from rl.tasks import make_task
 from rl.tasks.rubric_chat import TOPICS, RubricChatTask, build_rubric, export_rubrics
-from rl.types import Group, Prompt, Trajectory
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 FIXTURE = Path(__file__).parent / "fixtures" / "rubrics" / "perturb_refs.jsonl"

@@ -5,12 +5,12 @@ import dataclasses
 import numpy as np
 import pytest
 
+from core.types import Prompt
 from models.presets import cached_tokenizer, shipped_gguf_path
 from models.sampler import Generation, SamplingParams
 from rewards.qa import arbor_base_reward
 from rl.search.corpus import Doc
 from rl.search.env import INVALID_ACTION, SearchEnv, parse_action, search_prompt
-from rl.types import Prompt
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from core.types import Prompt
 from models import load_params
 from models.transformer import forward
 from rewards.qa import f1_score, is_valid_format
@@ -18,7 +19,6 @@ from rl.search.demos import oracle_turns
 from rl.sft import demo_batch, make_sft_step, sft_loss
 from rl.tasks import make_task
 from rl.train_step import init_train_state
-from rl.types import Prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_WORLD = {"name": "search_qa", "n_entities": 200, "n_train": 40, "n_dev": 4, "n_test": 8,

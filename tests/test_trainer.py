@@ -13,9 +13,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from core.types import Group, Prompt, Trajectory
 from rl.tasks import TASKS
 from rl.trainer import ConfigError, Trainer, build_trainer
-from rl.types import Group, Prompt, Trajectory
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 

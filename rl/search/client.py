@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from rl.registry import Registry
+from core.registry import Registry
 from rl.search.corpus import Doc, parse_contents
 from rl.search.retriever import BM25Config, BM25Retriever, Retriever
 

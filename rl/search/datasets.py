@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl.registry import Registry
+from core.registry import Registry
 
 log = logging.getLogger(__name__)
 

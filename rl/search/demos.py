@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from core.types import Group, Prompt
 from models.sampler import Generation, SamplingParams
 from models.tokenizer import Tokenizer
 from rl.search.corpus import parse_contents
-from rl.types import Group, Prompt
 
 
 def search_turn(query: str) -> str:

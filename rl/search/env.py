@@ -25,11 +25,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from core.types import Group, Policy, Prompt, Trajectory
 from models.sampler import SamplingParams
 from models.tokenizer import Tokenizer
 from rewards.qa import INVALID_ACTION
 from rl.search.corpus import render_docs
-from rl.types import Group, Policy, Prompt, Trajectory
 
 PROMPT_TEMPLATE = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first "

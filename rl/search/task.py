@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from core.types import Group, Prompt, Trajectory
 from models.sampler import SamplingParams
 from models.tokenizer import Tokenizer
 from rewards.qa import QA_REWARDS
@@ -27,7 +28,6 @@ from rl.search.demos import corpus_titles, oracle_demonstrations
 from rl.search.env import SearchEnv, search_prompt
 from rl.search.world import write_world
 from rl.tasks import TASKS
-from rl.types import Group, Prompt, Trajectory
 
 log = logging.getLogger(__name__)
 

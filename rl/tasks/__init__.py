@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rl.registry import Registry
-from rl.types import Task
+from core.registry import Registry
+from core.types import Task
 
 TASKS: Registry[Callable[..., Task]] = Registry("task")
 

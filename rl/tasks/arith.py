@@ -13,11 +13,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from core.types import Prompt, Trajectory
 from models.sampler import SamplingParams
 from models.tokenizer import Tokenizer
 from rl.envs import SingleTurnEnv
 from rl.tasks import TASKS
-from rl.types import Prompt, Trajectory
 
 INSTRUCTION = "Answer with the number inside <answer> and </answer>."
 # A short system turn (instead of the template's default) and one worked exchange in front of

@@ -50,12 +50,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from core.types import Prompt, Trajectory
 from models.sampler import SamplingParams
 from rewards.perturb import REASON_PATTERN
 from rewards.rubric import Criterion, Dimension, Rubric, save_rubrics
 from rl.envs import SingleTurnEnv
 from rl.tasks import TASKS
-from rl.types import Prompt, Trajectory
 
 SPLIT_SEEDS = {"train": 0, "dev": 1, "test": 2}
 

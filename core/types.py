@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from models.sampler import Generation, SamplingParams
+if TYPE_CHECKING:  # type hints only: the value types depend on no layer
+    from models.sampler import Generation, SamplingParams
 
 
 @dataclasses.dataclass(frozen=True)
