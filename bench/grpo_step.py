@@ -131,7 +131,7 @@ def ours_grpo(n_prompts: int, group: int, completion: int, steps: int,
     from omegaconf import OmegaConf
 
     from rl import trainer as tr
-    from rl.tasks import TASKS
+    from rl.wiring import TASKS
 
     if "bench" not in TASKS:
         TASKS.register("bench")(lambda **kw: _FixedTask(tuple(PROMPTS[:n_prompts])))

@@ -39,7 +39,7 @@ def main() -> None:
     from models import load_params
     from models.sampler import SamplingParams, decode_params, generate
     from rl.envs import SamplerPolicy
-    from rl.tasks import make_task
+    from rl.wiring import make_task
 
     cfg, params, tok = load_params("smollm2_135m")
     task = make_task({"name": "search_qa", "max_turns": a.max_turns,

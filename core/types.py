@@ -64,7 +64,10 @@ class Group:
 class RewardOutput:
     """Rewards for a batch of groups, [N, G]; `outcome` is the verifiable part alone (the two
     differ when a rubric term is added). `state` is the rewarder's next host-side state
-    (e.g. the rubric memory); `events` go to the run folder's event log."""
+    (e.g. the rubric memory); `events` go to the run folder's event log. `counts` are the
+    tallies of this call (judge requests, admissions, ...), also in `metrics`: when a step
+    draws several batches (DAPO) they add up over the draws, the rest of `metrics` is the
+    last draw's."""
 
     rewards: np.ndarray
     outcome: np.ndarray
@@ -72,6 +75,7 @@ class RewardOutput:
     state: Any = None
     events: tuple[Mapping[str, Any], ...] = ()
     per_traj: tuple[tuple[Mapping[str, Any], ...], ...] = ()
+    counts: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 class Policy(Protocol):

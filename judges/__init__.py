@@ -3,11 +3,11 @@ ProRubric bundling and answer equivalence, with rule, OpenAI-compatible HTTP and
 models package) in-process backends. See ``judges.base`` for the protocol."""
 
 from judges.base import BACKEND_STAT_KEYS, JUDGE_STAT_KEYS, OPS, Backend, Counters, Judge
-from judges.llm import LLMJudge
+from judges.llm import LLM_OPTIONS, LLMJudge, split_llm_options
 from judges.openai import DiskCache, OpenAIBackend, OpenAIConfig
 from judges.parsing import ParseError
 from judges.prompts import PROMPT_VERSIONS, TEMPLATES, PromptTemplate
-from judges.registry import JUDGES, LLM_OPTIONS, make_judge, split_llm_options
+from judges.registry import JUDGES, make_judge
 from judges.rule import (
     FEATURE_LIBRARY_VERSION,
     FEATURES,

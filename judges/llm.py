@@ -20,10 +20,11 @@ Failure handling, per item of a batch:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from judges import prompts as P
+import judges.prompts as P
 from judges.base import (
     JUDGE_STAT_KEYS,
     Backend,
@@ -411,3 +412,17 @@ def singleton_bundle(n: int) -> Bundle:
     return Bundle(
         dimensions=tuple(Dimension(f"criterion {i}", (i,), None) for i in range(n))
     )
+
+
+LLM_OPTIONS = frozenset(
+    name
+    for name, p in inspect.signature(LLMJudge.__init__).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY
+)
+
+
+def split_llm_options(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(``LLMJudge`` keyword options, everything else) of a flat judge config."""
+    llm = {k: v for k, v in cfg.items() if k in LLM_OPTIONS}
+    rest = {k: v for k, v in cfg.items() if k not in LLM_OPTIONS}
+    return llm, rest

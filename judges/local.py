@@ -34,8 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from judges.base import BACKEND_STAT_KEYS, Counters, Judge
-from judges.llm import LLMJudge
-from judges.registry import JUDGES, split_llm_options
+from judges.llm import LLMJudge, split_llm_options
 from judges.types import Completion, Messages
 from models import load_params
 from models.config import ModelConfig
@@ -344,7 +343,6 @@ class JaxBackend:
         return {ch: float(v) for ch, v in zip(choices, p)}
 
 
-@JUDGES.register("local")
 def make_local_judge(cfg: dict[str, Any]) -> Judge:
     """LLM judge on an in-process model; backend options are ``JaxBackend``'s keywords.
 

@@ -1,7 +1,6 @@
 """The trainer's seam to ARBOR: rewarders ``"arbor"`` and ``"static_rubrics"`` (SPEC 3).
 
-``rl.rewarders.make_rewarder`` imports this module, so both names register themselves in
-``rl.rewarders.REWARDERS``; ``algo.rewarder=arbor`` then builds one with
+``rl.wiring`` names both factories; ``algo.rewarder=arbor`` then builds one with
 ``factory(task=task, judge=judge, **algo.rewarder_options)``.
 
 * ``"arbor"`` (``ArborRewarder``): options are ``MemoryConfig`` fields (``delta_v``,
@@ -32,7 +31,6 @@ from memory.embed import check_embedder
 from memory.reward import GroupInput, arbor_reward_step
 from memory.state import MemoryConfig, RubricMemory
 from memory.static import StaticRubric, load_static_rubrics, static_rubric_step
-from rl.rewarders import REWARDERS
 
 #: The repository root (``conf/`` lives there); relative rubric paths fall back to it so a run
 #: started from another working directory still finds the shipped rubric file.
@@ -113,7 +111,7 @@ def memory_config(options: Mapping[str, Any]) -> MemoryConfig:
 class ArborRewarder:
     """``R_total = R_base + lambda * s~`` from the rubric memory; state = ``RubricMemory``.
 
-    Build it with ``arbor_rewarder(task, judge, **options)`` (the registered factory) or
+    Build it with ``arbor_rewarder(task, judge, **options)`` (``arbor`` in ``rl.wiring``) or
     directly with a ``MemoryConfig``. The judge is the only effectful collaborator.
     """
 
@@ -158,9 +156,8 @@ class ArborRewarder:
         return RubricMemory() if not data else RubricMemory.from_dict(dict(data))
 
 
-@REWARDERS.register("arbor")
 def arbor_rewarder(task: Task, judge: Any, seed: int = 0, **options: Any) -> ArborRewarder:
-    """Registered factory: ``options`` are ``MemoryConfig`` fields (see its docstring)."""
+    """Factory named ``arbor`` in ``rl.wiring``: ``options`` are ``MemoryConfig`` fields."""
     _require_judge(judge, "arbor")
     return ArborRewarder(task=task, judge=judge, cfg=memory_config(options), seed=int(seed))
 
@@ -203,11 +200,11 @@ class StaticRubricRewarder:
         return None
 
 
-@REWARDERS.register("static_rubrics")
 def static_rubrics_rewarder(task: Task, judge: Any, rubrics_path: str = DEFAULT_STATIC_RUBRICS,
                             rubric_lambda: float = 0.1, seed: int = 0) -> StaticRubricRewarder:
-    """Registered factory. ``seed`` is accepted (and unused: static scoring draws nothing) so
-    the RaR config can share the ARBOR configs' keys; any other option is an error."""
+    """Factory named ``static_rubrics`` in ``rl.wiring``. ``seed`` is accepted (and unused:
+    static scoring draws nothing) so the RaR config can share the ARBOR configs' keys; any
+    other option is an error."""
     _require_judge(judge, "rar")
     rubrics = load_static_rubrics(resolve_path(rubrics_path))
     return StaticRubricRewarder(task=task, judge=judge, rubrics=rubrics,

@@ -139,13 +139,36 @@ def healthbench_dataset_score(rewards: Array) -> Array:
     return jnp.clip(jnp.mean(jnp.asarray(rewards)), 0.0, 1.0)
 
 
-def implicit(rating: Array) -> Array:
+def rating_reward(rating: Array) -> Array:
     """Implicit rubric reward: the judge rates the whole checklist at once on 1..10;
     ``R = (rating - 1) / 9``.  Ratings are clipped to [1, 10] first (out-of-range judge
     output maps to 0 or 1)."""
     r = jnp.asarray(rating)
     r = r.astype(_float(r))
     return (jnp.clip(r, 1.0, 10.0) - 1.0) / 9.0
+
+
+def implicit_from_checks(
+    q: Array,
+    weights: Array,
+    dim_index: Array | None = None,
+    fail: Array | None = None,
+    *,
+    mask: Array | None = None,
+    num_dims: int | None = None,
+) -> Array:
+    """Implicit reward from per-criterion checks (no judge here rates a whole checklist).
+
+    ``f = sum_{i valid} q'_i / #valid`` (``q'_i = 1 - q_i`` for pitfalls), ``rating = 1 + 9 f``,
+    ``R = (rating - 1) / 9 = f``.  Common aggregator signature; ``dim_index``/``fail`` ignored.
+    """
+    del dim_index, fail, num_dims
+    q, w, valid, squeeze = _prep(q, weights, mask)
+    x = jnp.where(w < 0, 1 - q, q)
+    n = jnp.sum(valid, axis=-1).astype(q.dtype)
+    f = _safe_div(jnp.sum(jnp.where(valid, x, 0), axis=-1), n)
+    r = rating_reward(1.0 + 9.0 * f)
+    return r[0] if squeeze else r
 
 
 # --------------------------------------------------------------------------------------------
@@ -228,6 +251,7 @@ AGGREGATORS.register("additive", "rubric_rl")(additive)
 AGGREGATORS.register("additive_abs")(additive_abs)
 AGGREGATORS.register("prorubric")(prorubric)
 AGGREGATORS.register("raw_and")(raw_and)
+AGGREGATORS.register("implicit")(implicit_from_checks)
 
 
 def get_aggregator(agg: str | Callable[..., Array]) -> Callable[..., Array]:

@@ -1,6 +1,7 @@
 """Rubric rewarders for the GRPO loop: judge every criterion, aggregate with a jitted aggregator.
 
-``algo.rewarder=rubric`` with ``algo.rewarder_options.aggregator`` one of ``AGGREGATOR_NAMES``:
+``algo.rewarder=rubric`` with ``algo.rewarder_options.aggregator`` a name in
+``rewards.aggregate.AGGREGATORS``:
 
 * ``additive`` (Rubric-RL, HealthBench): ``R = sum_i w_i q_i / sum_{w_i>0} w_i``;
 * ``additive_abs`` (RaR): ``R = sum_i w_i q_i / sum_i |w_i|``;
@@ -66,7 +67,7 @@ import numpy as np
 from core.types import Group, Prompt, RewardOutput, Task
 from judges.base import Judge
 from judges.types import CheckRequest, CheckResult
-from rewards.aggregate import Array, _prep, _safe_div, get_aggregator
+from rewards.aggregate import AGGREGATORS, get_aggregator
 from rewards.rubric import (
     MAX_DIMS,
     Criterion,
@@ -77,12 +78,9 @@ from rewards.rubric import (
     rubric_from_dict,
     to_arrays,
 )
-from rl.rewarders import REWARDERS
 
 log = logging.getLogger(__name__)
 
-#: Aggregators the rubric rewarder accepts (``implicit`` is defined from the checks, see above).
-AGGREGATOR_NAMES = ("additive", "additive_abs", "prorubric", "raw_and", "implicit")
 AND_AGGREGATORS = ("prorubric", "raw_and")
 #: Judge counters copied into the step metrics as ``judge/<key>`` (cumulative).
 JUDGE_METRIC_KEYS = ("requests_check", "fallbacks_check", "parse_errors", "reasks",
@@ -227,43 +225,10 @@ def judge_checks(judge: Judge, items: Sequence[ScoreItem], use_probs: bool = Fal
 # --------------------------------------------------------------------------------------------
 
 
-def implicit_from_checks(
-    q: Array,
-    weights: Array,
-    dim_index: Array | None = None,
-    fail: Array | None = None,
-    *,
-    mask: Array | None = None,
-    num_dims: int | None = None,
-) -> Array:
-    """Implicit reward from per-criterion checks (no judge here rates a whole checklist).
-
-    ``f = sum_{i valid} q'_i / #valid`` (``q'_i = 1 - q_i`` for pitfalls), ``rating = 1 + 9 f``,
-    ``R = (rating - 1) / 9 = f``.  Common aggregator signature; ``dim_index``/``fail`` ignored.
-    """
-    del dim_index, fail, num_dims
-    q, w, valid, squeeze = _prep(q, weights, mask)
-    x = jnp.where(w < 0, 1 - q, q)
-    n = jnp.sum(valid, axis=-1).astype(q.dtype)
-    f = _safe_div(jnp.sum(jnp.where(valid, x, 0), axis=-1), n)
-    rating = 1.0 + 9.0 * f
-    r = (jnp.clip(rating, 1.0, 10.0) - 1.0) / 9.0
-    return r[0] if squeeze else r
-
-
-def _aggregator_fn(name: str) -> Any:
-    if name == "implicit":
-        return implicit_from_checks
-    if name not in AGGREGATOR_NAMES:
-        known = ", ".join(AGGREGATOR_NAMES)
-        raise ValueError(f"unknown rubric aggregator {name!r}; known: {known}")
-    return get_aggregator(name)
-
-
 @functools.cache
 def jitted_aggregator(name: str, num_dims: int) -> Any:
     """``jit((q, weights, dim_index, fail, mask) -> rewards [B])`` for a named aggregator."""
-    agg = _aggregator_fn(name)
+    agg = get_aggregator(name)
     if name == "prorubric":
         fn = lambda q, w, d, f, m: agg(q, w, d, f, mask=m)  # noqa: E731
     else:  # fail is not an input of the others; num_dims fixes K for the AND-products
@@ -385,12 +350,11 @@ def resolve_judge(judge: Judge | None, task: Any, who: str = "rubric rewarder") 
                      f"judge=openai (free-text criteria)")
 
 
-@REWARDERS.register("rubric")
 @dataclasses.dataclass(frozen=True)
 class RubricRewarder:
     """Rewards = a rubric aggregator over judge checks (module docstring).
 
-    Options (``algo.rewarder_options``): ``aggregator`` (``AGGREGATOR_NAMES``), ``use_probs``
+    Options (``algo.rewarder_options``): ``aggregator`` (a name in ``AGGREGATORS``), ``use_probs``
     (aggregate the judge's probabilities instead of booleans), ``fitness`` (also check the
     held-out criteria for the ``rubric/fitness`` metric), ``criteria_bucket`` (padding multiple).
     """
@@ -403,9 +367,9 @@ class RubricRewarder:
     criteria_bucket: int = 8
 
     def __post_init__(self) -> None:
-        if self.aggregator not in AGGREGATOR_NAMES:
+        if self.aggregator not in AGGREGATORS:
             raise ValueError(f"algo.rewarder_options.aggregator: unknown aggregator "
-                             f"{self.aggregator!r}; known: {', '.join(AGGREGATOR_NAMES)}")
+                             f"{self.aggregator!r}; known: {', '.join(AGGREGATORS.names())}")
         object.__setattr__(self, "judge", resolve_judge(self.judge, self.task))
 
     def init_state(self) -> None:

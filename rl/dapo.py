@@ -1,20 +1,22 @@
-"""DAPO pieces: dynamic-sampling filter, overlong reward shaping, host-side batch filling."""
+"""DAPO (Yu et al. 2025): dynamic sampling of informative groups and overlong reward shaping.
+
+The trainer draws every step's batch through :func:`dynamic_sample` (one draw when dynamic
+sampling is off) and shapes rewards with :func:`overlong_penalty`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl.group_stats import homogeneous_groups
-
-
-def informative_groups(rewards: jax.Array, tol: float = 1e-6) -> jax.Array:
-    """[N] bool: ``std_G(R) > tol``, i.e. the group is not homogeneous and carries a signal."""
-    return ~homogeneous_groups(rewards, tol)
+from core.groups import homogeneous
+from core.types import Group, RewardOutput
+from rl.group_stats import all_wrong_frac, homogeneous_frac
 
 
 def overlong_penalty(
@@ -36,39 +38,82 @@ def overlong_penalty(
     return jnp.where(lengths > max_len, -penalty, out)
 
 
-def fill_batch(
-    draw: Callable[[int], tuple[Sequence[Any], np.ndarray]],
-    target_groups: int,
-    max_gen_batches: int,
-    tol: float = 1e-6,
-) -> tuple[list[Any], np.ndarray, dict[str, Any]]:
-    """DAPO dynamic sampling on the host (numpy, not jitted).
+@dataclasses.dataclass(frozen=True)
+class Drawn:
+    """A step's batch after dynamic sampling: the kept groups and their rewards (``out``:
+    rows of the draws they came from; ``state`` the rewarder's state after the last draw,
+    ``events`` every draw's, ``metrics`` the last draw's with its ``counts`` added up over all
+    draws), how many draws it took and what the sampling saw."""
 
-    Calls ``draw(i) -> (items, rewards[N, G])`` for i = 0, 1, ... (``items`` has one entry per
-    group), keeps only groups with ``std_G(R) > tol``, and stops once ``target_groups`` are kept
-    (truncating to exactly that many) or after ``max_gen_batches`` draws. If it ends short it
-    returns the groups it has (possibly none, ``filled=False``); the caller decides what to do.
+    groups: list[Group]
+    out: RewardOutput
+    draws: int
+    info: Mapping[str, float]
 
-    Returns ``(items, rewards[K, G], {"gen_batches", "dropped_groups", "filled"})`` where
-    ``dropped_groups`` counts the homogeneous groups filtered out.
+
+Draw = Callable[[int, Any], tuple[Sequence[Group], RewardOutput]]
+
+
+def dynamic_sample(draw: Draw, state: Any, target_groups: int, max_gen_batches: int,
+                   filter_groups: bool = True) -> Drawn:
+    """DAPO's dynamic sampling on the host.
+
+    Calls ``draw(i, state) -> (groups, out)`` for i = 0, 1, ... (``out.state`` is the
+    rewarder's next state, passed to the next draw) and keeps the groups that are not
+    homogeneous (``core.groups``: ``std_G(R) > 1e-6``, they carry a gradient), until
+    ``target_groups`` are kept (truncated to exactly that many) or ``max_gen_batches`` draws
+    are spent. If it ends short it trains on what it kept; if it kept nothing, on the last
+    draw (all advantages 0). ``filter_groups=False`` is plain GRPO: one draw, kept whole.
+
+    ``info``: ``gen_batches``, ``dropped_groups`` (homogeneous groups filtered out) and, when
+    filtering, ``filled`` and the group statistics of everything drawn (``drawn_*``: the kept
+    batch's own read ~0 by construction).
     """
-    items: list[Any] = []
-    rewards: list[np.ndarray] = []
-    dropped = 0
-    n = 0
-    while n < max_gen_batches and len(items) < target_groups:
-        batch_items, batch_rewards = draw(n)
-        n += 1
-        batch_rewards = np.asarray(batch_rewards)
-        if len(batch_items) != batch_rewards.shape[0]:
-            raise ValueError(
-                f"draw({n - 1}) gave {len(batch_items)} items for {batch_rewards.shape[0]} groups"
-            )
-        keep = np.std(batch_rewards, axis=-1) > tol
-        dropped += int(np.sum(~keep))
-        items.extend(item for item, k in zip(batch_items, keep) if k)
-        rewards.append(batch_rewards[keep])
-    items = items[:target_groups]
-    out = np.concatenate(rewards, axis=0)[:target_groups] if rewards else np.zeros((0, 0))
-    info = {"gen_batches": n, "dropped_groups": dropped, "filled": len(items) >= target_groups}
-    return items, out, info
+    if max_gen_batches < 1:
+        raise ValueError(f"algo.max_gen_batches must be >= 1, got {max_gen_batches}")
+    kept: list[tuple[Group, RewardOutput]] = []
+    outs: list[RewardOutput] = []
+    for i in range(max_gen_batches if filter_groups else 1):
+        groups, out = draw(i, state)
+        if len(groups) != out.rewards.shape[0]:
+            raise ValueError(f"draw {i} gave {len(groups)} groups for {out.rewards.shape[0]} "
+                             f"rows of rewards")
+        state = out.state
+        outs.append(out)
+        if not filter_groups:
+            return Drawn(list(groups), out, 1, {"gen_batches": 1, "dropped_groups": 0})
+        informative = np.flatnonzero(~homogeneous(out.rewards))
+        kept += [(groups[g], _row(out, g)) for g in informative[:target_groups - len(kept)]]
+        if len(kept) >= target_groups:
+            break
+    info = _drawn_stats(outs) | {"gen_batches": len(outs), "filled": float(
+        len(kept) >= target_groups)}
+    if not kept:
+        return Drawn(list(groups), _merged(outs, [out]), len(outs), info)
+    return Drawn([g for g, _ in kept], _merged(outs, [o for _, o in kept]), len(outs), info)
+
+
+def _row(out: RewardOutput, i: int) -> RewardOutput:
+    return RewardOutput(rewards=out.rewards[i:i + 1], outcome=out.outcome[i:i + 1],
+                        metrics=out.metrics, state=out.state,
+                        per_traj=out.per_traj[i:i + 1] if out.per_traj else ())
+
+
+def _merged(outs: Sequence[RewardOutput], rows: Sequence[RewardOutput]) -> RewardOutput:
+    """The kept rows as one output; events and counts of every draw, the last state."""
+    last = outs[-1]
+    counts = {k: sum(o.counts.get(k, 0.0) for o in outs) for k in last.counts}
+    return RewardOutput(rewards=np.concatenate([o.rewards for o in rows]),
+                        outcome=np.concatenate([o.outcome for o in rows]),
+                        metrics=dict(last.metrics) | counts, state=last.state,
+                        events=tuple(e for o in outs for e in o.events),
+                        per_traj=tuple(p for o in rows for p in o.per_traj), counts=counts)
+
+
+def _drawn_stats(outs: Sequence[RewardOutput]) -> dict[str, float]:
+    outcome = jnp.asarray(np.concatenate([o.outcome for o in outs]))
+    total = jnp.asarray(np.concatenate([o.rewards for o in outs]))
+    return {"dropped_groups": int(sum(homogeneous(o.rewards).sum() for o in outs)),
+            "drawn_homogeneous_frac": float(homogeneous_frac(outcome)),
+            "drawn_total_homogeneous_frac": float(homogeneous_frac(total)),
+            "drawn_all_wrong_frac": float(all_wrong_frac(outcome))}

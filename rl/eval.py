@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-import jax
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
@@ -39,9 +38,9 @@ def restore_run_params(run_dir: str | Path, params: Any,
     """(params, step) from a run folder's checkpoint (``rl.train`` or ``rl.sft``), restored
     into the structure of ``params`` (the base model of that run)."""
     from rl.checkpoint import Checkpointer
+    from rl.config import optim_config
     from rl.optim import make_optimizer
     from rl.train_step import init_train_state
-    from rl.trainer import optim_config
 
     run_dir = Path(run_dir)
     run_cfg = run_config(run_dir)
@@ -49,9 +48,9 @@ def restore_run_params(run_dir: str | Path, params: Any,
     step = ckpt.latest_step() if step is None else step
     if step is None:
         raise FileNotFoundError(f"{run_dir}/checkpoints: no checkpoint to load")
-    state = init_train_state(params, make_optimizer(optim_config(run_cfg)))
-    restored, _ = ckpt.restore(step, {"state": state._asdict(),
-                                      "rng": jax.random.key_data(jax.random.key(0))})
+    # the optimizer state's structure, which the checkpoint holds beside the weights
+    state = init_train_state(params, make_optimizer(optim_config(run_cfg["optim"], 1)))
+    restored, _ = ckpt.restore(step, {"state": state._asdict()})
     ckpt.close()
     return restored["state"]["params"], step
 
@@ -148,8 +147,7 @@ def format_table(results: Mapping[str, Any]) -> str:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    from judges import make_judge
-    from rl.tasks import make_task
+    from rl.wiring import make_judge, make_task
 
     c = OmegaConf.to_container(cfg, resolve=True)
     e = c["eval"]
@@ -160,7 +158,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     else:
         model_cfg, params, tok = load_params(str(c["model"]["path"]))
         source = f"base model {c['model']['path']}"
-    judge = make_judge(dict(c["judge"])) if c["judge"].get("name", "none") != "none" else None
+    judge = make_judge(c["judge"])
     splits = list(e["splits"]) if e.get("splits") else ["test"]
     results = evaluate(task, SamplerPolicy(model_cfg, params, tok), splits,
                        int(e.get("max_new_tokens") or c["trainer"]["max_new_tokens"]),

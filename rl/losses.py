@@ -125,12 +125,3 @@ def agg_count(mask: jax.Array, mode: str = "token-mean") -> jax.Array:
     """The number of units (tokens or sequences) that ``mode`` averages over in ``mask``."""
     return LOSS_AGG.get(mode)(jnp.zeros(mask.shape), mask)[1]
 
-
-def entropy_from_logits(logits: jax.Array) -> jax.Array:
-    """``H = -sum_v p_v log p_v`` over the last axis, via ``log_softmax``; shape ``logits[..., 0]``.
-
-    Tokens with ``-inf`` logits (p = 0) contribute 0.
-    """
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    safe_logp = jnp.where(jnp.isfinite(logp), logp, 0.0)
-    return -jnp.sum(jnp.exp(logp) * safe_logp, axis=-1)

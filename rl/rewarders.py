@@ -1,18 +1,16 @@
-"""Rewarders by name. A rewarder turns groups of trajectories into rewards [N, G] and carries
-its own immutable host-side state (None for outcome rewards, the rubric memory for ARBOR)."""
+"""The outcome rewarder. A rewarder turns groups of trajectories into rewards [N, G] and carries
+its own immutable host-side state (None for outcome rewards, the rubric memory for ARBOR);
+``rl.wiring`` names every rewarder."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from core.registry import Registry
-from core.types import Group, Rewarder, RewardOutput, Task
-
-REWARDERS: Registry[Callable[..., Rewarder]] = Registry("rewarder")
+from core.types import Group, RewardOutput, Task
 
 
 def outcome_matrix(task: Task, groups: Sequence[Group]) -> np.ndarray:
@@ -20,7 +18,6 @@ def outcome_matrix(task: Task, groups: Sequence[Group]) -> np.ndarray:
                       np.float64)
 
 
-@REWARDERS.register("outcome")
 @dataclasses.dataclass(frozen=True)
 class OutcomeRewarder:
     """R_i = the task's verifiable outcome score of trajectory i."""
@@ -39,16 +36,3 @@ class OutcomeRewarder:
 
     def state_from_json(self, data: Any) -> Any:
         return None
-
-
-def make_rewarder(name: str, task: Task, options: Mapping[str, Any], judge: Any) -> Rewarder:
-    # rubric rewarders live with their methods; import them so they register
-    for mod in ("memory.rewarder", "rewards.rubric_rewarder"):
-        try:
-            __import__(mod)
-        except ImportError:
-            pass
-    factory = REWARDERS.get(name)
-    if name == "outcome":
-        return factory(task)
-    return factory(task=task, judge=judge, **dict(options))

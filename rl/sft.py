@@ -38,7 +38,7 @@ from models.sampler import group_logprobs
 from models.transformer import Params
 from rl.batch import trajectory_arrays
 from rl.compile_cache import use_compile_cache
-from rl.optim import OptimConfig, lr_schedule, make_optimizer
+from rl.optim import lr_schedule, make_optimizer
 from rl.train_step import Batch, TrainState, in_compute_dtype, init_train_state
 
 log = logging.getLogger("rl.sft")
@@ -101,9 +101,9 @@ def run(cfg: Mapping[str, Any], config_text: str = "") -> dict[str, Any]:
 
     from models import load_params
     from rl.checkpoint import Checkpointer
+    from rl.config import ConfigError, optim_config
     from rl.runlog import RunLog
-    from rl.tasks import make_task
-    from rl.trainer import ConfigError
+    from rl.wiring import make_task
 
     t, s, o = cfg["trainer"], cfg["sft"], cfg["optim"]
     run_dir = Path(str(t["run_dir"]))
@@ -131,10 +131,7 @@ def run(cfg: Mapping[str, Any], config_text: str = "") -> dict[str, Any]:
     resp_len = max(len(x.tokens) for x in train + dev)
     bs, epochs = int(s["batch_size"]), int(s["epochs"])
     steps = epochs * -(-len(train) // bs)
-    oc = OptimConfig(lr=float(o["lr"]), weight_decay=float(o["weight_decay"]),
-                     grad_clip=float(o["grad_clip"]), warmup_steps=int(o["warmup_steps"]),
-                     schedule=str(o["schedule"]), total_steps=steps,
-                     min_lr_ratio=float(o.get("min_lr_ratio", 0.1)))
+    oc = optim_config(o, steps)
     optimizer = make_optimizer(oc)
     step_fn = make_sft_step(model_cfg, optimizer, lr_schedule(oc), bool(t.get("remat", False)),
                             str(cfg["model"].get("dtype", "float32")))
@@ -171,8 +168,7 @@ def run(cfg: Mapping[str, Any], config_text: str = "") -> dict[str, Any]:
         after = mean_loss(model_cfg, state.params, dev, tok.pad_id, resp_len, bs)
         record = runlog.metrics(step, {"sft/dev_loss": after})
         log.info("held-out demonstration loss %.3f -> %.3f", before, after)
-    ckpt.save(step, {"state": state._asdict(),
-                     "rng": jax.random.key_data(jax.random.key(int(t["seed"])))},
+    ckpt.save(step, {"state": state._asdict()},
               {"step": step, "kind": "sft", "seed": int(t["seed"]), "data_position": 0})
     ckpt.close()
     runlog.close()

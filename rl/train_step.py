@@ -47,15 +47,6 @@ class LossConfig:
     remat: bool = False
     compute_dtype: str = "float32"  # forward/backward dtype; the weights stay float32 masters
 
-    def __post_init__(self) -> None:
-        for key in ("eps_low", "eps_high", "beta", "entropy_coef"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"algo.{key} must be >= 0, got {getattr(self, key)}")
-        if self.dual_clip is not None and self.dual_clip <= 1:
-            raise ValueError(f"algo.dual_clip must be > 1 (or null), got {self.dual_clip}")
-        if self.micro_batches < 1:
-            raise ValueError(f"trainer.micro_batches must be >= 1, got {self.micro_batches}")
-
 
 def in_compute_dtype(params: Params, dtype: Any) -> Params:
     """The float32 master weights cast to the compute dtype (e.g. bfloat16) for a forward

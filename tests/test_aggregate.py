@@ -19,8 +19,8 @@ from rewards.aggregate import (
     additive,
     additive_abs,
     healthbench_dataset_score,
-    implicit,
     prorubric,
+    rating_reward,
     raw_and,
     validate_weights,
 )
@@ -94,9 +94,9 @@ def test_healthbench_dataset_score_clips_only_the_mean():
     np.testing.assert_allclose(float(healthbench_dataset_score(f32([-0.2, 0.8]))), 0.3, rtol=1e-6)
 
 
-def test_implicit():
+def test_rating_reward():
     np.testing.assert_allclose(
-        np.asarray(implicit(np.array([1, 10, 5.5, 4, 0, 12]))),
+        np.asarray(rating_reward(np.array([1, 10, 5.5, 4, 0, 12]))),
         [0.0, 1.0, 4.5 / 9, 3 / 9, 0.0, 1.0],
         rtol=1e-6,
     )
@@ -185,12 +185,14 @@ def test_fully_padded_rows_are_zero_and_nan_free(name):
 
 
 def test_registry_names_and_common_signature():
-    assert AGGREGATORS.names() == ["additive", "additive_abs", "prorubric", "raw_and", "rubric_rl"]
+    assert AGGREGATORS.names() == ["additive", "additive_abs", "implicit", "prorubric", "raw_and",
+                                   "rubric_rl"]
     assert AGGREGATORS.get("rubric_rl") is additive
     q = f32([[1, 1, 0, 1]])
     for name in AGGREGATORS:
         r = AGGREGATORS.get(name)(q, W, D, f32([[0, 0, 0]]), mask=np.ones(4, bool))
-        expected = 17 / 25 if name == "additive_abs" else 1.0  # abs normaliser counts |-8|
+        # abs normaliser counts |-8|; implicit: all four satisfied (the pitfall is absent)
+        expected = 17 / 25 if name == "additive_abs" else 1.0
         np.testing.assert_allclose(np.asarray(r), [expected], rtol=1e-6)
     with pytest.raises(KeyError, match="unknown aggregator"):
         AGGREGATORS.get("sum")

@@ -28,9 +28,8 @@ from judges.rule import question_entities
 from memory.events import REJECT_REASONS, event_from_dict
 from memory.rewarder import ArborRewarder, StaticRubricRewarder
 from memory.state import RubricMemory
-from rl.rewarders import make_rewarder
 from rl.search.task import SearchQATask
-from rl.tasks import TASKS
+from rl.wiring import TASKS, make_rewarder
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -315,7 +314,7 @@ def test_arbor_trains_on_tiny_model_with_search_env(tmp_path, world_dir):
     cfg = compose_cfg(*tiny_overrides(tmp_path / "run", world_dir, "trainer.max_steps=2",
                                       "trainer.save_every=0"))
     trainer = build_trainer(cfg)
-    assert isinstance(trainer.rewarder, ArborRewarder)
+    assert isinstance(trainer.parts.rewarder, ArborRewarder)
     history = trainer.run()
     trainer.close()
     assert [h["step"] for h in history] == [0, 1]

@@ -23,9 +23,9 @@ from test_arbor_e2e import hand_prompts, scripted_groups
 
 from judges import RuleJudge
 from rl.group_stats import all_wrong_frac, converted_frac, homogeneous_frac
-from rl.rewarders import make_rewarder
 from rl.runlog import RunLog
 from rl.search.task import SearchQATask
+from rl.wiring import make_rewarder
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "arbor.ipynb"
 STEPS = 12

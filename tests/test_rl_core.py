@@ -11,8 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.groups import homogeneous
+from core.types import RewardOutput
 from rl.advantages import ADVANTAGES, drgrpo_advantages, group_advantages, grpo_advantages
-from rl.dapo import fill_batch, informative_groups, overlong_penalty
+from rl.dapo import dynamic_sample, overlong_penalty
 from rl.group_stats import (
     all_wrong_frac,
     converted_frac,
@@ -22,7 +24,6 @@ from rl.kl import KL_ESTIMATORS, kl_penalty
 from rl.losses import (
     LOSS_AGG,
     agg_loss,
-    entropy_from_logits,
     masked_mean,
     masked_sum,
     ppo_clip_loss,
@@ -439,27 +440,14 @@ def test_policy_loss_jit_equals_eager():
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-def test_entropy_from_logits():
-    rng = np.random.default_rng(9)
-    logits = rng.normal(0, 3, size=(2, 3, 11)).astype(np.float32)
-    logits[0, 0, :5] = -np.inf  # masked vocabulary entries
-    logits[1, 2] += 1e4  # large offsets must not overflow
-    got = entropy_from_logits(jnp.asarray(logits))
-    assert got.shape == (2, 3)
-    np.testing.assert_allclose(got, ref_entropy(logits), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(entropy_from_logits(jnp.zeros((7,))), math.log(7), rtol=1e-6)
-    g = jax.grad(lambda x: entropy_from_logits(x).sum())(jnp.asarray(logits))
-    assert np.all(np.isfinite(np.asarray(g)))
-
-
-# ----------------------------------------------------------------------------------------------
-# DAPO
-
-
-def test_informative_groups():
+def test_homogeneous_groups_have_no_signal():
     r = jnp.array([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.1, 0.1, 0.1], [-1.0, -1.0, 0.0]])
-    np.testing.assert_array_equal(informative_groups(r), [False, True, False, True])
-    np.testing.assert_array_equal(jax.jit(informative_groups)(r), [False, True, False, True])
+    np.testing.assert_array_equal(~homogeneous(np.asarray(r)), [False, True, False, True])
+    jitted = jax.jit(lambda x: ~homogeneous(x, xp=jnp))(r)
+    np.testing.assert_array_equal(jitted, [False, True, False, True])
+    # the documented tolerance: differences of float rounding alone are no signal
+    assert homogeneous(np.array([[0.5, 0.5 + 1e-7]]))[0]
+    assert not homogeneous(np.array([[0.5, 0.5 + 1e-4]]))[0]
 
 
 def test_overlong_penalty_boundaries():
@@ -479,53 +467,77 @@ def test_overlong_penalty_boundaries():
 
 
 def make_draw(batches):
+    """A scripted draw for rl.dapo.dynamic_sample: batch i's groups are named "b{i}g{j}" and
+    the rewarder state counts the draws."""
     calls = []
 
-    def draw(i):
+    def draw(i, state):
         calls.append(i)
         rewards = np.asarray(batches[i], dtype=np.float64)
-        return [f"b{i}g{j}" for j in range(len(rewards))], rewards
+        out = RewardOutput(rewards=rewards, outcome=rewards, metrics={"m": float(i)},
+                           state=state + 1, events=({"draw": i},), counts={"calls": 1.0})
+        return [f"b{i}g{j}" for j in range(len(rewards))], out
 
     return draw, calls
 
 
 HOM, INF = [1.0, 1.0, 1.0], [0.0, 1.0, 0.5]
+INFO = ("gen_batches", "dropped_groups", "filled")
 
 
-def test_fill_batch_fills_and_truncates():
+def test_dynamic_sampling_fills_and_truncates():
     batches = [[HOM, INF, HOM], [INF, INF, HOM, INF], [INF]]
     draw, calls = make_draw(batches)
-    items, rewards, info = fill_batch(draw, target_groups=3, max_gen_batches=5)
+    got = dynamic_sample(draw, 0, target_groups=3, max_gen_batches=5)
     assert calls == [0, 1]
-    assert items == ["b0g1", "b1g0", "b1g1"]
-    assert rewards.shape == (3, 3)
-    np.testing.assert_array_equal(rewards, [INF, INF, INF])
-    assert info == {"gen_batches": 2, "dropped_groups": 3, "filled": True}
+    assert got.groups == ["b0g1", "b1g0", "b1g1"]
+    assert got.out.rewards.shape == (3, 3)
+    np.testing.assert_array_equal(got.out.rewards, [INF, INF, INF])
+    assert {k: got.info[k] for k in INFO} == {"gen_batches": 2, "dropped_groups": 3,
+                                               "filled": True}
+    # the state threads through both draws; events and counts add up, metrics are the last
+    assert got.draws == 2 and got.out.state == 2
+    assert got.out.events == ({"draw": 0}, {"draw": 1})
+    assert got.out.metrics == {"m": 1.0, "calls": 2.0}
 
 
-def test_fill_batch_bounded_ends_short():
+def test_dynamic_sampling_bounded_ends_short():
     batches = [[HOM, INF], [HOM, HOM], [INF, HOM], [INF, INF]]
     draw, calls = make_draw(batches)
-    items, rewards, info = fill_batch(draw, target_groups=4, max_gen_batches=3)
+    got = dynamic_sample(draw, 0, target_groups=4, max_gen_batches=3)
     assert calls == [0, 1, 2]
-    assert items == ["b0g1", "b2g0"]
-    assert rewards.shape == (2, 3)
-    assert info == {"gen_batches": 3, "dropped_groups": 4, "filled": False}
+    assert got.groups == ["b0g1", "b2g0"]
+    assert got.out.rewards.shape == (2, 3)
+    assert {k: got.info[k] for k in INFO} == {"gen_batches": 3, "dropped_groups": 4,
+                                               "filled": False}
+    # 4 of the 6 drawn groups were homogeneous (outcome = rewards here)
+    assert got.info["drawn_homogeneous_frac"] == pytest.approx(4 / 6)
 
 
-def test_fill_batch_all_homogeneous_and_zero_budget():
+def test_dynamic_sampling_all_homogeneous_trains_on_the_last_draw():
     draw, _ = make_draw([[HOM, HOM]])
-    items, rewards, info = fill_batch(draw, target_groups=1, max_gen_batches=1)
-    assert items == [] and rewards.shape == (0, 3)
-    assert info == {"gen_batches": 1, "dropped_groups": 2, "filled": False}
-    items, rewards, info = fill_batch(draw, target_groups=1, max_gen_batches=0)
-    assert items == [] and rewards.shape[0] == 0
-    assert info == {"gen_batches": 0, "dropped_groups": 0, "filled": False}
+    got = dynamic_sample(draw, 0, target_groups=1, max_gen_batches=1)
+    assert got.groups == ["b0g0", "b0g1"] and got.out.rewards.shape == (2, 3)
+    assert {k: got.info[k] for k in INFO} == {"gen_batches": 1, "dropped_groups": 2,
+                                               "filled": False}
+    with pytest.raises(ValueError, match="max_gen_batches"):
+        dynamic_sample(draw, 0, target_groups=1, max_gen_batches=0)
 
 
-def test_fill_batch_rejects_mismatched_items():
-    with pytest.raises(ValueError, match="items"):
-        fill_batch(lambda i: (["a"], np.array([INF, INF])), 1, 1)
+def test_without_filtering_one_draw_is_kept_whole():
+    draw, calls = make_draw([[HOM, INF]])
+    got = dynamic_sample(draw, 0, target_groups=2, max_gen_batches=3, filter_groups=False)
+    assert calls == [0] and got.groups == ["b0g0", "b0g1"] and got.draws == 1
+    assert dict(got.info) == {"gen_batches": 1, "dropped_groups": 0}
+
+
+def test_dynamic_sampling_rejects_mismatched_groups():
+    def draw(i, state):
+        return ["a"], RewardOutput(rewards=np.array([INF, INF]), outcome=np.zeros((2, 3)),
+                                   metrics={})
+
+    with pytest.raises(ValueError, match="groups"):
+        dynamic_sample(draw, None, 1, 1)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,19 +9,18 @@ import pytest
 
 from core.types import Group, Prompt, Trajectory
 from judges.rule import RuleJudge, compile_rule
+from rewards.aggregate import AGGREGATORS
 from rewards.perturb import name_only
 from rewards.rubric import Criterion, Rubric, RubricError, load_rubrics
 from rewards.rubric_rewarder import (
-    AGGREGATOR_NAMES,
     RubricRewarder,
     ScoreItem,
     fitness_criteria,
     prompt_rubric,
     score_items,
 )
-from rl.rewarders import make_rewarder
-from rl.tasks import make_task
 from rl.tasks.rubric_chat import TOPICS, RubricChatTask, build_rubric, export_rubrics
+from rl.wiring import make_rewarder, make_task
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 FIXTURE = Path(__file__).parent / "fixtures" / "rubrics" / "perturb_refs.jsonl"
@@ -83,7 +82,7 @@ def test_every_criterion_is_rule_checkable_and_references_are_perfect():
         assert len(fitness_criteria(r)) == 4 and not set(texts[:r.num_criteria]) & {
             c.text for c in fitness_criteria(r)}  # held out: never a training criterion
     judge = RuleJudge()
-    for agg in AGGREGATOR_NAMES:
+    for agg in AGGREGATORS.names():
         rep = RubricChatTask(aggregator=agg).evaluate(prompts, [p.answer for p in prompts], judge)
         assert rep.summary["coverage"] == pytest.approx(1.0)
         assert rep.summary["fitness"] == pytest.approx(1.0)

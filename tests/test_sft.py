@@ -17,8 +17,8 @@ from rewards.qa import f1_score, is_valid_format
 from rl.optim import OptimConfig, make_optimizer
 from rl.search.demos import oracle_turns
 from rl.sft import demo_batch, make_sft_step, sft_loss
-from rl.tasks import make_task
 from rl.train_step import init_train_state
+from rl.wiring import make_task
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_WORLD = {"name": "search_qa", "n_entities": 200, "n_train": 40, "n_dev": 4, "n_test": 8,

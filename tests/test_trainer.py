@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -14,8 +15,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from core.types import Group, Prompt, Trajectory
-from rl.tasks import TASKS
-from rl.trainer import ConfigError, Trainer, build_trainer
+from rl.config import parse
+from rl.loop import shaped_rewards
+from rl.trainer import ConfigError, build_trainer
+from rl.wiring import TASKS
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -107,7 +110,7 @@ def test_exact_resume(tmp_path):
     with pytest.raises(ConfigError, match="trainer.resume=true"):
         build_trainer(make_cfg(tmp_path / "b", *common))
     resumed = build_trainer(make_cfg(tmp_path / "b", *common, "trainer.resume=true"))
-    assert resumed.start_step == 2 and resumed.data_position == 2
+    assert resumed.start_step == 2 and resumed.loop.data_position == 2
     resumed.run(eval_every=2)
     got = jax.device_get(resumed.state.params)
     resumed.close()
@@ -133,7 +136,7 @@ def test_resumed_run_keeps_its_init_from_weights_as_kl_reference(tmp_path):
     first.run(until=1)
     first.close()
     resumed = build_trainer(make_cfg(tmp_path / "rl", *rl, "trainer.resume=true"))
-    jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.ref_params), warmed)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.parts.ref_params), warmed)
     resumed.close()
     with pytest.raises(ConfigError, match="incompatible.*init_from"):
         build_trainer(make_cfg(tmp_path / "rl", *common, "trainer.max_steps=2",
@@ -157,8 +160,10 @@ def test_bfloat16_rollouts_train_and_evaluate_in_float32(tmp_path):
     t = build_trainer(make_cfg(tmp_path / "bf", *LEARN, "trainer.max_steps=1",
                                "trainer.batch_prompts=2", "algo.group_size=2",
                                "trainer.max_new_tokens=4", "trainer.rollout_dtype=bfloat16"))
-    assert t.policy().params["layers"][0]["wq"].dtype == jax.numpy.bfloat16
-    assert t.policy(evaluation=True).params["layers"][0]["wq"].dtype == jax.numpy.float32
+    sampler = t.parts.policy(t.state.params)
+    assert sampler.params["layers"][0]["wq"].dtype == jax.numpy.bfloat16
+    evaluator = t.parts.policy(t.state.params, evaluation=True)
+    assert evaluator.params["layers"][0]["wq"].dtype == jax.numpy.float32
     t.run()
     t.close()
     recs = [json.loads(x) for x in (tmp_path / "bf" / "metrics.jsonl").read_text().splitlines()]
@@ -169,12 +174,12 @@ def test_bfloat16_rollouts_train_and_evaluate_in_float32(tmp_path):
 def test_dapo_overlong_shaping_ramps_over_the_last_quarter_of_the_budget(tmp_path):
     """algo=dapo with the default buffer (a quarter of a 16-token budget): responses up to 12
     tokens are not punished, then -1/4 per token, -1 at the budget."""
-    trainer = type("T", (), {"cfg": make_cfg(tmp_path / "d", "algo=dapo"),
-                             "response_budget": lambda self: 16})()
+    parts = SimpleNamespace(run=parse(make_cfg(tmp_path / "d", "algo=dapo")),
+                            response_budget=16)  # the two fields shaping reads
     trajs = tuple(Trajectory((1,), (2,) * n, (1,) * n, (0.0,) * n, "", "eos")
                   for n in (8, 12, 14, 16))
     groups = [Group(Prompt("p", ({"role": "user", "content": "q"},)), trajs)]
-    shaped = Trainer.shaped_rewards(trainer, groups, np.zeros((1, 4)))
+    shaped = shaped_rewards(parts, groups, np.zeros((1, 4)))
     np.testing.assert_allclose(shaped, [[0.0, 0.0, -0.5, -1.0]])
 
 

@@ -17,7 +17,6 @@ from core.types import Prompt, Trajectory
 from models.sampler import SamplingParams
 from models.tokenizer import Tokenizer
 from rl.envs import SingleTurnEnv
-from rl.tasks import TASKS
 
 INSTRUCTION = "Answer with the number inside <answer> and </answer>."
 # A short system turn (instead of the template's default) and one worked exchange in front of
@@ -53,7 +52,6 @@ def extract_int(text: str) -> int | None:
         return None
 
 
-@TASKS.register("arith")
 @dataclasses.dataclass(frozen=True)
 class ArithTask:
     """`size` train problems; dev/test drawn from other seeds. Operands in [0, max_operand]."""

@@ -55,7 +55,6 @@ from models.sampler import SamplingParams
 from rewards.perturb import REASON_PATTERN
 from rewards.rubric import Criterion, Dimension, Rubric, save_rubrics
 from rl.envs import SingleTurnEnv
-from rl.tasks import TASKS
 
 SPLIT_SEEDS = {"train": 0, "dev": 1, "test": 2}
 
@@ -443,13 +442,12 @@ class EvalReport:
     summary: dict[str, float]
 
 
-@TASKS.register("rubric_chat")
 @dataclasses.dataclass(frozen=True)
 class RubricChatTask:
     """``size`` train prompts; dev/test from other seeds (``1000 * seed + split``).
 
     ``aggregator``: the reward ``outcome()`` reports (any of
-    ``rewards.rubric_rewarder.AGGREGATOR_NAMES``); ``max_words``: the held-out concision limit.
+    ``rewards.aggregate.AGGREGATORS``); ``max_words``: the held-out concision limit.
     """
 
     size: int = 256
@@ -463,11 +461,11 @@ class RubricChatTask:
     rule_checkable: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        from rewards.rubric_rewarder import AGGREGATOR_NAMES
+        from rewards.aggregate import AGGREGATORS
 
-        if self.aggregator not in AGGREGATOR_NAMES:
+        if self.aggregator not in AGGREGATORS:
             raise ValueError(f"task.aggregator: unknown aggregator {self.aggregator!r}; known: "
-                             f"{', '.join(AGGREGATOR_NAMES)}")
+                             f"{', '.join(AGGREGATORS.names())}")
         if int(self.max_words) < 1:
             raise ValueError(f"task.max_words must be >= 1, got {self.max_words}")
 

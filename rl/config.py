@@ -1,0 +1,294 @@
+"""The run configuration as one frozen, typed value, built once at the hydra boundary.
+
+Every default lives in the ``conf/`` YAML; this module holds none. It converts the resolved
+hydra mapping into dataclasses (a missing key, an unknown key or a value of the wrong type is a
+:class:`ConfigError` naming the key) and checks the values the loop relies on, all before
+anything loads. The library's own settings objects (``LossConfig``, ``OptimConfig``,
+``SamplingParams``) are derived from it here, so each setting is read in one place.
+
+Sections whose keys belong to a pluggable part are kept as plain mappings and checked by that
+part: ``task`` (the task class's fields), ``judge`` (``judges.make_judge``) and the algorithm's
+method-specific keys (``algo.method``: e.g. ARBOR's ``rubric_lambda``, which the YAML wires into
+``rewarder_options``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from models.sampler import SamplingParams
+from rl.advantages import ADVANTAGES
+from rl.kl import KL_ESTIMATORS
+from rl.losses import LOSS_AGG
+from rl.optim import OptimConfig
+from rl.train_step import LossConfig
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; raised before any compute starts."""
+
+
+ROLLOUT_DTYPES = ("float32", "bfloat16")  # the sampler's weights (decode_params)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    max_steps: int
+    batch_prompts: int
+    ppo_epochs: int
+    mini_batches: int
+    micro_batches: int
+    remat: bool
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    rollout_dtype: str
+    seed: int
+    run_dir: str
+    resume: bool
+    init_from: str | None
+    save_every: int
+    keep_checkpoints: int
+    sample_every: int
+    eval_split: str
+    eval_batch_size: int
+    eval_every: int
+    eval_at_ends: bool
+    progress: bool
+    ignore_eos: bool
+    tensorboard: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class OverlongConfig:
+    enabled: bool
+    buffer_len: int | None
+    penalty: float
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgoConfig:
+    name: str
+    group_size: int
+    advantage: str
+    eps_low: float
+    eps_high: float
+    dual_clip: float | None
+    beta: float
+    kl_estimator: str
+    loss_agg: str
+    entropy_coef: float
+    dynamic_sampling: bool
+    max_gen_batches: int
+    overlong: OverlongConfig
+    rewarder: str
+    rewarder_options: Mapping[str, Any]
+    method: Mapping[str, Any]  # the algorithm's own keys (interpolated into rewarder_options)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    path: str
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    shape: Mapping[str, int]
+    coordinator: str | None
+    num_processes: int | None
+    process_id: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSection:
+    lr: float
+    weight_decay: float
+    grad_clip: float
+    warmup_steps: int
+    schedule: str
+    min_lr_ratio: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """The whole ``rl.train`` configuration (``conf/config.yaml`` and its groups)."""
+
+    model: ModelSection
+    algo: AlgoConfig
+    task: Mapping[str, Any]
+    judge: Mapping[str, Any]
+    mesh: MeshConfig
+    trainer: TrainerConfig
+    optim: OptimSection
+    raw: Mapping[str, Any]  # the resolved mapping it was built from (config.yaml, fingerprints)
+
+    @property
+    def judge_name(self) -> str:
+        return str(self.judge.get("name", "none"))
+
+    @property
+    def updates_per_batch(self) -> int:
+        return self.trainer.ppo_epochs * self.trainer.mini_batches
+
+    def loss_config(self, response_budget: int) -> LossConfig:
+        """The update's loss settings; `response_budget` is Dr.GRPO's constant normaliser."""
+        a, t = self.algo, self.trainer
+        return LossConfig(
+            eps_low=a.eps_low, eps_high=a.eps_high, dual_clip=a.dual_clip, beta=a.beta,
+            kl_estimator=a.kl_estimator, loss_agg=a.loss_agg, max_len_norm=response_budget,
+            entropy_coef=a.entropy_coef, on_policy=self.updates_per_batch == 1,
+            micro_batches=t.micro_batches, remat=t.remat, compute_dtype=self.model.dtype)
+
+    def optim_config(self) -> OptimConfig:
+        return optim_config(dataclasses.asdict(self.optim),
+                            self.trainer.max_steps * self.updates_per_batch)
+
+    def sampling(self) -> SamplingParams:
+        t = self.trainer
+        return SamplingParams(max_new_tokens=t.max_new_tokens, temperature=t.temperature,
+                              top_p=t.top_p, ignore_eos=t.ignore_eos)
+
+
+def optim_config(optim: Mapping[str, Any], total_steps: int) -> OptimConfig:
+    """The optimizer settings of an ``optim`` config section (``conf/optim``; rl.train, rl.sft
+    and run folders read back by rl.eval), over `total_steps` optimizer updates."""
+    o = section(OptimSection, optim, "optim")
+    try:
+        return OptimConfig(lr=o.lr, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
+                           warmup_steps=o.warmup_steps, schedule=o.schedule,
+                           total_steps=total_steps, min_lr_ratio=o.min_lr_ratio)
+    except ValueError as e:  # OptimConfig checks its own values; name them as config errors
+        raise ConfigError(str(e)) from None
+
+
+# ------------------------------------------------------------------------------ conversion
+
+
+def _convert(value: Any, kind: Any, key: str) -> Any:
+    """`value` as the annotated type `kind` (int, float, bool, str, Mapping, X | None, or a
+    section dataclass), or a ConfigError naming `key`."""
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        options = [k for k in typing.get_args(kind) if k is not type(None)]
+        return None if value is None else _convert(value, options[0], key)
+    if dataclasses.is_dataclass(kind):
+        return section(kind, value, key)
+    if typing.get_origin(kind) is Mapping or kind is Mapping:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if kind in (int, float):
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+        if kind is int and number != int(number):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return int(number) if kind is int else number
+    if kind is str:
+        if isinstance(value, Mapping | list):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    raise TypeError(f"{key}: no conversion for {kind!r}")
+
+
+def section(kind: type, data: Any, prefix: str, rest: str | None = None) -> Any:
+    """The dataclass `kind` from mapping `data` (keys under `prefix`). Unknown keys are errors,
+    unless `rest` names a Mapping field that collects them."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(kind)
+    names = [f.name for f in dataclasses.fields(kind) if f.name != rest]
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise ConfigError(f"{prefix}.{missing[0]}: missing (every default lives in conf/)")
+    extra = {k: v for k, v in data.items() if k not in names}
+    if extra and rest is None:
+        raise ConfigError(f"{prefix}.{sorted(extra)[0]}: unknown key (known: "
+                          f"{', '.join(names)})")
+    values = {n: _convert(data[n], hints[n], f"{prefix}.{n}") for n in names}
+    if rest is not None:
+        values[rest] = dict(extra)
+    return kind(**values)
+
+
+def parse(cfg: Mapping[str, Any]) -> RunConfig:
+    """Convert and check a resolved ``rl.train`` config mapping."""
+    known = {f.name for f in dataclasses.fields(RunConfig)} - {"raw"}
+    extra = sorted(set(cfg) - known - {"compile_cache", "eval", "hydra"})
+    if extra:
+        raise ConfigError(f"{extra[0]}: unknown top-level key")
+    for name in ("task", "judge"):
+        if not isinstance(cfg.get(name), Mapping) or "name" not in cfg[name]:
+            raise ConfigError(f"{name}.name: missing")
+    run = RunConfig(
+        model=section(ModelSection, cfg.get("model"), "model"),
+        algo=section(AlgoConfig, cfg.get("algo"), "algo", rest="method"),
+        task=dict(cfg["task"]), judge=dict(cfg["judge"]),
+        mesh=section(MeshConfig, cfg.get("mesh"), "mesh"),
+        trainer=section(TrainerConfig, cfg.get("trainer"), "trainer"),
+        optim=section(OptimSection, cfg.get("optim"), "optim"),
+        raw=cfg)
+    check(run)
+    return run
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+def _require(ok: bool, key: str, msg: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def check(run: RunConfig) -> None:
+    """Check the values the loop relies on, naming the offending key."""
+    a, t = run.algo, run.trainer
+    _require(a.group_size >= 2, "algo.group_size", f"must be >= 2, got {a.group_size}")
+    for key in ("eps_low", "eps_high", "beta", "entropy_coef"):
+        _require(getattr(a, key) >= 0, f"algo.{key}", f"must be >= 0, got {getattr(a, key)}")
+    _require(a.dual_clip is None or a.dual_clip > 1, "algo.dual_clip", "must be > 1 or null")
+    for key in ("max_steps", "batch_prompts", "ppo_epochs", "mini_batches", "micro_batches",
+                "max_new_tokens", "eval_batch_size"):
+        _require(getattr(t, key) >= 1, f"trainer.{key}", f"must be >= 1, got {getattr(t, key)}")
+    _require(t.temperature > 0, "trainer.temperature", "must be > 0 for RL sampling")
+    _require(0 < t.top_p <= 1, "trainer.top_p", "must be in (0, 1]")
+    _require(t.rollout_dtype in ROLLOUT_DTYPES, "trainer.rollout_dtype",
+             f"must be one of {', '.join(ROLLOUT_DTYPES)}, got {t.rollout_dtype}")
+    rows = t.batch_prompts * a.group_size
+    per_update = t.mini_batches * t.micro_batches
+    _require(rows % per_update == 0, "trainer.mini_batches",
+             f"batch of {rows} trajectories does not split into mini_batches x micro_batches "
+             f"= {per_update}")
+    if a.dynamic_sampling:
+        _require(a.max_gen_batches >= 1, "algo.max_gen_batches", "must be >= 1")
+    for key, registry in (("advantage", ADVANTAGES), ("kl_estimator", KL_ESTIMATORS),
+                          ("loss_agg", LOSS_AGG)):
+        _require(getattr(a, key) in registry, f"algo.{key}",
+                 f"must be one of {registry.names()}, got {getattr(a, key)!r}")
+    if a.overlong.enabled:
+        _require(a.overlong.penalty >= 0, "algo.overlong.penalty",
+                 f"must be >= 0, got {a.overlong.penalty}")
+    run.optim_config()  # the optimizer's own checks
+
+
+def overlong_buffer(run: RunConfig, budget: int) -> int:
+    """DAPO's soft-punishment buffer: algo.overlong.buffer_len tokens before the response
+    budget (null: a quarter of it; DAPO used 4,096 of 20,480)."""
+    value = run.algo.overlong.buffer_len
+    buffer = budget // 4 if value is None else value
+    _require(0 <= buffer < budget, "algo.overlong.buffer_len",
+             f"must be in [0, {budget}) (the response budget), got {buffer}")
+    return buffer

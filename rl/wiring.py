@@ -1,0 +1,94 @@
+"""Which implementation a config name selects: tasks, rewarders and judges, in one place.
+
+Each table is filled here, explicitly; nothing registers itself by being imported. The heavier
+parts (the search task's BM25 index, the rubric rewarders) are imported when their name is
+asked for, inside the factory that needs them, so ``rl.train task=arith`` starts light. To add
+one, write its factory below (or, from your own code, ``TASKS.register("name")(factory)``).
+
+Aggregators, advantage estimators, KL estimators and loss modes are algorithm pieces with
+registries of their own beside their code (``rewards.aggregate.AGGREGATORS``,
+``rl.advantages.ADVANTAGES``, ``rl.kl.KL_ESTIMATORS``, ``rl.losses.LOSS_AGG``); judge backends
+are ``judges.registry.JUDGES``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from core.registry import Registry
+from core.types import Rewarder, Task
+from rl.rewarders import OutcomeRewarder
+
+TASKS: Registry[Callable[..., Task]] = Registry("task")
+REWARDERS: Registry[Callable[..., Rewarder]] = Registry("rewarder")
+
+
+def _arith(**kw: Any) -> Task:
+    from rl.tasks.arith import ArithTask
+
+    return ArithTask(**kw)
+
+
+def _search_qa(**kw: Any) -> Task:
+    from rl.search.task import SearchQATask
+
+    return SearchQATask(**kw)
+
+
+def _rubric_chat(**kw: Any) -> Task:
+    from rl.tasks.rubric_chat import RubricChatTask
+
+    return RubricChatTask(**kw)
+
+
+def _outcome(task: Task, judge: Any = None) -> Rewarder:
+    del judge  # the verifiable outcome needs none
+    return OutcomeRewarder(task)
+
+
+def _arbor(**kw: Any) -> Rewarder:
+    from memory.rewarder import arbor_rewarder
+
+    return arbor_rewarder(**kw)
+
+
+def _static_rubrics(**kw: Any) -> Rewarder:
+    from memory.rewarder import static_rubrics_rewarder
+
+    return static_rubrics_rewarder(**kw)
+
+
+def _rubric(**kw: Any) -> Rewarder:
+    from rewards.rubric_rewarder import RubricRewarder
+
+    return RubricRewarder(**kw)
+
+
+TASKS.register("arith")(_arith)
+TASKS.register("search_qa")(_search_qa)
+TASKS.register("rubric_chat")(_rubric_chat)
+REWARDERS.register("outcome")(_outcome)
+REWARDERS.register("arbor")(_arbor)
+REWARDERS.register("static_rubrics")(_static_rubrics)
+REWARDERS.register("rubric")(_rubric)
+
+
+def make_task(cfg: Mapping[str, Any]) -> Task:
+    """The task named by ``cfg["name"]``, built from the rest of the ``task`` config group."""
+    kw = {k: v for k, v in dict(cfg).items() if k != "name"}
+    return TASKS.get(str(cfg["name"]))(**kw)
+
+
+def make_rewarder(name: str, task: Task, options: Mapping[str, Any], judge: Any) -> Rewarder:
+    """The rewarder named `name` (``algo.rewarder``) with ``algo.rewarder_options``."""
+    return REWARDERS.get(name)(task=task, judge=judge, **dict(options))
+
+
+def make_judge(cfg: Mapping[str, Any]) -> Any:
+    """The judge of the ``judge`` config group; ``None`` for ``judge=none``."""
+    if str(cfg.get("name", "none")) == "none":
+        return None
+    from judges import make_judge as build
+
+    return build(dict(cfg))
