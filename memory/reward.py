@@ -1,7 +1,9 @@
 """The per-batch ARBOR step: rubric rewards from memory, and the memory update (SPEC 3).
 
 ``arbor_reward_step(memory, groups, judge, cfg, step=, seed=)`` is ONE pure host function (the
-judge is the only effectful collaborator, and only through its batched calls):
+judge is the only effectful collaborator, and only through its batched calls). The memory is an
+immutable value: every operation on it returns a new memory and its events. Two phases:
+*score the batch with the memory* (steps 1-3) and *update the memory* (steps 4-7):
 
 1. **Activate** two common rubrics (``selection.select_active``).
 2. **Score** every group of size >= 2 under each active rubric on its sparse comparison graph
@@ -20,9 +22,10 @@ judge is the only effectful collaborator, and only through its batched calls):
    instead. Then the variance and correlation gates (``admission``).
 7. **Consolidate** when ``|D| >= K`` (``consolidation``).
 
-Ablation "w/o memory" (``use_common_pool=False``): steps 1, 4 and 7 are skipped, steps 5-6 run
-first, and each group is scored (step 2) by its own admitted drafts, at most two, highest
-admission ``rho`` first; nothing is kept in the memory across steps (ids still advance).
+Ablation "w/o memory" (``use_common_pool=False``), its own short path: steps 1, 4 and 7 are
+skipped, steps 5-6 run first, and each group is scored (step 2) by its own admitted drafts, at
+most two, highest admission ``rho`` first; nothing is kept in the memory across steps (ids
+still advance).
 
 Bad inputs have defined outcomes, counted in ``metrics``: groups of size < 2 get ``s~ = 0`` and
 no induction (``groups_too_small``); an induction that returns no drafts (``induce_empty``, of
@@ -39,8 +42,13 @@ fallback check has none): a rubric's activation statistics skip a group with a m
 no real verdict (``fallback_groups_excluded``), a draft with such a member is rejected
 ``judge_fallback``, and drafts whose consolidation failed stay in ``D`` (``consolidation``).
 Counted: ``compare_fallbacks`` / ``check_fallbacks`` (verdicts), ``consolidation_fallbacks``
-(chunks), ``consolidation_dropped`` (drafts given up on), and ``judge_fallbacks`` from the
-judge's own counters.
+(chunks), ``consolidation_dropped`` (drafts given up on), and ``judge_fallbacks``: every item
+that came back as a fallback (``compare_fallbacks + check_fallbacks + induce_fallbacks +
+consolidation_fallbacks``). A short induce or consolidate reply's missing items are
+fallbacks (no answer); missing compare or check results are malformed (NaN), not fallbacks.
+
+The judge-call metrics (``judge_calls_<op>``, ``judge_calls``) count the requests this step
+built and sent, per kind; nothing reads the judge's own (mutable, possibly shared) counters.
 """
 
 from __future__ import annotations
@@ -49,10 +57,11 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from core.groups import homogeneous
 from judges.base import Judge
 from judges.types import CheckRequest, CheckResult, Draft, FallbackDrafts, InduceRequest
 from memory.admission import Candidate, admit, is_empty
@@ -73,8 +82,6 @@ from memory.retirement import GroupScores, apply_activation
 from memory.selection import select_active
 from memory.state import MIN_GROUP_SIZE, N_ACTIVE, DraftRubric, MemoryConfig, RubricMemory
 from memory.triplet import select_triplet
-
-HOMOGENEOUS_TOL = 1e-6  # as rl.group_stats: a group is homogeneous when std_G <= 1e-6
 
 
 @dataclass(frozen=True)
@@ -166,8 +173,6 @@ class _LazyEmbedder:
         if self._e is None:
             self._e = get_embedder(self.name)
         return self._e.embed(texts)
-
-
 class _Scored(NamedTuple):
     """One group's scores under one rubric: ``scores`` enter the reward (a fallback verdict at
     its defined score); ``evidence`` enters statistics (real verdicts only, NaN for a member
@@ -183,92 +188,156 @@ def _scored(scores: np.ndarray, evidence: np.ndarray) -> _Scored:
                    int(np.sum(np.isfinite(scores) & ~np.isfinite(evidence))))
 
 
-def _score_items(
-    items: Sequence[tuple[int, str, Draft]],
-    groups: Sequence[GroupInput],
-    judge: Judge,
-    cfg: MemoryConfig,
-    step: int,
-    seed: int,
-    tally: _Tally,
-) -> list[_Scored]:
+@dataclass(frozen=True)
+class _Step:
+    """What every phase of one step reads: the batch, the judge, the configuration, ``step``
+    and ``seed`` (together they seed the comparison graphs and presentation coins), and the
+    step's local tally (the only thing a phase writes besides the memory it returns)."""
+
+    groups: tuple[GroupInput, ...]
+    judge: Judge
+    cfg: MemoryConfig
+    step: int
+    seed: int
+    tally: _Tally
+
+
+def _ask(ctx: _Step, op: str, reqs: Sequence[Any], missing: Any) -> list[Any]:
+    """``judge.<op>(reqs)`` as one batched call (none for no requests), padded with
+    ``missing`` when the judge answers short. ``judge_calls_<op>`` counts the requests sent,
+    so the metric never depends on the judge's own counters."""
+    results = list(getattr(ctx.judge, op)(reqs)) if reqs else []
+    ctx.tally.add(f"judge_calls_{op}", len(reqs))
+    return results + [missing] * (len(reqs) - len(results))
+
+
+# --- scoring -----------------------------------------------------------------------------------
+
+
+def _score_items(items: Sequence[tuple[int, str, Draft]], ctx: _Step) -> list[_Scored]:
     """Pairwise scores in [0, 1] of each ``(group index, rubric id, rubric)`` item; one batched
     ``judge.compare`` for all of them."""
+    cfg = ctx.cfg
     graph = GRAPHS.get(cfg.graph)
     plans = []
     reqs = []
     for n, rid, rubric in items:
-        g = groups[n]
-        edges = graph(g.size, mix_seed(seed, step, "graph", g.qid, n, rid))
+        g = ctx.groups[n]
+        edges = graph(g.size, mix_seed(ctx.seed, ctx.step, "graph", g.qid, n, rid))
         rs, flips = build_pair_requests(g.question, g.texts, rubric, edges,
-                                        mix_seed(seed, step, "pairs", g.qid, n, rid))
+                                        mix_seed(ctx.seed, ctx.step, "pairs", g.qid, n, rid))
         plans.append((g.size, edges, flips, len(reqs), len(rs)))
         reqs.extend(rs)
-    results = list(judge.compare(reqs)) if reqs else []
-    tally.add("judge_calls_compare", len(reqs))
-    results += [None] * (len(reqs) - len(results))  # a short answer: malformed -> NaN
+    results = _ask(ctx, "compare", reqs, None)  # a short answer: malformed -> NaN
     out = []
     for size, edges, flips, start, count in plans:
         res = results[start:start + count]
         wins = edge_wins(res, flips)
         fb = fallback_mask(res)
-        tally.add("compare_fallbacks", int(fb.sum()))
+        ctx.tally.add("compare_fallbacks", int(fb.sum()))
         sc = group_scores(size, edges, wins, cfg.score_mode, cfg.bt_iters, cfg.bt_prior)
         ev = evidence_scores(size, edges, wins, fb, cfg.score_mode, cfg.bt_iters, cfg.bt_prior)
         out.append(_scored(sc, ev))
     return out
 
 
-def _check_scores(
-    cands: Sequence[tuple[int, Draft]], groups: Sequence[GroupInput], judge: Judge,
-    tally: _Tally,
-) -> list[_Scored]:
+def _check_scores(cands: Sequence[tuple[int, Draft]], ctx: _Step) -> list[_Scored]:
     """``s_i = P(met)`` of each ``(group index, draft)`` on every member; one batched call. A
     fallback result (``CheckResult.fallback``) has no evidence score (NaN)."""
+    groups = ctx.groups
     reqs = [
         CheckRequest(context=groups[n].question, response=t, criterion=d.text())
         for n, d in cands for t in groups[n].texts
     ]
-    results = list(judge.check(reqs)) if reqs else []
-    tally.add("judge_calls_check", len(reqs))
-    results += [None] * (len(reqs) - len(results))
-    out, k = [], 0
+    results = iter(_ask(ctx, "check", reqs, None))
+    out = []
     for n, _d in cands:
         s = np.full(groups[n].size, np.nan)
         fb = np.zeros(groups[n].size, dtype=bool)
         for i in range(groups[n].size):
-            r = results[k]
-            k += 1
+            r = next(results)
             if isinstance(r, CheckResult):
                 try:
                     s[i] = float(r.prob)
                 except (TypeError, ValueError):
                     pass  # stays NaN -> rejected "nan_scores"
                 fb[i] = bool(r.fallback)
-        tally.add("check_fallbacks", int(fb.sum()))
+        ctx.tally.add("check_fallbacks", int(fb.sum()))
         out.append(_scored(s, np.where(fb, np.nan, s)))
     return out
 
 
-def _induce_and_admit(
-    memory: RubricMemory,
-    groups: Sequence[GroupInput],
-    judge: Judge,
-    cfg: MemoryConfig,
-    step: int,
-    seed: int,
-    tally: _Tally,
-) -> tuple[RubricMemory, list[list[DraftRubric]], tuple[Event, ...]]:
-    """Steps 5-6. Returns the memory, the admitted ``DraftRubric`` values per group, events."""
+#: Per active slot ``s``: the ``(group index, rubric id, rubric)`` items that slot scores.
+_Slots = list[list[tuple[int, str, Draft]]]
+
+
+class _BatchScores(NamedTuple):
+    """Step 2 over the batch: ``raw`` / ``centred`` / ``evidence`` [S, N, G_max] (NaN where a
+    slot did not score a group, and past a group's size); ``rubric_ids[s][n]`` ("" = none);
+    ``fallback_groups``: fully scored groups with a member that has no real verdict."""
+
+    raw: np.ndarray
+    centred: np.ndarray
+    evidence: np.ndarray
+    rubric_ids: tuple[tuple[str, ...], ...]
+    fallback_groups: int
+
+
+def _score_slots(slots: _Slots, ctx: _Step) -> _BatchScores:
+    """Step 2: every slot's items in one batched ``judge.compare``; centred where finite."""
+    n_groups = len(ctx.groups)
+    gmax = max((g.size for g in ctx.groups), default=0)
+    flat_scores = iter(_score_items([it for items in slots for it in items], ctx))
+    raw = np.full((N_ACTIVE, n_groups, gmax), np.nan)
+    cen = np.full((N_ACTIVE, n_groups, gmax), np.nan)
+    evidence = np.full((N_ACTIVE, n_groups, gmax), np.nan)
+    ids = [[""] * n_groups for _ in range(N_ACTIVE)]
+    fallback_groups = 0
+    for s, items in enumerate(slots):
+        for n, rid, _d in items:
+            sc = next(flat_scores)
+            size = ctx.groups[n].size
+            raw[s, n, :size] = sc.scores
+            evidence[s, n, :size] = sc.evidence
+            ids[s][n] = rid
+            if np.all(np.isfinite(sc.scores)):
+                cen[s, n, :size] = centre(sc.scores)
+                fallback_groups += int(sc.fallback_members > 0)
+            else:
+                ctx.tally.add("nan_score_groups")
+    return _BatchScores(raw, cen, evidence, tuple(tuple(x) for x in ids), fallback_groups)
+
+
+def _combine(groups: Sequence[GroupInput], centred: np.ndarray,
+             rubric_lambda: float) -> tuple[np.ndarray, np.ndarray]:
+    """Step 3: ``s~`` [N, G_max] (mean of the usable slots' centred scores, 0 with none) and
+    ``R_total = R_base + lambda * s~``; NaN past a group's size."""
+    shape = centred.shape[1:]
+    r_base, combined = np.full(shape, np.nan), np.full(shape, np.nan)
+    for n, g in enumerate(groups):
+        r_base[n, :g.size] = g.r_base
+        usable = [centred[s, n, :g.size] for s in range(N_ACTIVE)
+                  if np.all(np.isfinite(centred[s, n, :g.size]))]
+        combined[n, :g.size] = np.mean(usable, axis=0) if usable else 0.0
+    return combined, r_base + rubric_lambda * combined
+
+
+# --- drafts: induction and admission ----------------------------------------------------------
+
+
+def _induction_requests(ctx: _Step) -> tuple[list[int], list[InduceRequest]]:
+    """Step 5's requests: one per group with a contrastive triplet, and the groups they are for.
+    With ``rho_min > 0`` an outcome-homogeneous (tied) group is skipped: no draft of its could
+    pass the correlation gate."""
     todo: list[int] = []
     reqs: list[InduceRequest] = []
-    for n, g in enumerate(groups):
-        trip = select_triplet(g.r_base, g.valid, g.lengths, cfg.tie_break)
+    for n, g in enumerate(ctx.groups):
+        trip = select_triplet(g.r_base, g.valid, g.lengths, ctx.cfg.tie_break)
         if trip is None:
             continue
-        tally.add("tied_triplets", int(trip.tied))
-        if trip.tied and cfg.rho_min > 0:
-            tally.add("induce_skipped_tied")
+        ctx.tally.add("tied_triplets", int(trip.tied))
+        if trip.tied and ctx.cfg.rho_min > 0:
+            ctx.tally.add("induce_skipped_tied")
             continue
         todo.append(n)
         reqs.append(InduceRequest(
@@ -278,40 +347,55 @@ def _induce_and_admit(
             worst=g.texts[trip.worst],
             golds=g.golds,
         ))
-    drafts_out = list(judge.induce(reqs)) if reqs else []
-    tally.add("judge_calls_induce", len(reqs))
-    drafts_out += [FallbackDrafts()] * (len(reqs) - len(drafts_out))  # a short reply
+    return todo, reqs
 
-    # (group, draft) pairs to score; blank drafts are rejected without a judge call.
+
+def _induce(ctx: _Step) -> list[tuple[int, Draft]]:
+    """Step 5: the ``(group index, draft)`` pairs of one batched ``judge.induce``."""
+    todo, reqs = _induction_requests(ctx)
+    replies = _ask(ctx, "induce", reqs, FallbackDrafts())  # a short reply: no answer
     pending: list[tuple[int, Draft]] = []
-    for n, out in zip(todo, drafts_out):
+    for n, out in zip(todo, replies):
         ds = [d for d in (out or ()) if isinstance(d, Draft)]
         if not ds:
-            tally.add("induce_empty")
-            tally.add("induce_fallbacks", int(isinstance(out, FallbackDrafts)))
-        tally.add("drafts_induced", len(ds))
+            ctx.tally.add("induce_empty")
+            ctx.tally.add("induce_fallbacks", int(isinstance(out, FallbackDrafts)))
+        ctx.tally.add("drafts_induced", len(ds))
         pending.extend((n, d) for d in ds)
+    return pending
+
+
+def _admission_scores(pending: Sequence[tuple[int, Draft]], ctx: _Step) -> dict[int, _Scored]:
+    """Step 6's scores of each non-blank draft on its own group, by index into ``pending``
+    (blank drafts are rejected ``empty_text`` by ``admit`` without a judge call)."""
     score_idx = [k for k, (_n, d) in enumerate(pending) if not is_empty(d)]
     to_score = [pending[k] for k in score_idx]
-    if cfg.admission_scoring == "check":
-        scored = _check_scores(to_score, groups, judge, tally)
+    if ctx.cfg.admission_scoring == "check":
+        scored = _check_scores(to_score, ctx)
     else:
-        items = [(n, f"admit:{k}", d) for k, (n, d) in enumerate(to_score)]
-        scored = _score_items(items, groups, judge, cfg, step, seed, tally)
-    scores_of = dict(zip(score_idx, scored))
+        scored = _score_items([(n, f"admit:{k}", d) for k, (n, d) in enumerate(to_score)], ctx)
+    return dict(zip(score_idx, scored))
 
+
+def _induce_and_admit(
+    memory: RubricMemory, ctx: _Step
+) -> tuple[RubricMemory, list[list[DraftRubric]], tuple[Event, ...]]:
+    """Steps 5-6. Returns the memory, the admitted ``DraftRubric`` values per group, events."""
+    pending = _induce(ctx)
+    scores_of = _admission_scores(pending, ctx)
     cands = []
     for k, (n, d) in enumerate(pending):
         sc = scores_of.get(k)
         cands.append(Candidate(
-            qid=groups[n].qid, draft=d,
+            qid=ctx.groups[n].qid, draft=d,
             scores=None if sc is None else tuple(float(x) for x in sc.evidence),
-            outcome=groups[n].r_base,
+            outcome=ctx.groups[n].r_base,
             fallback_members=0 if sc is None else sc.fallback_members,
         ))
-    memory, admitted, events = admit(memory, cands, cfg, step, keep=cfg.use_common_pool)
+    cfg = ctx.cfg
+    memory, admitted, events = admit(memory, cands, cfg, ctx.step, keep=cfg.use_common_pool)
     # ``admit`` emits one event per candidate, in order; admitted drafts come back in order.
-    per_group: list[list[DraftRubric]] = [[] for _ in groups]
+    per_group: list[list[DraftRubric]] = [[] for _ in ctx.groups]
     admitted_iter = iter(admitted)
     for (n, _d), ev in zip(pending, events):
         if ev.kind == "admitted":
@@ -319,8 +403,75 @@ def _induce_and_admit(
     return memory, per_group, events
 
 
-def _homogeneous(x: np.ndarray) -> bool:
-    return x.size == 0 or float(np.std(x)) <= HOMOGENEOUS_TOL
+# --- the two paths -----------------------------------------------------------------------------
+
+
+class _Phases(NamedTuple):
+    """What a path leaves for the output: the new memory, the batch's scores, the events in
+    order, and how many common rubrics were active."""
+
+    memory: RubricMemory
+    scores: _BatchScores
+    events: tuple[Event, ...]
+    n_active: int
+
+
+def _record_activations(memory: RubricMemory, ctx: _Step, active_ids: Sequence[str],
+                        slots: _Slots, evidence: np.ndarray
+                        ) -> tuple[RubricMemory, tuple[Event, ...]]:
+    """Step 4: one activation per active rubric with every scored group's ``(s, R_base)``, on
+    evidence scores only (a member without a real verdict is NaN there)."""
+    events: list[Event] = []
+    for s, rid in enumerate(active_ids):
+        acts = [GroupScores(scores=tuple(float(x) for x in evidence[s, n, :ctx.groups[n].size]),
+                            outcome=ctx.groups[n].r_base)
+                for n, _rid, _d in slots[s]]
+        memory, ev = apply_activation(memory, rid, acts, ctx.cfg, ctx.step)
+        events.extend(ev)
+    return memory, tuple(events)
+
+
+def _consolidate(memory: RubricMemory, ctx: _Step, embedder: Embedder
+                 ) -> tuple[RubricMemory, tuple[Event, ...]]:
+    """Step 7 (a no-op below ``K`` drafts), with its counts in the tally."""
+    memory, events, cstats = consolidate(memory, ctx.judge, embedder, ctx.cfg, ctx.step)
+    ctx.tally.add("judge_calls_consolidate", cstats.requests)
+    ctx.tally.add("consolidation_empty", cstats.empty_results + cstats.empty_text)
+    ctx.tally.add("consolidation_fallbacks", cstats.fallbacks)
+    ctx.tally.add("consolidation_dropped", cstats.dropped)
+    return memory, events
+
+
+def _step_with_memory(memory: RubricMemory, ctx: _Step, embedder: Embedder) -> _Phases:
+    """ARBOR: score the batch with two active common rubrics (steps 1-2), then update the
+    memory: retirement statistics, drafts and their admission, consolidation (steps 4-7)."""
+    memory, active_ids, selected = select_active(memory, ctx.step)
+    slots: _Slots = [[] for _ in range(N_ACTIVE)]
+    for s, rid in enumerate(active_ids):
+        rubric = memory.common(rid).draft
+        slots[s] = [(n, rid, rubric) for n, g in enumerate(ctx.groups)
+                    if g.size >= MIN_GROUP_SIZE]
+    scores = _score_slots(slots, ctx)
+    # a member without a real verdict: the group is left out of the statistics
+    ctx.tally.add("fallback_groups_excluded", scores.fallback_groups)
+    memory, activated = _record_activations(memory, ctx, active_ids, slots, scores.evidence)
+    memory, _admitted, admission = _induce_and_admit(memory, ctx)
+    memory, consolidated = _consolidate(memory, ctx, embedder)
+    return _Phases(memory, scores, selected + activated + admission + consolidated,
+                   len(active_ids))
+
+
+def _step_without_memory(memory: RubricMemory, ctx: _Step) -> _Phases:
+    """Ablation "w/o memory": drafts are induced and admitted first (steps 5-6, nothing kept in
+    ``D``), then each group is scored by its own admitted drafts, at most two, highest
+    admission ``rho`` first. No selection, statistics or consolidation."""
+    memory, admitted, events = _induce_and_admit(memory, ctx)
+    slots: _Slots = [[] for _ in range(N_ACTIVE)]
+    for n, ds in enumerate(admitted):
+        best = sorted(range(len(ds)), key=lambda k: (-ds[k].rho, k))[:N_ACTIVE]
+        for s, k in enumerate(best):
+            slots[s].append((n, ds[k].id, ds[k].draft))
+    return _Phases(memory, _score_slots(slots, ctx), events, 0)
 
 
 def arbor_reward_step(
@@ -349,109 +500,33 @@ def arbor_reward_step(
         ``StepOutput(memory, total_rewards [N, G], rubric_scores, events, metrics)`` with
         ``total_rewards = R_base + cfg.rubric_lambda * rubric_scores.combined``.
     """
-    groups = list(groups)
-    n_groups = len(groups)
-    gmax = max((g.size for g in groups), default=0)
-    tally = _Tally()
-    events: list[Event] = []
-    if cfg.use_common_pool and embedder is None:
-        # loaded lazily (at the first merge), but a missing package fails now, before any
-        # judge call, not at the first consolidation
-        check_embedder(cfg.embedder)
-    stats_before = judge.stats() if hasattr(judge, "stats") else {}
-
-    r_base = np.full((n_groups, gmax), np.nan)
-    for n, g in enumerate(groups):
-        r_base[n, :g.size] = g.r_base
-        tally.add("groups_too_small", int(g.size < MIN_GROUP_SIZE))
-
-    # 1-2: which rubric scores which group, per slot.
-    slot_items: list[list[tuple[int, str, Draft]]] = [[] for _ in range(N_ACTIVE)]
-    active_ids: tuple[str, ...] = ()
+    ctx = _Step(tuple(groups), judge, cfg, step, seed, _Tally())
+    ctx.tally.add("groups_too_small", sum(g.size < MIN_GROUP_SIZE for g in ctx.groups))
     if cfg.use_common_pool:
-        memory, active_ids, ev = select_active(memory, step)
-        events.extend(ev)
-        for s, rid in enumerate(active_ids):
-            rubric = memory.common(rid).draft
-            slot_items[s] = [(n, rid, rubric) for n, g in enumerate(groups)
-                             if g.size >= MIN_GROUP_SIZE]
+        if embedder is None:
+            # loaded lazily (at the first merge), but a missing package fails now, before any
+            # judge call, not at the first consolidation
+            check_embedder(cfg.embedder)
+        out = _step_with_memory(memory, ctx, embedder or _LazyEmbedder(cfg.embedder))
     else:
-        memory, admitted, ev = _induce_and_admit(memory, groups, judge, cfg, step, seed, tally)
-        events.extend(ev)
-        for n, ds in enumerate(admitted):
-            best = sorted(range(len(ds)), key=lambda k: (-ds[k].rho, k))[:N_ACTIVE]
-            for s, k in enumerate(best):
-                slot_items[s].append((n, ds[k].id, ds[k].draft))
-
-    flat = [it for items in slot_items for it in items]
-    flat_scores = _score_items(flat, groups, judge, cfg, step, seed, tally)
-    raw = np.full((N_ACTIVE, n_groups, gmax), np.nan)
-    cen = np.full((N_ACTIVE, n_groups, gmax), np.nan)
-    evidence = np.full((N_ACTIVE, n_groups, gmax), np.nan)
-    ids = [[""] * n_groups for _ in range(N_ACTIVE)]
-    k = 0
-    for s, items in enumerate(slot_items):
-        for n, rid, _d in items:
-            sc = flat_scores[k]
-            k += 1
-            size = groups[n].size
-            raw[s, n, :size] = sc.scores
-            evidence[s, n, :size] = sc.evidence
-            ids[s][n] = rid
-            if np.all(np.isfinite(sc.scores)):
-                cen[s, n, :size] = centre(sc.scores)
-                # a member without a real verdict: the group is left out of the statistics
-                tally.add("fallback_groups_excluded",
-                          int(cfg.use_common_pool and sc.fallback_members > 0))
-            else:
-                tally.add("nan_score_groups")
-
-    # 3: s~ and the total reward.
-    combined = np.full((n_groups, gmax), np.nan)
-    for n, g in enumerate(groups):
-        usable = [cen[s, n, :g.size] for s in range(N_ACTIVE)
-                  if np.all(np.isfinite(cen[s, n, :g.size]))]
-        combined[n, :g.size] = np.mean(usable, axis=0) if usable else 0.0
-    total = r_base + cfg.rubric_lambda * combined
-
-    # 4: retirement statistics, one activation per active rubric, on evidence scores only.
-    if cfg.use_common_pool:
-        for s, rid in enumerate(active_ids):
-            acts = [GroupScores(scores=tuple(float(x) for x in evidence[s, n, :groups[n].size]),
-                                outcome=groups[n].r_base)
-                    for n, _rid, _d in slot_items[s]]
-            memory, ev = apply_activation(memory, rid, acts, cfg, step)
-            events.extend(ev)
-
-        # 5-6: induction and admission into D.
-        memory, _admitted, ev = _induce_and_admit(memory, groups, judge, cfg, step, seed, tally)
-        events.extend(ev)
-
-        # 7: consolidation.
-        memory, ev, cstats = consolidate(
-            memory, judge, embedder or _LazyEmbedder(cfg.embedder), cfg, step
-        )
-        events.extend(ev)
-        tally.add("judge_calls_consolidate", cstats.requests)
-        tally.add("consolidation_empty", cstats.empty_results + cstats.empty_text)
-        tally.add("consolidation_fallbacks", cstats.fallbacks)
-        tally.add("consolidation_dropped", cstats.dropped)
-
-    metrics = _metrics(memory, groups, total, events, tally, len(active_ids), judge, stats_before)
-    rubric_scores = RubricScores(combined=combined, raw=raw, centred=cen,
-                                 rubric_ids=tuple(tuple(x) for x in ids))
-    return StepOutput(memory, total, rubric_scores, tuple(events), metrics)
+        out = _step_without_memory(memory, ctx)
+    sc = out.scores
+    combined, total = _combine(ctx.groups, sc.centred, cfg.rubric_lambda)
+    metrics = _metrics(out.memory, ctx.groups, total, out.events, ctx.tally, out.n_active)
+    rubric_scores = RubricScores(combined=combined, raw=sc.raw, centred=sc.centred,
+                                 rubric_ids=sc.rubric_ids)
+    return StepOutput(out.memory, total, rubric_scores, out.events, metrics)
 
 
 def conversion_metrics(
     groups: Sequence[GroupInput], total: np.ndarray, prefix: str = ""
 ) -> dict[str, float]:
     """Outcome-homogeneous fraction before (``R_base``) and after (``R_total``) the rubric term,
-    and the fraction of outcome-homogeneous groups it converted to nonzero variance. Same
-    definitions as ``rl.group_stats`` (population std <= 1e-6), per group over its real
-    members, so ragged batches work too."""
-    before = [_homogeneous(np.asarray(g.r_base)) for g in groups]
-    after = [_homogeneous(total[n, :g.size]) for n, g in enumerate(groups)]
+    and the fraction of outcome-homogeneous groups it converted to nonzero variance. The one
+    definition of homogeneous (``core.groups.homogeneous``: population std <= 1e-6), per group
+    over its real members, so ragged batches work too."""
+    before = [bool(homogeneous(np.asarray(g.r_base))) for g in groups]
+    after = [bool(homogeneous(total[n, :g.size])) for n, g in enumerate(groups)]
     n = max(len(groups), 1)
     converted = sum(b and not a for b, a in zip(before, after))
     return {
@@ -461,6 +536,11 @@ def conversion_metrics(
     }
 
 
+#: Items that came back as the judge's defined fallback, per kind of request.
+_FALLBACK_KEYS = ("compare_fallbacks", "check_fallbacks", "induce_fallbacks",
+                  "consolidation_fallbacks")
+
+
 def _metrics(
     memory: RubricMemory,
     groups: Sequence[GroupInput],
@@ -468,8 +548,6 @@ def _metrics(
     events: Sequence[Event],
     tally: _Tally,
     n_active: int,
-    judge: Judge,
-    stats_before: dict[str, int],
 ) -> dict[str, float]:
     """Flat ``memory/*`` metrics of one step."""
     kinds = Counter(e.kind for e in events)
@@ -497,8 +575,7 @@ def _metrics(
     calls = {op: c[f"judge_calls_{op}"] for op in ("compare", "check", "induce", "consolidate")}
     m.update({f"memory/judge_calls_{op}": v for op, v in calls.items()})
     m["memory/judge_calls"] = sum(calls.values())
-    after = judge.stats() if hasattr(judge, "stats") else {}
-    m["memory/judge_fallbacks"] = after.get("fallbacks", 0) - stats_before.get("fallbacks", 0)
+    m["memory/judge_fallbacks"] = sum(c[key] for key in _FALLBACK_KEYS)
 
     m.update(conversion_metrics(groups, total, "memory/"))
     return {k: float(v) for k, v in m.items()}

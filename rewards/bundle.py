@@ -279,9 +279,25 @@ def _write_atomic(rubrics: Sequence[Rubric], out: Path) -> None:
     os.replace(tmp, out)
 
 
+@dataclasses.dataclass(frozen=True)
+class BundleOptions:
+    """How ``run_bundle`` asks the judge: ``k_min <= K <= k_max`` dimensions per prompt,
+    ``batch`` prompts per ``judge.bundle`` call, ``retries`` extra rounds for invalid answers."""
+
+    k_min: int = MIN_DIMS
+    k_max: int = MAX_DIMS
+    batch: int = 16
+    retries: int = 0
+
+    def __post_init__(self) -> None:
+        if not MIN_DIMS <= self.k_min <= self.k_max <= MAX_DIMS:
+            raise ValueError(f"need {MIN_DIMS} <= k_min <= k_max <= {MAX_DIMS}, "
+                             f"got {self.k_min}, {self.k_max}")
+
+
 def run_bundle(src: str | Path, out: str | Path, judge: Any, *, judge_name: str = "",
-               k_min: int = MIN_DIMS, k_max: int = MAX_DIMS, batch: int = 16, retries: int = 0,
-               fmt: str | None = None) -> dict[str, Any]:
+               options: BundleOptions = BundleOptions(), fmt: str | None = None
+               ) -> dict[str, Any]:
     """Bundle the rubrics of ``src`` into ``out`` (resumable; see the module docstring).
 
     Returns the summary dict (also written to ``summary_path(out)``): ``bundled``, ``skipped``,
@@ -289,8 +305,7 @@ def run_bundle(src: str | Path, out: str | Path, judge: Any, *, judge_name: str 
     ``failures`` (``[{prompt_id, reason}]``), ``total``, ``kept_extra``, ``k_min``, ``k_max``,
     ``judge`` and ``judge_stats``.
     """
-    if not MIN_DIMS <= k_min <= k_max <= MAX_DIMS:
-        raise ValueError(f"need {MIN_DIMS} <= k_min <= k_max <= {MAX_DIMS}, got {k_min}, {k_max}")
+    k_min, k_max, retries = options.k_min, options.k_max, options.retries
     out = Path(out)
     rubrics = load_rubrics(src, fmt)
     previous: dict[str, Rubric] = {}
@@ -317,7 +332,7 @@ def run_bundle(src: str | Path, out: str | Path, judge: Any, *, judge_name: str 
         _write_atomic(rows + extra, out)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    step = max(int(batch), 1)
+    step = max(int(options.batch), 1)
     for s in range(0, len(todo), step):
         chunk = todo[s:s + step]
         res = bundle_rubrics(chunk, judge, k_min, k_max, retries, bundler=judge_name or None)
@@ -366,15 +381,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "judge" not in opts:
             raise CliError(f"judge=NAME is required\n{USAGE}")
         k_min, k_max = int(opts.get("k_min", MIN_DIMS)), int(opts.get("k_max", MAX_DIMS))
+        options = BundleOptions(k_min=k_min, k_max=k_max, batch=int(opts.get("batch", 16)),
+                                retries=int(opts.get("retries", 0)))
         name = str(opts["judge"])
         judge = judge_from_args(name, {"k_min": k_min, "k_max": k_max, **jopts})
     except (CliError, ValueError) as e:
         print(e, file=sys.stderr)
         return 2
     try:
-        summary = run_bundle(pos[0], pos[1], judge, judge_name=name, k_min=k_min, k_max=k_max,
-                             batch=int(opts.get("batch", 16)),
-                             retries=int(opts.get("retries", 0)), fmt=opts.get("fmt"))
+        summary = run_bundle(pos[0], pos[1], judge, judge_name=name, options=options,
+                             fmt=opts.get("fmt"))
     finally:
         judge.close()
     print(format_summary(summary))

@@ -211,6 +211,42 @@ def perturbation_analysis(
     applied.  Rubrics must be bundled when an AND-product aggregator is asked for.  All checks
     go to the judge in one batched call.
     """
+    unknown = [o for o in operators if o not in OPERATORS]
+    if unknown:
+        raise ValueError(f"unknown operator(s) {unknown}; known: {', '.join(OPERATORS)}")
+    usable = [r for r in rubrics if r.reference_answer and r.reference_answer.strip()]
+    skipped = [r.prompt_id for r in rubrics if not (r.reference_answer or "").strip()]
+    variants = _variants(usable, operators, seed)
+    cols = _score_columns(variants, judge, aggregators)
+    cases = _cases(variants, cols, len(operators) + 1)
+    rows, table = [], {}
+    for op in operators:
+        sel = [c for c in cases if c["operator"] == op]
+        table[op] = {}
+        for col in cols:
+            row = _change_row(op, col, sel)
+            table[op][col] = row["mean_delta"]
+            rows.append(row)
+    return {"table": table, "rows": rows, "cases": cases, "skipped": skipped,
+            "columns": list(cols)}
+
+
+def _variants(usable: Sequence[Rubric], operators: Sequence[str], seed: int
+              ) -> list[tuple[Rubric, str, str]]:
+    """``(rubric, operator or "original", text)``: per rubric its reference, then one edit per
+    operator (seeded per rubric and operator), so rubric ``b``'s original is at ``b * (O + 1)``."""
+    out = []
+    for b, r in enumerate(usable):
+        ref = str(r.reference_answer)
+        out.append((r, "original", ref))
+        out += [(r, op, OPERATORS[op](ref, _case_seed(seed, b, op), r)) for op in operators]
+    return out
+
+
+def _score_columns(variants: Sequence[tuple[Rubric, str, str]], judge: Any,
+                   aggregators: Sequence[str]) -> dict[str, np.ndarray]:
+    """Per variant: each aggregator's reward, the held-out ``fitness`` pass rate (when any
+    rubric carries fitness criteria) and ``words``; all checks in one batched judge call."""
     from rewards.rubric_rewarder import (
         ScoreItem,
         aggregate_checks,
@@ -220,21 +256,7 @@ def perturbation_analysis(
         word_count,
     )
 
-    unknown = [o for o in operators if o not in OPERATORS]
-    if unknown:
-        raise ValueError(f"unknown operator(s) {unknown}; known: {', '.join(OPERATORS)}")
-    usable = [r for r in rubrics if r.reference_answer and r.reference_answer.strip()]
-    skipped = [r.prompt_id for r in rubrics if not (r.reference_answer or "").strip()]
-    items: list[ScoreItem] = []
-    texts: list[tuple[int, str, str]] = []  # (rubric index, operator or "original", text)
-    for b, r in enumerate(usable):
-        ref = str(r.reference_answer)
-        variants = [("original", ref)] + [
-            (op, OPERATORS[op](ref, _case_seed(seed, b, op), r)) for op in operators
-        ]
-        for op, t in variants:
-            texts.append((b, op, t))
-            items.append(ScoreItem(r.prompt_text(), t, r, fitness_criteria(r)))
+    items = [ScoreItem(r.prompt_text(), t, r, fitness_criteria(r)) for r, _op, t in variants]
     checks = judge_checks(judge, items)
     cols: dict[str, np.ndarray] = {
         a: aggregate_checks(a, [it.rubric for it in items], checks) for a in aggregators
@@ -243,40 +265,44 @@ def perturbation_analysis(
     if np.isfinite(fit).any():
         cols["fitness"] = fit
     cols["words"] = np.asarray([word_count(it.response) for it in items], np.float64)
-    per = len(operators) + 1
+    return cols
+
+
+def _cases(variants: Sequence[tuple[Rubric, str, str]], cols: Mapping[str, np.ndarray],
+           per: int) -> list[dict[str, Any]]:
+    """One case per edited answer: its text, whether the edit changed it, and every column
+    before (on the rubric's original, ``per`` variants per rubric) and after."""
     cases = []
-    for j, (b, op, t) in enumerate(texts):
+    for j, (r, op, t) in enumerate(variants):
         if op == "original":
             continue
-        o = b * per  # the original of rubric b
+        o = j - j % per  # the original of this rubric
         cases.append({
-            "prompt_id": usable[b].prompt_id, "operator": op, "changed": t != texts[o][2],
+            "prompt_id": r.prompt_id, "operator": op, "changed": t != variants[o][2],
             "text": t,
             **{f"{c}_before": float(v[o]) for c, v in cols.items()},
             **{f"{c}_after": float(v[j]) for c, v in cols.items()},
         })
-    rows, table = [], {}
-    for op in operators:
-        table[op] = {}
-        sel = [c for c in cases if c["operator"] == op]
-        for col in cols:
-            before = np.asarray([c[f"{col}_before"] for c in sel], np.float64)
-            after = np.asarray([c[f"{col}_after"] for c in sel], np.float64)
-            ok = np.isfinite(before) & np.isfinite(after)
-            d = after[ok] - before[ok]
-            mean = float(d.mean()) if d.size else math.nan
-            table[op][col] = mean
-            rows.append({
-                "operator": op, "column": col, "mean_delta": mean,
-                "std_delta": float(d.std()) if d.size else math.nan, "n": int(d.size),
-                "frac_lower": float(np.mean(d < -1e-9)) if d.size else math.nan,
-                "frac_higher": float(np.mean(d > 1e-9)) if d.size else math.nan,
-                "mean_before": float(before[ok].mean()) if d.size else math.nan,
-                "mean_after": float(after[ok].mean()) if d.size else math.nan,
-                "frac_changed": float(np.mean([c["changed"] for c in sel])) if sel else math.nan,
-            })
-    return {"table": table, "rows": rows, "cases": cases, "skipped": skipped,
-            "columns": list(cols)}
+    return cases
+
+
+def _change_row(op: str, col: str, sel: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The change of column ``col`` under operator ``op`` over its cases ``sel`` (a case
+    without a finite value before and after is left out of the statistics)."""
+    before = np.asarray([c[f"{col}_before"] for c in sel], np.float64)
+    after = np.asarray([c[f"{col}_after"] for c in sel], np.float64)
+    ok = np.isfinite(before) & np.isfinite(after)
+    d = after[ok] - before[ok]
+    some = d.size > 0
+    return {
+        "operator": op, "column": col, "mean_delta": float(d.mean()) if some else math.nan,
+        "std_delta": float(d.std()) if some else math.nan, "n": int(d.size),
+        "frac_lower": float(np.mean(d < -1e-9)) if some else math.nan,
+        "frac_higher": float(np.mean(d > 1e-9)) if some else math.nan,
+        "mean_before": float(before[ok].mean()) if some else math.nan,
+        "mean_after": float(after[ok].mean()) if some else math.nan,
+        "frac_changed": float(np.mean([c["changed"] for c in sel])) if sel else math.nan,
+    }
 
 
 def format_table(table: Mapping[str, Mapping[str, float]], n: int | None = None) -> str:

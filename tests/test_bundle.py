@@ -10,6 +10,7 @@ from judges.rule import RuleJudge
 from judges.types import Bundle, Dimension
 from rewards.bundle import (
     BundleError,
+    BundleOptions,
     BundleResult,
     bundle_missing,
     bundle_rubrics,
@@ -88,7 +89,7 @@ def test_bad_bundles_reported_per_prompt_never_written(tmp_path):
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     save_rubrics(rubrics, src)
     judge = FakeJudge({p: a for p, (a, _) in BAD.items()})
-    s = run_bundle(src, out, judge, judge_name="fake", batch=5)
+    s = run_bundle(src, out, judge, judge_name="fake", options=BundleOptions(batch=5))
     assert s["bundled"] == 2 and s["failed"] == len(BAD) and s["skipped"] == 0
     reasons = {f["prompt_id"]: f["reason"] for f in s["failures"]}
     assert set(reasons) == set(BAD)
