@@ -6,7 +6,8 @@ as `\\n\\n<information>...</information>\\n\\n`; anything else appends the inval
 message. Both are observations: their tokens get loss mask 0 (no loss, no KL). After
 `max_turns` turns, one final generation runs with search disabled. A turn that ends with EOS
 and no action ends the trajectory (our choice: the policy chose to stop; its format is then
-invalid). Search-R1 instead appends the invalid-action message and goes on.
+invalid). Search-R1 instead appends the invalid-action message and goes on. The protocol's
+texts and rules (prompt, action, invalid-action message) are ``core.search_r1``'s.
 
 Only unfinished trajectories are sent to the sampler, so finished ones stop costing compute.
 When the policy can continue a generation (``continue_from``, e.g. the jitted sampler's KV
@@ -21,35 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import re
 from collections.abc import Sequence
 from typing import Any
 
+from core.search_r1 import INVALID_ACTION, parse_action
 from core.types import Group, Policy, Prompt, Trajectory
 from models.sampler import SamplingParams
 from models.tokenizer import Tokenizer
-from rewards.qa import INVALID_ACTION
 from rl.search.corpus import render_docs
-
-PROMPT_TEMPLATE = (
-    "Answer the given question. You must conduct reasoning inside <think> and </think> first "
-    "every time you get new information. After reasoning, if you find you lack some knowledge, "
-    "you can call a search engine by <search> query </search> and it will return the top "
-    "searched results between <information> and </information>. You can search as many times "
-    "as your want. If you find no further external knowledge needed, you can directly provide "
-    "the answer inside <answer> and </answer>, without detailed illustrations. For example, "
-    "<answer> Beijing </answer>. Question: {question}\n")
-ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
-
-
-def search_prompt(question: str) -> str:
-    return PROMPT_TEMPLATE.format(question=question.strip())
-
-
-def parse_action(text: str) -> tuple[str | None, str]:
-    """("search" | "answer" | None, content) from one turn's generated text."""
-    m = ACTION_RE.search(text)
-    return (m.group(1), m.group(2).strip()) if m else (None, "")
 
 
 def _end_at_answer(text: str) -> str:

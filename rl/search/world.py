@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from rewards.qa import normalize_answer
+from core.search_r1 import normalize_answer
 from rl.search.corpus import Doc, write_corpus
 from rl.search.datasets import QAExample, write_flashrag_jsonl
 
