@@ -28,7 +28,6 @@ from rl.search.datasets import QAExample, load_qa
 from rl.search.demos import corpus_titles, oracle_demonstrations
 from rl.search.env import SearchEnv
 from rl.search.world import write_world
-from rl.tasks import TASKS
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,6 @@ def _cached_retriever(cfg_json: str) -> Any:
     return make_retriever(json.loads(cfg_json))
 
 
-@TASKS.register("search_qa")
 @dataclasses.dataclass(frozen=True)
 class SearchQATask:
     """Multi-hop QA with retrieval. `reward`: a name in rewards.qa.QA_REWARDS
