@@ -33,6 +33,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from core.search_r1 import ParsedTrajectory, normalize_answer, parse_trajectory
 from judges.base import JUDGE_STAT_KEYS, Counters, order_coin, tie_coin
 from judges.types import (
     TIE,
@@ -50,13 +51,14 @@ from judges.types import (
     PairResult,
     as_draft,
 )
-from rewards.qa import normalize_answer
 
 FEATURE_LIBRARY_VERSION = "features-v1"
 
 Predicate = Callable[[str, str], bool]  # (context / question, response / trajectory) -> bool
 
-# answer normalisation (SPEC 2) lives with the QA rewards; the equivalence fallback reuses it
+# Answer normalisation and the reading of a trajectory (segments, answer, format validity) are
+# the Search-R1 protocol's (core.search_r1), shared with the QA rewards; the features and the
+# equivalence fallback use them.
 
 
 def _contains_phrase(haystack: str, needle: str) -> bool:
@@ -72,68 +74,6 @@ def cover_match(prediction: str, golds: Sequence[str]) -> bool:
     return any(
         pred == (g := normalize_answer(gold)) or _contains_phrase(pred, g) for gold in golds
     )
-
-
-# --- search-trajectory structure -------------------------------------------------------------
-
-_TAG = re.compile(r"<(think|search|answer|information)>(.*?)</\1>", re.DOTALL)
-# The end of the Search-R1 instruction prompt (``rl.search.env.PROMPT_TEMPLATE``): its example
-# answer, then the question line. Only this text, the prompt's own, is ever stripped.
-_PROMPT_END = re.compile(r"For example,\s*<answer> Beijing </answer>\.?\s*Question:[^\n]*\n")
-
-
-@dataclass(frozen=True)
-class Trajectory:
-    """The tagged segments of a Search-R1 trajectory, in order: ``(tag, content)``."""
-
-    segments: tuple[tuple[str, str], ...]
-    valid_format: bool
-
-    @property
-    def searches(self) -> list[str]:
-        return [c.strip() for t, c in self.segments if t == "search"]
-
-    @property
-    def answer(self) -> str | None:
-        answers = [c.strip() for t, c in self.segments if t == "answer"]
-        return answers[-1] if answers else None
-
-
-def _strip_prompt(text: str) -> str:
-    """Drop a Search-R1 instruction preamble if the caller passed the full text (prompt +
-    response): its example answer ("Beijing") must not count as the trajectory's answer.
-
-    The prompt is recognised by how it ends, ``For example, <answer> Beijing </answer>.`` then
-    the ``Question: ...`` line, and everything up to and including that line is dropped. A
-    response alone is returned unchanged, even if its answer is ``<answer> Beijing </answer>``.
-    """
-    m = _PROMPT_END.search(text)
-    return text[m.end():] if m else text
-
-
-def _format_valid(text: str, segments: Sequence[tuple[str, str]]) -> bool:
-    """Balanced, non-nested tags; exactly one answer and it ends the trajectory (SPEC 2)."""
-    opens = re.findall(r"<(/?)(think|search|answer|information)>", text)
-    depth: str | None = None
-    for closing, tag in opens:
-        if not closing:
-            if depth is not None:
-                return False
-            depth = tag
-        else:
-            if depth != tag:
-                return False
-            depth = None
-    if depth is not None:
-        return False
-    tags = [t for t, _ in segments]
-    return tags.count("answer") == 1 and tags[-1] == "answer"
-
-
-def parse_trajectory(text: str) -> Trajectory:
-    text = _strip_prompt(text or "")
-    segments = tuple((m.group(1), m.group(2)) for m in _TAG.finditer(text))
-    return Trajectory(segments=segments, valid_format=_format_valid(text, segments))
 
 
 _STOP = frozenset(
@@ -179,27 +119,27 @@ def question_entities(question: str) -> list[list[str]]:
     return [e for e in ents if e and not all(t in _STOP for t in e)]
 
 
-def _info_before(traj: Trajectory, upto: int) -> str:
+def _info_before(traj: ParsedTrajectory, upto: int) -> str:
     """Normalised text of every <information> block before segment ``upto``."""
     return " ".join(normalize_answer(c) for t, c in traj.segments[:upto] if t == "information")
 
 
 # Each feature predicate gets (question, trajectory, parameter).
-def _f_entity_search(q: str, t: Trajectory, _: int | None) -> bool:
+def _f_entity_search(q: str, t: ParsedTrajectory, _: int | None) -> bool:
     ents = question_entities(q)
     queries = [set(_tokens(s)) for s in t.searches]
     return any(all(tok in qs for tok in e) for e in ents for qs in queries)
 
 
-def _f_max_searches(q: str, t: Trajectory, n: int | None) -> bool:
+def _f_max_searches(q: str, t: ParsedTrajectory, n: int | None) -> bool:
     return t.answer is not None and len(t.searches) <= (n or 0)
 
 
-def _f_min_searches(q: str, t: Trajectory, n: int | None) -> bool:
+def _f_min_searches(q: str, t: ParsedTrajectory, n: int | None) -> bool:
     return t.answer is not None and len(t.searches) >= (n or 1)
 
 
-def _f_answer_grounded(q: str, t: Trajectory, _: int | None) -> bool:
+def _f_answer_grounded(q: str, t: ParsedTrajectory, _: int | None) -> bool:
     if t.answer is None:
         return False
     ans = normalize_answer(t.answer)
@@ -207,12 +147,12 @@ def _f_answer_grounded(q: str, t: Trajectory, _: int | None) -> bool:
     return _contains_phrase(_info_before(t, last), ans)
 
 
-def _f_distinct_queries(q: str, t: Trajectory, _: int | None) -> bool:
+def _f_distinct_queries(q: str, t: ParsedTrajectory, _: int | None) -> bool:
     norm = [normalize_answer(s) for s in t.searches]
     return bool(norm) and len(set(norm)) == len(norm)
 
 
-def _f_think_before_action(q: str, t: Trajectory, _: int | None) -> bool:
+def _f_think_before_action(q: str, t: ParsedTrajectory, _: int | None) -> bool:
     thought, acted = False, False
     for tag, _c in t.segments:
         if tag == "think":
@@ -235,7 +175,7 @@ def _info_names(text: str) -> set[str]:
     return {normalize_answer(w) for w in words} - _DOC_BOILERPLATE - {""}
 
 
-def _f_bridge_search(q: str, t: Trajectory, _: int | None) -> bool:
+def _f_bridge_search(q: str, t: ParsedTrajectory, _: int | None) -> bool:
     """A later query uses a name first seen in retrieved information (multi-hop bridging).
 
     Only Capitalised (entity-like) words count: a generic word such as "film" that happens to
@@ -257,15 +197,15 @@ def _f_bridge_search(q: str, t: Trajectory, _: int | None) -> bool:
     return False
 
 
-def _f_valid_format(q: str, t: Trajectory, _: int | None) -> bool:
+def _f_valid_format(q: str, t: ParsedTrajectory, _: int | None) -> bool:
     return t.valid_format
 
 
-def _f_concise_answer(q: str, t: Trajectory, n: int | None) -> bool:
+def _f_concise_answer(q: str, t: ParsedTrajectory, n: int | None) -> bool:
     return t.answer is not None and 0 < len(t.answer.split()) <= (n or 5)
 
 
-def _f_query_not_copy(q: str, t: Trajectory, _: int | None) -> bool:
+def _f_query_not_copy(q: str, t: ParsedTrajectory, _: int | None) -> bool:
     qset = set(_tokens(q))
     if not t.searches or not qset:
         return False
@@ -276,7 +216,7 @@ def _f_query_not_copy(q: str, t: Trajectory, _: int | None) -> bool:
     return True
 
 
-def _f_stops_after_evidence(q: str, t: Trajectory, _: int | None) -> bool:
+def _f_stops_after_evidence(q: str, t: ParsedTrajectory, _: int | None) -> bool:
     """No search is issued after information that already mentions the final answer."""
     if t.answer is None or not t.searches:
         return False
@@ -298,7 +238,7 @@ class Feature:
     name: str
     title: str
     description: str  # may contain {n}
-    predicate: Callable[[str, Trajectory, int | None], bool]
+    predicate: Callable[[str, ParsedTrajectory, int | None], bool]
     params: tuple[int, ...] = ()
     merge: Callable[[Sequence[int]], int] = max
 

@@ -97,7 +97,7 @@ def test_a_real_beijing_answer_is_kept_and_only_the_prompt_is_stripped():
     assert t.answer == "Beijing" and t.valid_format and t.searches == ["capital of China"]
     # With the prompt in front (the test prompt's layout and the environment's own), only the
     # prompt is dropped, whatever the answer.
-    from rl.search.env import search_prompt
+    from core.search_r1 import search_prompt
 
     for prompt in (SEARCH_R1_PROMPT, search_prompt("What is the capital of China?")):
         full = parse_trajectory(prompt + resp)

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.search_r1 import INVALID_ACTION
 from rewards.qa import (
-    INVALID_ACTION,
     QA_REWARDS,
     arbor_base_reward,
     exact_match,

@@ -5,12 +5,13 @@ import dataclasses
 import numpy as np
 import pytest
 
+from core.search_r1 import INVALID_ACTION, parse_action, search_prompt
 from core.types import Prompt
 from models.presets import cached_tokenizer, shipped_gguf_path
 from models.sampler import Generation, SamplingParams
 from rewards.qa import arbor_base_reward
 from rl.search.corpus import Doc
-from rl.search.env import INVALID_ACTION, SearchEnv, parse_action, search_prompt
+from rl.search.env import SearchEnv
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ as `\\n\\n<information>...</information>\\n\\n`; anything else appends the inval
 message. Both are observations: their tokens get loss mask 0 (no loss, no KL). After
 `max_turns` turns, one final generation runs with search disabled. A turn that ends with EOS
 and no action ends the trajectory (our choice: the policy chose to stop; its format is then
-invalid). Search-R1 instead appends the invalid-action message and goes on.
+invalid). Search-R1 instead appends the invalid-action message and goes on. The protocol's
+texts and rules (prompt, action, invalid-action message) are ``core.search_r1``'s.
 
 Only unfinished trajectories are sent to the sampler, so finished ones stop costing compute.
 When the policy can continue a generation (``continue_from``, e.g. the jitted sampler's KV
@@ -21,35 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import re
 from collections.abc import Sequence
 from typing import Any
 
+from core.search_r1 import INVALID_ACTION, parse_action
 from core.types import Group, Policy, Prompt, Trajectory
-from models.sampler import SamplingParams
+from models.sampler import Generation, SamplingParams
 from models.tokenizer import Tokenizer
-from rewards.qa import INVALID_ACTION
 from rl.search.corpus import render_docs
-
-PROMPT_TEMPLATE = (
-    "Answer the given question. You must conduct reasoning inside <think> and </think> first "
-    "every time you get new information. After reasoning, if you find you lack some knowledge, "
-    "you can call a search engine by <search> query </search> and it will return the top "
-    "searched results between <information> and </information>. You can search as many times "
-    "as your want. If you find no further external knowledge needed, you can directly provide "
-    "the answer inside <answer> and </answer>, without detailed illustrations. For example, "
-    "<answer> Beijing </answer>. Question: {question}\n")
-ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
-
-
-def search_prompt(question: str) -> str:
-    return PROMPT_TEMPLATE.format(question=question.strip())
-
-
-def parse_action(text: str) -> tuple[str | None, str]:
-    """("search" | "answer" | None, content) from one turn's generated text."""
-    m = ACTION_RE.search(text)
-    return (m.group(1), m.group(2).strip()) if m else (None, "")
 
 
 def _end_at_answer(text: str) -> str:
@@ -81,6 +61,20 @@ class _Row:
         self.logprobs += list(logprobs) if action else [0.0] * len(tokens)
         if not action:
             self.unread += list(tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Decoding:
+    """How one rollout decodes: whole turns, or chunks of ``chunk`` tokens for a policy that
+    can continue a generation; the sampling with and without search; the invalid-action
+    message's tokens."""
+
+    chunked: bool
+    chunk: int
+    per_turn: int  # a turn's token budget
+    with_search: SamplingParams
+    answer_only: SamplingParams
+    invalid_ids: tuple[int, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +113,23 @@ class SearchEnv:
                 seed: int) -> list[Group]:
         base = [self.tokenizer.encode_chat(list(p.messages)) for p in prompts]
         rows = [_Row(list(ids)) for ids in base for _ in range(group_size)]
-        invalid_ids = self.tokenizer.encode(INVALID_ACTION)
+        decoding = self._decoding(policy)
+        state = None  # the latest generation's continuation state, if the policy has one
+        for call in itertools.count():
+            active = self._unfinished(rows)
+            if not active:
+                break
+            gen, limits = self._generate(policy, decoding, state, active, seed * 1000 + call)
+            state = getattr(gen, "state", None)
+            searching: list[tuple[_Row, str]] = []
+            for i, r in enumerate(active):
+                query = self._advance(r, gen, i, limits[i], decoding)
+                if query is not None:
+                    searching.append((r, query))
+            self._observe([r for r, _ in searching], [q for _, q in searching])
+        return self._groups(prompts, rows, group_size)
+
+    def _decoding(self, policy: Policy) -> _Decoding:
         per_turn = self.sampling.max_new_tokens
         # Chunked decoding needs a policy that can continue a generation; any other policy
         # generates whole turns, the batch in lockstep, the last one without search.
@@ -127,62 +137,75 @@ class SearchEnv:
         chunk = min(self.chunk_tokens, per_turn) if chunked else per_turn
         with_search = dataclasses.replace(self.sampling, stop=("</search>", "</answer>"),
                                           max_new_tokens=chunk)
-        answer_only = dataclasses.replace(with_search, stop=("</answer>",))
-        state = None  # the latest generation's continuation state, if the policy has one
-        for call in itertools.count():
-            active = [r for r in rows if not r.done]
-            for r in active:
-                if len(r.tokens) >= self.max_response_tokens:
-                    r.done, r.finish = True, "length"
-            active = [r for r in active if not r.done]
-            if not active:
-                break
-            # Chunks always stop at both tags (the automaton state carries over between
-            # chunks only for an unchanged stop set); a final-turn row that stops at
-            # `</search>` simply goes on in the next chunk, as if only `</answer>` stopped it.
-            final_only = all(r.turns == self.max_turns for r in active)
-            sampling = answer_only if final_only and not chunked else with_search
-            limits = [min(chunk, per_turn - len(r.turn_tokens),
-                          self.max_response_tokens - len(r.tokens)) for r in active]
-            if state is not None and chunked:
-                gen = policy.continue_from(state, [r.slot for r in active],
-                                           [r.unread for r in active], sampling,
-                                           seed=seed * 1000 + call, max_new_per_row=limits)
-            else:
-                gen = policy.generate([r.prompt_tokens + r.tokens for r in active], sampling,
-                                      seed=seed * 1000 + call, max_new_per_row=limits)
-            state = getattr(gen, "state", None)
-            searching: list[tuple[_Row, str]] = []
-            for i, r in enumerate(active):
-                r.slot, r.unread = i, []
-                n = int(gen.lengths[i])
-                r.add(gen.tokens[i, :n].tolist(), True, gen.logprobs[i, :n].tolist())
-                r.turn_tokens += gen.tokens[i, :n].tolist()
-                final = r.turns == self.max_turns
-                out_of_budget = (len(r.turn_tokens) >= per_turn
-                                 or len(r.tokens) >= self.max_response_tokens)
-                if (chunked and gen.finish[i] == "length" and n == limits[i]
-                        and not out_of_budget):
-                    continue  # the chunk ended mid-turn
-                text = (gen.texts[i] if len(r.turn_tokens) == n
-                        else self.tokenizer.decode(r.turn_tokens))
-                if (chunked and final and gen.finish[i] == "stop" and "</answer>" not in text
-                        and not out_of_budget):
-                    continue  # a final turn ignores `</search>`
-                r.turns += 1
-                r.turn_tokens = []
-                kind, content = parse_action(text)
-                if kind == "answer":
-                    r.done, r.finish = True, "answer"
-                elif kind == "search" and not final:
-                    r.searches += 1
-                    searching.append((r, content))
-                elif gen.finish[i] == "eos" or final:
-                    r.done, r.finish = True, gen.finish[i]
-                else:
-                    r.invalid += 1
-                    r.add(invalid_ids, action=False)
-            self._observe([r for r, _ in searching], [q for _, q in searching])
+        return _Decoding(chunked=chunked, chunk=chunk, per_turn=per_turn,
+                         with_search=with_search,
+                         answer_only=dataclasses.replace(with_search, stop=("</answer>",)),
+                         invalid_ids=tuple(self.tokenizer.encode(INVALID_ACTION)))
+
+    def _unfinished(self, rows: list[_Row]) -> list[_Row]:
+        """The rows still going; a row whose response reached its budget finishes here."""
+        active = [r for r in rows if not r.done]
+        for r in active:
+            if len(r.tokens) >= self.max_response_tokens:
+                r.done, r.finish = True, "length"
+        return [r for r in active if not r.done]
+
+    def _generate(self, policy: Policy, decoding: _Decoding, state: Any, active: list[_Row],
+                  seed: int) -> tuple[Generation, list[int]]:
+        """One generation call for the active rows, and each row's token limit in it."""
+        # Chunks always stop at both tags (the automaton state carries over between
+        # chunks only for an unchanged stop set); a final-turn row that stops at
+        # `</search>` simply goes on in the next chunk, as if only `</answer>` stopped it.
+        final_only = all(r.turns == self.max_turns for r in active)
+        sampling = (decoding.answer_only if final_only and not decoding.chunked
+                    else decoding.with_search)
+        limits = [min(decoding.chunk, decoding.per_turn - len(r.turn_tokens),
+                      self.max_response_tokens - len(r.tokens)) for r in active]
+        if state is not None and decoding.chunked:
+            gen = policy.continue_from(state, [r.slot for r in active],
+                                       [r.unread for r in active], sampling,
+                                       seed=seed, max_new_per_row=limits)
+        else:
+            gen = policy.generate([r.prompt_tokens + r.tokens for r in active], sampling,
+                                  seed=seed, max_new_per_row=limits)
+        return gen, limits
+
+    def _advance(self, r: _Row, gen: Generation, i: int, limit: int,
+                 decoding: _Decoding) -> str | None:
+        """Append generation row ``i`` to ``r``; if that ends the row's turn, act on the turn.
+        Returns the query of a search (the caller retrieves for all searching rows at once)."""
+        r.slot, r.unread = i, []
+        n = int(gen.lengths[i])
+        generated = gen.tokens[i, :n].tolist()
+        r.add(generated, True, gen.logprobs[i, :n].tolist())
+        r.turn_tokens += generated
+        final = r.turns == self.max_turns
+        out_of_budget = (len(r.turn_tokens) >= decoding.per_turn
+                         or len(r.tokens) >= self.max_response_tokens)
+        if decoding.chunked and gen.finish[i] == "length" and n == limit and not out_of_budget:
+            return None  # the chunk ended mid-turn
+        text = (gen.texts[i] if len(r.turn_tokens) == n
+                else self.tokenizer.decode(r.turn_tokens))
+        if (decoding.chunked and final and gen.finish[i] == "stop" and "</answer>" not in text
+                and not out_of_budget):
+            return None  # a final turn ignores `</search>`
+        r.turns += 1
+        r.turn_tokens = []
+        kind, content = parse_action(text)
+        if kind == "answer":
+            r.done, r.finish = True, "answer"
+        elif kind == "search" and not final:
+            r.searches += 1
+            return content
+        elif gen.finish[i] == "eos" or final:
+            r.done, r.finish = True, gen.finish[i]
+        else:
+            r.invalid += 1
+            r.add(decoding.invalid_ids, action=False)
+        return None
+
+    def _groups(self, prompts: Sequence[Prompt], rows: list[_Row],
+                group_size: int) -> list[Group]:
         texts = [_end_at_answer(text) if r.finish == "answer" else text
                  for r, text in zip(rows, self.tokenizer.decode_batch([r.tokens for r in rows]))]
         groups = []

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from core.search_r1 import search_prompt
 from core.types import Group, Prompt, Trajectory
 from models.sampler import SamplingParams
 from models.tokenizer import Tokenizer
@@ -25,7 +26,7 @@ from rewards.qa import QA_REWARDS
 from rl.search.client import make_retriever
 from rl.search.datasets import QAExample, load_qa
 from rl.search.demos import corpus_titles, oracle_demonstrations
-from rl.search.env import SearchEnv, search_prompt
+from rl.search.env import SearchEnv
 from rl.search.world import write_world
 
 log = logging.getLogger(__name__)

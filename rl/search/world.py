@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from rewards.qa import normalize_answer
+from core.search_r1 import normalize_answer
 from rl.search.corpus import Doc, write_corpus
 from rl.search.datasets import QAExample, write_flashrag_jsonl
 
@@ -265,67 +265,102 @@ def _counts(n: int) -> dict[str, int]:
 def build_world(seed: int, n_entities: int = 2000, generations: int = 4,
                 marriage_rate: float = 0.8) -> World:
     """Generate a world of ``n_entities`` entities, deterministic for ``seed``."""
-    rng = np.random.default_rng(seed)
-    names = _Names(rng)
     counts = _counts(n_entities)
-    ents: list[dict[str, Any]] = []
+    builder = _WorldBuilder(np.random.default_rng(seed))
+    cities = builder.places(counts["country"], counts["city"])
+    people = builder.people(counts["person"], cities, generations, marriage_rate)
+    builder.companies(counts["company"], people, cities)
+    builder.bands(counts["band"], people, cities)
+    builder.films(counts["film"], people)
+    return builder.world(seed)
 
-    def add(kind: str, name: str, **attrs: Any) -> int:
-        ents.append({"idx": len(ents), "kind": kind, "name": name, "attrs": attrs, "rels": {}})
-        return len(ents) - 1
 
-    def pick(seq: Sequence[Any]) -> Any:
-        return seq[int(rng.integers(len(seq)))]
+class _WorldBuilder:
+    """The entities of a world being built, drawn from one random stream. The order of the
+    draws defines the world, so each step keeps it: the same seed, the same world."""
 
-    def years(lo: int, hi: int) -> int:
-        return int(rng.integers(lo, hi + 1))
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+        self.names = _Names(rng)
+        self.ents: list[dict[str, Any]] = []
 
-    countries = [add("country", names.word(2, 2, pick(_COUNTRY_SUFFIX)),
-                     founding_year=years(1400, 1900)) for _ in range(counts["country"])]
-    cities = [add("city", names.word(2, 3, pick(_CITY_SUFFIX)), founding_year=years(1000, 1750))
-              for _ in range(counts["city"])]
-    for i, c in enumerate(cities):  # every country gets a capital among its own cities
-        country = countries[i] if i < len(countries) else pick(countries)
-        ents[c]["rels"]["located_in"] = country
-        if i < len(countries):
-            ents[country]["rels"]["capital"] = c
+    def add(self, kind: str, name: str, **attrs: Any) -> int:
+        self.ents.append({"idx": len(self.ents), "kind": kind, "name": name, "attrs": attrs,
+                          "rels": {}})
+        return len(self.ents) - 1
 
-    # People in generations: children of the previous generation's couples take the father's
-    # surname and are born 20-40 years after their younger parent.
-    n_people = counts["person"]
-    given_pool = [names.word(2, 2) for _ in range(max(20, n_people // 6))]
-    surname_pool = [names.word(2, 3) for _ in range(max(20, n_people // 8))]
-    full_names: set[str] = set()
-    people: list[int] = []
-    couples: list[tuple[int, int]] = []
-    per_gen = [n_people // generations + (g < n_people % generations) for g in range(generations)]
-    for g, size in enumerate(per_gen):
-        members = []
-        for _ in range(size):
-            father = mother = None
-            if couples and rng.random() < 0.9:
-                father, mother = pick(couples)
-                surname = ents[father]["name"].split()[-1]
-                born = max(ents[father]["attrs"]["birth_year"],
-                           ents[mother]["attrs"]["birth_year"]) + years(20, 40)
-            else:
-                surname = pick(surname_pool)
-                born = 1780 + 30 * g + years(-10, 10)
-            for _ in range(50):
-                full = f"{pick(given_pool)} {surname}"
-                if full not in full_names:
-                    break
-            else:  # crowded surname: a fresh given name always makes it unique
-                given_pool.append(names.word(2, 2))
-                full = f"{given_pool[-1]} {surname}"
-            full_names.add(full)
-            p = add("person", full, birth_year=born, occupation=pick(_OCCUPATIONS),
-                    gender=pick(("male", "female")))
-            ents[p]["rels"]["born_in"] = pick(cities)
-            if father is not None:
-                ents[p]["rels"]["father"], ents[p]["rels"]["mother"] = father, mother
-            members.append(p)
-            people.append(p)
+    def pick(self, seq: Sequence[Any]) -> Any:
+        return seq[int(self.rng.integers(len(seq)))]
+
+    def years(self, lo: int, hi: int) -> int:
+        return int(self.rng.integers(lo, hi + 1))
+
+    def places(self, n_countries: int, n_cities: int) -> list[int]:
+        """Countries and their cities; returns the cities."""
+        pick, years, ents = self.pick, self.years, self.ents
+        countries = [self.add("country", self.names.word(2, 2, pick(_COUNTRY_SUFFIX)),
+                              founding_year=years(1400, 1900)) for _ in range(n_countries)]
+        cities = [self.add("city", self.names.word(2, 3, pick(_CITY_SUFFIX)),
+                           founding_year=years(1000, 1750)) for _ in range(n_cities)]
+        for i, c in enumerate(cities):  # every country gets a capital among its own cities
+            country = countries[i] if i < len(countries) else pick(countries)
+            ents[c]["rels"]["located_in"] = country
+            if i < len(countries):
+                ents[country]["rels"]["capital"] = c
+        return cities
+
+    def people(self, n_people: int, cities: Sequence[int], generations: int,
+               marriage_rate: float) -> list[int]:
+        """People in generations: children of the previous generation's couples take the
+        father's surname and are born 20-40 years after their younger parent."""
+        names = self.names
+        given_pool = [names.word(2, 2) for _ in range(max(20, n_people // 6))]
+        surname_pool = [names.word(2, 3) for _ in range(max(20, n_people // 8))]
+        full_names: set[str] = set()
+        people: list[int] = []
+        couples: list[tuple[int, int]] = []
+        per_gen = [n_people // generations + (g < n_people % generations)
+                   for g in range(generations)]
+        for g, size in enumerate(per_gen):
+            members = [self._person(g, couples, cities, given_pool, surname_pool, full_names)
+                       for _ in range(size)]
+            people += members
+            couples = self._marry(members, marriage_rate)
+        return people
+
+    def _person(self, generation: int, couples: Sequence[tuple[int, int]],
+                cities: Sequence[int], given_pool: list[str], surname_pool: Sequence[str],
+                full_names: set[str]) -> int:
+        """One person of ``generation``: most are a child of one of ``couples`` (the previous
+        generation's), the others found a new family; the full name is unique."""
+        pick, years, ents = self.pick, self.years, self.ents
+        father = mother = None
+        if couples and self.rng.random() < 0.9:
+            father, mother = pick(couples)
+            surname = ents[father]["name"].split()[-1]
+            born = max(ents[father]["attrs"]["birth_year"],
+                       ents[mother]["attrs"]["birth_year"]) + years(20, 40)
+        else:
+            surname = pick(surname_pool)
+            born = 1780 + 30 * generation + years(-10, 10)
+        for _ in range(50):
+            full = f"{pick(given_pool)} {surname}"
+            if full not in full_names:
+                break
+        else:  # crowded surname: a fresh given name always makes it unique
+            given_pool.append(self.names.word(2, 2))
+            full = f"{given_pool[-1]} {surname}"
+        full_names.add(full)
+        p = self.add("person", full, birth_year=born, occupation=pick(_OCCUPATIONS),
+                     gender=pick(("male", "female")))
+        ents[p]["rels"]["born_in"] = pick(cities)
+        if father is not None:
+            ents[p]["rels"]["father"], ents[p]["rels"]["mother"] = father, mother
+        return p
+
+    def _marry(self, members: Sequence[int], marriage_rate: float) -> list[tuple[int, int]]:
+        """Pair a generation's men and women in random order (never siblings); the couples."""
+        ents, rng = self.ents, self.rng
         males = [members[i] for i in rng.permutation(len(members))
                  if ents[members[i]]["attrs"]["gender"] == "male"]
         females = [members[i] for i in rng.permutation(len(members))
@@ -337,35 +372,47 @@ def build_world(seed: int, n_entities: int = 2000, generations: int = 4,
             if rng.random() < marriage_rate and not siblings:
                 ents[m]["rels"]["spouse"], ents[f]["rels"]["spouse"] = f, m
                 couples.append((m, f))
+        return couples
 
-    for _ in range(counts["company"]):
-        founder = pick(people)
-        c = add("company", f"{names.word()} {pick(_COMPANY_SUFFIX)}", industry=pick(_INDUSTRIES),
-                founding_year=ents[founder]["attrs"]["birth_year"] + years(22, 50))
-        ents[c]["rels"].update(founded_by=founder, headquartered_in=pick(cities))
+    def companies(self, n: int, people: Sequence[int], cities: Sequence[int]) -> None:
+        pick, years, ents = self.pick, self.years, self.ents
+        for _ in range(n):
+            founder = pick(people)
+            c = self.add("company", f"{self.names.word()} {pick(_COMPANY_SUFFIX)}",
+                         industry=pick(_INDUSTRIES),
+                         founding_year=ents[founder]["attrs"]["birth_year"] + years(22, 50))
+            ents[c]["rels"].update(founded_by=founder, headquartered_in=pick(cities))
 
-    free = [people[i] for i in rng.permutation(len(people))]  # band members, one band each
-    for _ in range(counts["band"]):
-        k = years(1, 4)
-        members, free = free[:k], free[k:]
-        first = min((ents[m]["attrs"]["birth_year"] for m in members), default=None)
-        formed = first + years(16, 30) if first is not None else years(1850, 1990)
-        b = add("band", f"The {names.word()} {pick(_BAND_NOUNS)}", genre=pick(_BAND_GENRES),
-                formation_year=formed)
-        ents[b]["rels"]["formed_in"] = pick(cities)
-        for m in members:
-            ents[m]["rels"]["member_of"] = b
+    def bands(self, n: int, people: Sequence[int], cities: Sequence[int]) -> None:
+        pick, years, ents = self.pick, self.years, self.ents
+        free = [people[i] for i in self.rng.permutation(len(people))]  # one band each
+        for _ in range(n):
+            k = years(1, 4)
+            members, free = free[:k], free[k:]
+            first = min((ents[m]["attrs"]["birth_year"] for m in members), default=None)
+            formed = first + years(16, 30) if first is not None else years(1850, 1990)
+            b = self.add("band", f"The {self.names.word()} {pick(_BAND_NOUNS)}",
+                         genre=pick(_BAND_GENRES), formation_year=formed)
+            ents[b]["rels"]["formed_in"] = pick(cities)
+            for m in members:
+                ents[m]["rels"]["member_of"] = b
 
-    for _ in range(counts["film"]):
-        director = pick(people)
-        f = add("film", pick(_FILM_PATTERNS).format(w=names.word()), genre=pick(_FILM_GENRES),
-                release_year=ents[director]["attrs"]["birth_year"] + years(25, 60))
-        ents[f]["rels"]["directed_by"] = director
+    def films(self, n: int, people: Sequence[int]) -> None:
+        pick, years, ents = self.pick, self.years, self.ents
+        for _ in range(n):
+            director = pick(people)
+            f = self.add("film", pick(_FILM_PATTERNS).format(w=self.names.word()),
+                         genre=pick(_FILM_GENRES),
+                         release_year=ents[director]["attrs"]["birth_year"] + years(25, 60))
+            ents[f]["rels"]["directed_by"] = director
 
-    entities = tuple(Entity(e["idx"], e["kind"], e["name"], dict(e["attrs"]), dict(e["rels"]))
+    def world(self, seed: int) -> World:
+        ents = self.ents
+        entities = tuple(Entity(e["idx"], e["kind"], e["name"], dict(e["attrs"]),
+                                dict(e["rels"])) for e in ents)
+        docs = tuple(Doc(id=str(e["idx"]), title=e["name"], text=_document(e, ents))
                      for e in ents)
-    docs = tuple(Doc(id=str(e["idx"]), title=e["name"], text=_document(e, ents)) for e in ents)
-    return World(seed, entities, docs)
+        return World(seed, entities, docs)
 
 
 # ---------------------------------------------------------------- questions

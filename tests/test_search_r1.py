@@ -1,0 +1,50 @@
+"""The Search-R1 protocol module: the environment, the QA rewards and the rule judge read a
+trajectory through one parser, so they agree on its answer, searches and format."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.search_r1 import (
+    INVALID_ACTION,
+    extract_answer,
+    is_valid_format,
+    parse_response,
+    parse_trajectory,
+    search_prompt,
+    strip_prompt,
+)
+from judges.rule import feature_predicate
+
+PIECES = ["<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>",
+          "<information>", "</information>", "x", " ", "\n", "<|im_end|>", INVALID_ACTION,
+          " ".join(INVALID_ACTION.split())]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=16))
+def test_one_reading_of_answer_and_format(pieces):
+    text = "".join(pieces)
+    parsed = parse_response(text)
+    assert parsed.answer == extract_answer(text)
+    assert parsed.valid_format == is_valid_format(text)
+    assert parse_trajectory(search_prompt("Who?") + text).segments == parsed.segments
+
+
+def test_invalid_action_message_is_not_the_policys():
+    # the message spells out "<search> and </search>" and "<answer> and </answer>"
+    text = ("I am not sure" + INVALID_ACTION + "<search> capital of France </search>"
+            "<information>Doc 1(Title: Paris) Paris is the capital.</information>"
+            "<answer> Paris </answer>")
+    parsed = parse_trajectory(text)
+    assert parsed.searches == ["capital of France"] and parsed.answer == "Paris"
+    assert parsed.valid_format
+    assert feature_predicate("max_searches:1")("Where?", text)
+    stuck = "no idea" + INVALID_ACTION
+    assert parse_trajectory(stuck).answer is None and not parse_trajectory(stuck).valid_format
+
+
+def test_the_prompt_is_recognised_by_its_own_ending():
+    prompt = search_prompt("What is the capital of China?")
+    assert prompt.endswith("<answer> Beijing </answer>. Question: What is the capital of China?\n")
+    assert strip_prompt(prompt + "<answer> Beijing </answer>") == "<answer> Beijing </answer>"
+    assert strip_prompt("<answer> Beijing </answer>") == "<answer> Beijing </answer>"
