@@ -52,7 +52,9 @@ from judges.types import (
     as_draft,
 )
 
-FEATURE_LIBRARY_VERSION = "features-v1"
+# v2: trajectories parsed by core.search_r1 (the invalid-action message is environment text,
+# not searches or an answer of the policy; text after the final </answer> is invalid)
+FEATURE_LIBRARY_VERSION = "features-v2"
 
 Predicate = Callable[[str, str], bool]  # (context / question, response / trajectory) -> bool
 

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -541,6 +541,19 @@ _FALLBACK_KEYS = ("compare_fallbacks", "check_fallbacks", "induce_fallbacks",
                   "consolidation_fallbacks")
 
 
+#: ``memory/*`` metrics that describe the memory after a step; the others count what the step
+#: did (or are fractions of its groups)
+MEMORY_GAUGES = ("memory/drafts", "memory/commons", "memory/retired_total", "memory/active")
+
+
+def step_counts(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The tallies among a step's ``memory/*`` metrics (admissions, rejections, judge calls,
+    fallbacks, ...): what adds up when a training step draws several batches (DAPO)."""
+    fractions = set(conversion_metrics([], np.zeros((0, 0)), "memory/"))
+    return {k: v for k, v in metrics.items()
+            if k.startswith("memory/") and k not in MEMORY_GAUGES and k not in fractions}
+
+
 def _metrics(
     memory: RubricMemory,
     groups: Sequence[GroupInput],
@@ -549,7 +562,9 @@ def _metrics(
     tally: _Tally,
     n_active: int,
 ) -> dict[str, float]:
-    """Flat ``memory/*`` metrics of one step."""
+    """Flat ``memory/*`` metrics of one step: the memory's sizes after it, the step's tallies
+    (:data:`MEMORY_GAUGES` are the former, :func:`step_counts` picks the latter) and the
+    conversion fractions."""
     kinds = Counter(e.kind for e in events)
     rejected = Counter(getattr(e, "reason", "") for e in events if e.kind == "rejected")
     retired = Counter(getattr(e, "reason", "") for e in events if e.kind == "retired")

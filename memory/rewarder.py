@@ -28,7 +28,7 @@ import numpy as np
 
 from core.types import Group, RewardOutput, Task
 from memory.embed import check_embedder
-from memory.reward import GroupInput, arbor_reward_step
+from memory.reward import GroupInput, arbor_reward_step, step_counts
 from memory.state import MemoryConfig, RubricMemory
 from memory.static import StaticRubric, load_static_rubrics, static_rubric_step
 
@@ -146,6 +146,7 @@ class ArborRewarder:
             state=out.memory,
             events=tuple(e.to_dict() for e in out.events),
             per_traj=_per_traj(sc.combined, inputs, sc.rubric_ids),
+            counts=step_counts(out.metrics),
         )
 
     def state_to_json(self, state: RubricMemory | None) -> dict[str, Any] | None:

@@ -19,6 +19,8 @@ so ``rl.eval eval.run=<folder>`` and ``trainer.init_from=<folder>`` read it).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +34,7 @@ import numpy as np
 import optax
 from omegaconf import DictConfig, OmegaConf
 
-from core.types import Trajectory
+from core.types import Group, Trajectory
 from models.config import ModelConfig
 from models.sampler import group_logprobs
 from models.transformer import Params
@@ -95,68 +97,68 @@ def mean_loss(cfg: ModelConfig, params: Params, trajs: Sequence[Trajectory], pad
     return total / max(count, 1.0)
 
 
-def run(cfg: Mapping[str, Any], config_text: str = "") -> dict[str, Any]:
-    """Train on demonstrations; returns the last metrics record."""
-    from tqdm import tqdm
+@dataclasses.dataclass(frozen=True)
+class SftConfig:
+    """The ``sft`` section of ``conf/sft.yaml`` (defaults live there)."""
 
-    from models import load_params
-    from rl.checkpoint import Checkpointer
-    from rl.config import ConfigError, optim_config
-    from rl.runlog import RunLog
-    from rl.wiring import make_task
+    split: str
+    examples: int
+    epochs: int
+    batch_size: int
+    eval_split: str
+    eval_examples: int
 
-    t, s, o = cfg["trainer"], cfg["sft"], cfg["optim"]
-    run_dir = Path(str(t["run_dir"]))
-    ckpt = Checkpointer(run_dir / "checkpoints", keep=1)
-    if ckpt.latest_step() is not None:
-        raise ConfigError(f"trainer.run_dir: {run_dir} already holds checkpoints; choose "
-                          f"another run_dir")
-    for key in ("examples", "epochs", "batch_size"):
-        if int(s[key]) < 1:
-            raise ConfigError(f"sft.{key} must be >= 1, got {s[key]}")
-    task = make_task(cfg["task"])
-    if not hasattr(task, "demonstrations"):
-        raise ConfigError(f"task.name: task {cfg['task']['name']!r} has no demonstrations "
-                          f"for SFT")
-    model_cfg, params, tok = load_params(str(cfg["model"]["path"]),
-                                         jnp.float32,  # master weights; model.dtype computes
-                                         seed=int(t["seed"]))
-    new = int(t["max_new_tokens"])
-    groups = task.demonstrations(str(s["split"]), tok, n=int(s["examples"]), max_new_tokens=new)
+
+@dataclasses.dataclass(frozen=True)
+class Demonstrations:
+    """The task's demonstrations for a warm-up: training and held-out trajectories."""
+
+    groups: list[Group]
+    train: list[Trajectory]
+    dev: list[Trajectory]
+    outcome: float  # the demonstrations' mean task outcome
+    resp_len: int  # the padded response length of every batch
+
+
+def demonstrations(task: Any, tok: Any, s: SftConfig, max_new_tokens: int) -> Demonstrations:
+    """``sft.examples`` training and ``sft.eval_examples`` held-out demonstrations."""
+    groups = task.demonstrations(s.split, tok, n=s.examples, max_new_tokens=max_new_tokens)
     train = [g.trajectories[0] for g in groups]
-    dev_groups = task.demonstrations(str(s["eval_split"]), tok, n=int(s["eval_examples"]),
-                                     max_new_tokens=new) if int(s["eval_examples"]) else []
+    dev_groups = task.demonstrations(s.eval_split, tok, n=s.eval_examples,
+                                     max_new_tokens=max_new_tokens) if s.eval_examples else []
     dev = [g.trajectories[0] for g in dev_groups]
     outcome = float(np.mean([task.outcome(g.prompt, g.trajectories[0]) for g in groups]))
-    resp_len = max(len(x.tokens) for x in train + dev)
-    bs, epochs = int(s["batch_size"]), int(s["epochs"])
-    steps = epochs * -(-len(train) // bs)
-    oc = optim_config(o, steps)
-    optimizer = make_optimizer(oc)
-    step_fn = make_sft_step(model_cfg, optimizer, lr_schedule(oc), bool(t.get("remat", False)),
-                            str(cfg["model"].get("dtype", "float32")))
-    state = init_train_state(params, optimizer)
+    return Demonstrations(groups, train, dev, outcome, max(len(x.tokens) for x in train + dev))
 
-    runlog = RunLog(run_dir, tensorboard=bool(t.get("tensorboard", True)))
-    if config_text:
-        runlog.write_config(config_text)
-    runlog.samples(0, [{"prompt_id": g.prompt.id, "response": g.trajectories[0].text,
-                        "outcome": task.outcome(g.prompt, g.trajectories[0])}
-                       for g in groups[:8]])
-    log.info("%d demonstrations (mean outcome %.3f), %d held out, %d steps", len(train),
-             outcome, len(dev), steps)
-    if dev:
-        before = mean_loss(model_cfg, state.params, dev, tok.pad_id, resp_len, bs)
-        runlog.metrics(0, {"sft/dev_loss": before, "sft/demo_outcome": outcome})
-    rng = np.random.default_rng(int(t["seed"]))
+
+def _checked(cfg: Mapping[str, Any]) -> tuple[Any, SftConfig, Any]:
+    """(trainer section, sft section, model section) of an ``rl.sft`` config, checked."""
+    from rl.config import ConfigError, ModelSection, TrainerConfig, section
+
+    t = section(TrainerConfig, cfg["trainer"], "trainer")
+    s = section(SftConfig, cfg["sft"], "sft")
+    for key in ("examples", "epochs", "batch_size"):
+        if getattr(s, key) < 1:
+            raise ConfigError(f"sft.{key} must be >= 1, got {getattr(s, key)}")
+    return t, s, section(ModelSection, cfg["model"], "model")
+
+
+def _train(step_fn: Any, state: Any, demos: Demonstrations, s: SftConfig, pad_id: int,
+           runlog: Any, progress: bool, seed: int) -> tuple[Any, int, dict[str, Any]]:
+    """``sft.epochs`` shuffled passes over the demonstrations: (state, steps, last record)."""
+    from tqdm import tqdm
+
+    rng = np.random.default_rng(seed)
     record: dict[str, Any] = {}
-    bar = tqdm(total=steps, desc="sft", disable=not bool(t.get("progress", True)))
+    steps = s.epochs * -(-len(demos.train) // s.batch_size)
+    bar = tqdm(total=steps, desc="sft", disable=not progress)
     step = 0
-    for _ in range(epochs):
-        order = rng.permutation(len(train))
-        for i in range(0, len(order), bs):
+    for _ in range(s.epochs):
+        order = rng.permutation(len(demos.train))
+        for i in range(0, len(order), s.batch_size):
             t0 = time.perf_counter()
-            batch = demo_batch([train[j] for j in order[i:i + bs]], tok.pad_id, resp_len)
+            batch = demo_batch([demos.train[j] for j in order[i:i + s.batch_size]], pad_id,
+                               demos.resp_len)
             state, metrics = step_fn(state, {k: jnp.asarray(v) for k, v in batch.items()})
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
             record = runlog.metrics(step, {**metrics, "time/step_s": time.perf_counter() - t0})
@@ -164,12 +166,55 @@ def run(cfg: Mapping[str, Any], config_text: str = "") -> dict[str, Any]:
             bar.update(1)
             bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}")
     bar.close()
-    if dev:
-        after = mean_loss(model_cfg, state.params, dev, tok.pad_id, resp_len, bs)
-        record = runlog.metrics(step, {"sft/dev_loss": after})
-        log.info("held-out demonstration loss %.3f -> %.3f", before, after)
+    return state, step, record
+
+
+def run(cfg: Mapping[str, Any], config_text: str = "") -> dict[str, Any]:
+    """Train on demonstrations; returns the last metrics record."""
+    from models import load_params
+    from rl.checkpoint import Checkpointer
+    from rl.config import ConfigError, optim_config
+    from rl.runlog import RunLog
+    from rl.wiring import make_task
+
+    t, s, model = _checked(cfg)
+    run_dir = Path(t.run_dir)
+    ckpt = Checkpointer(run_dir / "checkpoints", keep=1)
+    if ckpt.latest_step() is not None:
+        raise ConfigError(f"trainer.run_dir: {run_dir} already holds checkpoints; choose "
+                          f"another run_dir")
+    task = make_task(cfg["task"])
+    if not hasattr(task, "demonstrations"):
+        raise ConfigError(f"task.name: task {cfg['task']['name']!r} has no demonstrations "
+                          f"for SFT")
+    # float32 master weights; model.dtype is the compute dtype
+    model_cfg, params, tok = load_params(model.path, jnp.float32, seed=t.seed)
+    demos = demonstrations(task, tok, s, t.max_new_tokens)
+    oc = optim_config(cfg["optim"], s.epochs * -(-len(demos.train) // s.batch_size))
+    optimizer = make_optimizer(oc)
+    step_fn = make_sft_step(model_cfg, optimizer, lr_schedule(oc), t.remat, model.dtype)
+    state = init_train_state(params, optimizer)
+
+    runlog = RunLog(run_dir, tensorboard=t.tensorboard)
+    if config_text:
+        runlog.write_config(config_text)
+    runlog.samples(0, [{"prompt_id": g.prompt.id, "response": g.trajectories[0].text,
+                        "outcome": task.outcome(g.prompt, g.trajectories[0])}
+                       for g in demos.groups[:8]])
+    log.info("%d demonstrations (mean outcome %.3f), %d held out, %d steps", len(demos.train),
+             demos.outcome, len(demos.dev), oc.total_steps)
+    held_out = functools.partial(mean_loss, model_cfg, trajs=demos.dev, pad_id=tok.pad_id,
+                                 resp_len=demos.resp_len, batch_size=s.batch_size)
+    if demos.dev:
+        before = held_out(params=state.params)
+        runlog.metrics(0, {"sft/dev_loss": before, "sft/demo_outcome": demos.outcome})
+    state, step, record = _train(step_fn, state, demos, s, tok.pad_id, runlog, t.progress,
+                                 t.seed)
+    if demos.dev:
+        record = runlog.metrics(step, {"sft/dev_loss": held_out(params=state.params)})
+        log.info("held-out demonstration loss %.3f -> %.3f", before, record["sft/dev_loss"])
     ckpt.save(step, {"state": state._asdict()},
-              {"step": step, "kind": "sft", "seed": int(t["seed"]), "data_position": 0})
+              {"step": step, "kind": "sft", "seed": t.seed, "data_position": 0})
     ckpt.close()
     runlog.close()
     return record

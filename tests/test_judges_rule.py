@@ -389,7 +389,7 @@ def test_protocol_stats_versions_and_registry():
     judge = make_judge({"name": "rule", "seed": 3, "max_drafts": 2})
     assert isinstance(judge, RuleJudge) and isinstance(judge, Judge)
     assert judge.seed == 3 and judge.max_drafts == 2
-    assert judge.versions() == {"rule_features": "features-v1"}
+    assert judge.versions() == {"rule_features": "features-v2"}
     judge.check([CheckRequest("c", "r", "contains:r")] * 3)
     judge.equivalent([])
     s = judge.stats()

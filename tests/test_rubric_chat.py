@@ -237,4 +237,4 @@ def test_two_step_prorubric_run_on_tiny(tmp_path):
             assert key in rec and rec[key] is not None, key
         assert rec["judge/requests_check"] > 0 and "judge/fallbacks" in rec
     versions = json.loads((tmp_path / "run" / "judge_versions.json").read_text())
-    assert versions == {"rule_features": "features-v1"}
+    assert versions == {"rule_features": "features-v2"}
