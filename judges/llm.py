@@ -20,7 +20,7 @@ Failure handling, per item of a batch:
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -76,6 +76,38 @@ class _Failed:
         self.reason = reason
 
 
+@dataclasses.dataclass(frozen=True)
+class JudgeOptions:
+    """The keyword options of :class:`LLMJudge` (documented there), checked once."""
+
+    seed: int = 0
+    max_reasks: int = 1
+    max_tokens: int = 512
+    temperature: float = 0.0
+    check_mode: str = "json"
+    compare_mode: str = "json"
+    max_drafts: int = 3
+    max_common: int = 2
+    k_min: int = 2
+    k_max: int = 5
+    equiv_exact_shortcut: bool = True
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # config values may arrive as strings or floats
+            object.__setattr__(self, f.name, _as(f.type, getattr(self, f.name)))
+        if self.check_mode not in ("json", "logprob"):
+            raise ValueError(f"check_mode must be 'json' or 'logprob', got {self.check_mode!r}")
+        if self.compare_mode not in ("json", "logprob"):
+            raise ValueError(f"compare_mode must be 'json' or 'logprob', got "
+                             f"{self.compare_mode!r}")
+        if not 1 <= self.k_min <= self.k_max:
+            raise ValueError(f"need 1 <= k_min <= k_max, got {self.k_min}, {self.k_max}")
+
+
+def _as(kind: str, value: Any) -> Any:
+    return {"int": int, "float": float, "bool": bool, "str": str}[kind](value)
+
+
 class LLMJudge:
     """The judge protocol implemented with prompts on an LLM backend.
 
@@ -95,39 +127,11 @@ class LLMJudge:
             equals a normalised gold (saves judge calls on the easy cases).
     """
 
-    def __init__(
-        self,
-        backend: Backend,
-        *,
-        seed: int = 0,
-        max_reasks: int = 1,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
-        check_mode: str = "json",
-        compare_mode: str = "json",
-        max_drafts: int = 3,
-        max_common: int = 2,
-        k_min: int = 2,
-        k_max: int = 5,
-        equiv_exact_shortcut: bool = True,
-    ):
-        if check_mode not in ("json", "logprob"):
-            raise ValueError(f"check_mode must be 'json' or 'logprob', got {check_mode!r}")
-        if compare_mode not in ("json", "logprob"):
-            raise ValueError(f"compare_mode must be 'json' or 'logprob', got {compare_mode!r}")
-        if not 1 <= k_min <= k_max:
-            raise ValueError(f"need 1 <= k_min <= k_max, got {k_min}, {k_max}")
+    def __init__(self, backend: Backend, **options: Any):
         self.backend = backend
-        self.seed = int(seed)
-        self.max_reasks = int(max_reasks)
-        self.max_tokens = int(max_tokens)
-        self.temperature = float(temperature)
-        self.check_mode = check_mode
-        self.compare_mode = compare_mode
-        self.max_drafts = int(max_drafts)
-        self.max_common = int(max_common)
-        self.k_min, self.k_max = int(k_min), int(k_max)
-        self.equiv_exact_shortcut = bool(equiv_exact_shortcut)
+        self.options = JudgeOptions(**options)
+        # the options read as attributes (judge.seed, judge.max_reasks, ...)
+        vars(self).update(dataclasses.asdict(self.options))
         self._c = Counters(JUDGE_STAT_KEYS)
 
     def __repr__(self) -> str:
@@ -414,11 +418,7 @@ def singleton_bundle(n: int) -> Bundle:
     )
 
 
-LLM_OPTIONS = frozenset(
-    name
-    for name, p in inspect.signature(LLMJudge.__init__).parameters.items()
-    if p.kind is inspect.Parameter.KEYWORD_ONLY
-)
+LLM_OPTIONS = frozenset(f.name for f in dataclasses.fields(JudgeOptions))
 
 
 def split_llm_options(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
