@@ -1,11 +1,11 @@
-"""Decoder-only transformer (Llama / Qwen2 / Qwen3) as a Flax NNX module over pure functions.
+"""Decoder-only transformer (Llama / Qwen2 / Qwen3) as pure functions over a dict of arrays.
 
 Layer weights are stacked on a leading ``layers`` axis and the stack is run with
 ``jax.lax.scan``: one layer is traced and compiled once, whatever the depth, and per-layer
 rematerialisation is a single ``jax.checkpoint`` around the scanned body.
 
-The module holds parameters; the compute is the pure function :func:`forward` over a plain dict
-of arrays, which is what the sampler, the train step and the sharding code use.
+Parameters are a plain dict of arrays (:func:`init_params`, or the loaders); the compute is
+:func:`forward`, which is what the sampler, the train step and the sharding code use.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from models.config import ModelConfig
 
@@ -377,45 +376,3 @@ def unembed(cfg: ModelConfig, params: Params, x: jax.Array) -> jax.Array:
     else:
         w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
     return jnp.einsum("...d,dv->...v", x.astype(w.dtype), w, preferred_element_type=jnp.float32)
-
-
-# ----------------------------------------------------------------------------- NNX module
-
-
-class Layers(nnx.Module):
-    """All decoder layers' weights, stacked on a leading axis."""
-
-    def __init__(self, arrays: Params):
-        for name, value in arrays.items():
-            setattr(self, name, nnx.Param(value))
-
-
-class Transformer(nnx.Module):
-    """Flax NNX decoder-only transformer; ``model(tokens, attn_mask)`` returns logits.
-
-    ``model.params()`` gives the plain dict of arrays that :func:`forward` and the rest of the
-    library take; ``Transformer.from_params(cfg, params)`` wraps such a dict back into a module.
-    """
-
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None = None,
-                 dtype: Any = jnp.float32, params: Params | None = None):
-        self.cfg = cfg
-        if params is None:
-            rngs = rngs or nnx.Rngs(0)
-            params = init_params(cfg, rngs.params(), dtype)
-        self.embed = nnx.Param(params["embed"])
-        self.layers = Layers(params["layers"])
-        self.final_norm = nnx.Param(params["final_norm"])
-        self.lm_head = nnx.Param(params["lm_head"]) if "lm_head" in params else None
-
-    @classmethod
-    def from_params(cls, cfg: ModelConfig, params: Params) -> Transformer:
-        return cls(cfg, params=params)
-
-    def params(self) -> Params:
-        return nnx.to_pure_dict(nnx.state(self, nnx.Param))
-
-    def __call__(self, tokens: jax.Array, attn_mask: jax.Array | None = None,
-                 **kw: Any) -> jax.Array:
-        logits, _ = forward(self.cfg, self.params(), tokens, attn_mask, **kw)
-        return logits

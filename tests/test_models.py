@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from models import ModelLoadError, load, load_params
+from models import ModelLoadError, load_params
 from models.loaders import load_gguf, load_hf_folder
 from models.presets import shipped_gguf_path
 from models.sampler import SamplingParams, generate
@@ -112,7 +112,7 @@ def test_load_hf_folder_with_tokenizer(tmp_path_factory, tmp_path):
         {"chat_template": tok.chat_template, "eos_token": "<|im_end|>"}))
     # the tiny model's vocabulary (512) is smaller than the tokenizer's: a clear error
     with pytest.raises(ModelLoadError, match="tokenizer has 49152 tokens"):
-        load(str(work))
+        load_params(str(work))
 
 
 def test_untied_model_without_its_head_is_refused(tmp_path_factory, tmp_path):
@@ -169,9 +169,9 @@ def test_shipped_gguf_matches_transformers_gguf(shipped):
 
 
 def test_tiny_preset_shares_shipped_tokenizer():
-    model, tok, cfg = load("tiny")
+    cfg, params, tok = load_params("tiny")
     assert cfg.vocab_size == tok.vocab_size == 49152
-    logits = model(jnp.asarray([tok.encode("hello world")]))
+    logits, _ = forward(cfg, params, jnp.asarray([tok.encode("hello world")]))
     assert logits.shape == (1, 2, 49152) and np.isfinite(np.asarray(logits)).all()
 
 
@@ -199,7 +199,7 @@ def test_unsupported_architecture(tmp_path):
 
 def test_missing_path_and_unknown_preset():
     with pytest.raises(ModelLoadError, match="not a preset"):
-        load("no_such_model_anywhere")
+        load_params("no_such_model_anywhere")
 
 
 def test_unsupported_gguf_quantisation(tmp_path):
