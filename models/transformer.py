@@ -215,75 +215,82 @@ def _mlp(p: Params, h: jax.Array) -> jax.Array:
     return dense(jax.nn.silu(dense(h, p["w_gate"])) * dense(h, p["w_up"]), p["w_down"])
 
 
-def forward(
-    cfg: ModelConfig,
-    params: Params,
-    tokens: jax.Array,
-    attn_mask: jax.Array | None = None,
-    positions: jax.Array | None = None,
-    cache: KVCache | None = None,
-    cache_index: jax.Array | int = 0,
-    remat: bool = False,
-    return_hidden: bool = False,
-) -> tuple[jax.Array, KVCache | None]:
-    """Logits [B,T,V] for tokens [B,T] (and the updated cache when one is given).
+def forward(cfg: ModelConfig, params: Params, tokens: jax.Array,
+            attn_mask: jax.Array | None = None, positions: jax.Array | None = None,
+            remat: bool = False, return_hidden: bool = False) -> jax.Array:
+    """Logits [B,T,V] for tokens [B,T], or with ``return_hidden`` the final (normed) hidden
+    states [B,T,D] that :func:`unembed` turns into logits.
 
     attn_mask [B,T]: 1 for real tokens, 0 for padding (left padding is what the sampler uses).
     positions default to the running count of real tokens, so RoPE starts at 0 for every row.
-    With a cache, the T new tokens are written at slots [cache_index, cache_index + T).
+    The stacked layers run under ``lax.scan`` (see :func:`_scan_layers` for ``remat``); a
+    forward that reads and extends a KV cache is :func:`forward_with_cache`.
     """
-    b, t = tokens.shape
+    attn_mask, positions = _mask_and_positions(tokens, attn_mask, positions)
+    inv_freq = jnp.asarray(rope_inv_freq(cfg))
+    mask = _causal(tokens.shape[1])[None] & attn_mask[:, None, :]
+
+    def body(x: jax.Array, p: Params) -> tuple[jax.Array, None]:
+        return _layer(cfg, p, x, positions, inv_freq, mask,
+                      lambda k, v: (cached_keys(k), cached_values(v), None))
+
+    x, _ = _scan_layers(body, params["embed"][tokens], params["layers"], remat)
+    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    return x if return_hidden else unembed(cfg, params, x)
+
+
+def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
+                       attn_mask: jax.Array | None = None, positions: jax.Array | None = None,
+                       *, cache: KVCache,
+                       cache_index: jax.Array | int) -> tuple[jax.Array, KVCache]:
+    """(final hidden states [B,T,D], updated cache) for tokens [B,T] that follow the cache's
+    contents: the T new tokens' keys and values are written at slots
+    [cache_index, cache_index + T) and each token attends to the cache's valid slots before
+    it. :func:`unembed` turns the hidden states into logits. attn_mask and positions as in
+    :func:`forward`. Layers run one by one on per-layer weights (see :func:`unstack_layers`).
+    """
+    t = tokens.shape[1]
+    attn_mask, positions = _mask_and_positions(tokens, attn_mask, positions)
+    inv_freq = jnp.asarray(rope_inv_freq(cfg))
+    valid = jax.lax.dynamic_update_slice(cache.valid, attn_mask, (0, cache_index))
+    slots = jnp.arange(cache.valid.shape[1])
+    causal = slots[None, :] <= (cache_index + jnp.arange(t))[:, None]  # [T,S]
+    mask = causal[None] & valid[:, None, :]
+    at = jnp.asarray(cache_index, jnp.int32)
+    # a several-token forward reads a bfloat16 cache in float32 on CPU
+    upcast = t > 1 and _no_bf16_dot_on_buffers(cache.k[0].dtype)
+
+    def write(ck: jax.Array, cv: jax.Array, k: jax.Array, v: jax.Array):
+        """Write the new keys/values at slot `cache_index` of one layer's cache (keys
+        [B,KV,hd,S], values [B,KV,S,hd])."""
+        k, v = cached_keys(k).astype(ck.dtype), cached_values(v).astype(cv.dtype)
+        ck = jax.lax.dynamic_update_slice_in_dim(ck, k, at, axis=3)
+        cv = jax.lax.dynamic_update_slice_in_dim(cv, v, at, axis=2)
+        if upcast:
+            return ck.astype(jnp.float32), cv.astype(jnp.float32), (ck, cv)
+        return ck, cv, (ck, cv)
+
+    x, ks, vs = params["embed"][tokens], [], []
+    layers = unstack_layers(params)["layers"]
+    for p, ck, cv in zip(layers, cache.k, cache.v, strict=True):
+        x, (ck, cv) = _layer(cfg, p, x, positions, inv_freq, mask,
+                             lambda k, v, ck=ck, cv=cv: write(ck, cv, k, v))
+        ks.append(ck)
+        vs.append(cv)
+    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    return x, KVCache(tuple(ks), tuple(vs), valid)
+
+
+def _mask_and_positions(tokens: jax.Array, attn_mask: jax.Array | None,
+                        positions: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """attn_mask as booleans (all True when None) and the RoPE positions (the running count of
+    real tokens when None)."""
     if attn_mask is None:
-        attn_mask = jnp.ones((b, t), bool)
+        attn_mask = jnp.ones(tokens.shape, bool)
     attn_mask = attn_mask.astype(bool)
     if positions is None:
         positions = jnp.maximum(jnp.cumsum(attn_mask, axis=1) - 1, 0)
-    inv_freq = jnp.asarray(rope_inv_freq(cfg))
-    x = params["embed"][tokens]
-
-    def layer(p: Params, x: jax.Array, mask: jax.Array, attend: Any) -> tuple[jax.Array, Any]:
-        return _layer(cfg, p, x, positions, inv_freq, mask, attend)
-
-    if cache is None:
-        mask = _causal(t)[None] & attn_mask[:, None, :]
-
-        def body(x, p):
-            return layer(p, x, mask, lambda k, v: (cached_keys(k), cached_values(v), None))
-
-        x, _ = _scan_layers(body, x, params["layers"], remat)
-        new_cache = None
-    else:
-        s = cache.valid.shape[1]
-        valid = jax.lax.dynamic_update_slice(cache.valid, attn_mask, (0, cache_index))
-        slots = jnp.arange(s)
-        causal = slots[None, :] <= (cache_index + jnp.arange(t))[:, None]  # [T,S]
-        mask = causal[None] & valid[:, None, :]
-        at = jnp.asarray(cache_index, jnp.int32)
-        # a several-token forward reads a bfloat16 cache in float32 on CPU
-        upcast = t > 1 and _no_bf16_dot_on_buffers(cache.k[0].dtype)
-
-        def write(ck: jax.Array, cv: jax.Array, k: jax.Array, v: jax.Array):
-            """Write the new keys/values at slot `cache_index` of one layer's cache (keys
-            [B,KV,hd,S], values [B,KV,S,hd])."""
-            k, v = cached_keys(k).astype(ck.dtype), cached_values(v).astype(cv.dtype)
-            ck = jax.lax.dynamic_update_slice_in_dim(ck, k, at, axis=3)
-            cv = jax.lax.dynamic_update_slice_in_dim(cv, v, at, axis=2)
-            if upcast:
-                return ck.astype(jnp.float32), cv.astype(jnp.float32), (ck, cv)
-            return ck, cv, (ck, cv)
-
-        ks, vs = [], []
-        layers = unstack_layers(params)["layers"]
-        for p, ck, cv in zip(layers, cache.k, cache.v, strict=True):
-            x, (ck, cv) = layer(p, x, mask, lambda k, v, ck=ck, cv=cv: write(ck, cv, k, v))
-            ks.append(ck)
-            vs.append(cv)
-        new_cache = KVCache(tuple(ks), tuple(vs), valid)
-
-    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
-    if return_hidden:
-        return x, new_cache
-    return unembed(cfg, params, x), new_cache
+    return attn_mask, positions
 
 
 def _layer(cfg: ModelConfig, p: Params, x: jax.Array, positions: jax.Array,
