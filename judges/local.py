@@ -63,7 +63,7 @@ def _choice_logmass(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: j
     tokens/mask [B, T] are left padded, so position -1 is every row's last real token; ids
     [C, K] lists each choice's token ids, id_mask [C, K] which of them are real.
     """
-    hidden, _ = forward(cfg, params, tokens, mask, return_hidden=True)
+    hidden = forward(cfg, params, tokens, mask, return_hidden=True)
     logp = jax.nn.log_softmax(unembed(cfg, params, hidden[:, -1]), axis=-1)  # [B, V]
     picked = jnp.where(id_mask[None], logp[:, ids], -jnp.inf)  # [B, C, K]
     return jax.nn.logsumexp(picked, axis=-1)

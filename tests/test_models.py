@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from models import ModelLoadError, load, load_params
+from models import ModelLoadError, load_params
 from models.loaders import load_gguf, load_hf_folder
 from models.presets import shipped_gguf_path
 from models.sampler import SamplingParams, generate
@@ -73,7 +73,7 @@ def test_hf_parity_logits_and_greedy(hf_folder):
     ids = rng.integers(0, 512, size=(2, 48))
     with torch.no_grad():
         ref = hf(torch.tensor(ids)).logits.numpy()
-    ours, _ = forward(cfg, params, jnp.asarray(ids))
+    ours = forward(cfg, params, jnp.asarray(ids))
     assert np.abs(np.asarray(ours) - ref).max() <= 1e-4
 
     # same greedy continuation as HF generate
@@ -112,7 +112,7 @@ def test_load_hf_folder_with_tokenizer(tmp_path_factory, tmp_path):
         {"chat_template": tok.chat_template, "eos_token": "<|im_end|>"}))
     # the tiny model's vocabulary (512) is smaller than the tokenizer's: a clear error
     with pytest.raises(ModelLoadError, match="tokenizer has 49152 tokens"):
-        load(str(work))
+        load_params(str(work))
 
 
 def test_untied_model_without_its_head_is_refused(tmp_path_factory, tmp_path):
@@ -164,14 +164,14 @@ def test_shipped_gguf_matches_transformers_gguf(shipped):
     ids = tok.encode_chat([{"role": "user", "content": "Name three primary colors."}])
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits.numpy()
-    ours, _ = forward(cfg, params, jnp.asarray([ids]))
+    ours = forward(cfg, params, jnp.asarray([ids]))
     assert np.abs(np.asarray(ours) - ref).max() <= 1e-3
 
 
 def test_tiny_preset_shares_shipped_tokenizer():
-    model, tok, cfg = load("tiny")
+    cfg, params, tok = load_params("tiny")
     assert cfg.vocab_size == tok.vocab_size == 49152
-    logits = model(jnp.asarray([tok.encode("hello world")]))
+    logits = forward(cfg, params, jnp.asarray([tok.encode("hello world")]))
     assert logits.shape == (1, 2, 49152) and np.isfinite(np.asarray(logits)).all()
 
 
@@ -199,7 +199,7 @@ def test_unsupported_architecture(tmp_path):
 
 def test_missing_path_and_unknown_preset():
     with pytest.raises(ModelLoadError, match="not a preset"):
-        load("no_such_model_anywhere")
+        load_params("no_such_model_anywhere")
 
 
 def test_unsupported_gguf_quantisation(tmp_path):
@@ -246,12 +246,12 @@ def test_sharded_forward_matches_single_device():
         cfg = tiny_config(vocab_size=256, num_heads=4, num_kv_heads=2)
         params = init_params(cfg, jax.random.key(0))
         ids = jax.random.randint(jax.random.key(1), (8, 16), 0, 256)
-        ref, _ = forward(cfg, params, ids)
+        ref = forward(cfg, params, ids)
         mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
         sp = shard(params, param_shardings(params, mesh))
         assert tuple(sp["layers"]["wq"].sharding.spec) == (None, "fsdp", "tensor")
         sids = jax.device_put(ids, batch_sharding(mesh, 2, 8))
-        out, _ = jax.jit(lambda p, x: forward(cfg, p, x))(sp, sids)
+        out = jax.jit(lambda p, x: forward(cfg, p, x))(sp, sids)
         assert len(out.sharding.device_set) == 8
         np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5)
         print("SHARDED_OK")

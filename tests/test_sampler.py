@@ -9,6 +9,7 @@ import pytest
 
 from models import load_params
 from models.sampler import (
+    Continuation,
     SamplingParams,
     continue_generation,
     decode_params,
@@ -273,14 +274,15 @@ def test_continuation_equals_generating_from_the_whole_context(tiny):
     context = [p + c for p, c in zip(prompts, first.token_lists())]
     obs = {0: tok.encode(" <information> doc one </information>"), 2: []}
     rows = [2, 0]
-    second = continue_generation(cfg, params, tok, first.state, rows, [obs[r] for r in rows],
+    second = continue_generation(cfg, params, tok, first.state,
+                                 Continuation(rows, [obs[r] for r in rows]),
                                  SamplingParams(6, temperature=0, ignore_eos=True))
     context2 = [context[r] + obs[r] for r in rows]
     _assert_same_generation(second, generate(cfg, params, tok, context2,
                                              SamplingParams(6, temperature=0, ignore_eos=True)))
     context2 = [c + g for c, g in zip(context2, second.token_lists())]
     more = [tok.encode(" and again"), tok.encode(" x")]
-    third = continue_generation(cfg, params, tok, second.state, [0, 1], more,
+    third = continue_generation(cfg, params, tok, second.state, Continuation([0, 1], more),
                                 SamplingParams(5, temperature=1.0, ignore_eos=True), seed=4)
     ref = generate(cfg, params, tok, [c + m for c, m in zip(context2, more)],
                    SamplingParams(5, temperature=1.0, ignore_eos=True), seed=4)
@@ -301,7 +303,7 @@ def test_continuation_where_nearly_every_row_reads(tiny):
                  tok.encode(" x")],
                 [tok.encode(" a"), tok.encode(" b c"), tok.encode(" d e f"), tok.encode(" g")]):
         rows = [3, 1, 0, 2]
-        got = continue_generation(cfg, params, tok, first.state, rows, obs, sp)
+        got = continue_generation(cfg, params, tok, first.state, Continuation(rows, obs), sp)
         ref = generate(cfg, params, tok, [context[r] + o for r, o in zip(rows, obs)], sp)
         _assert_same_generation(got, ref)
 
@@ -326,10 +328,10 @@ def test_stop_string_straddling_two_continued_calls_is_caught(shipped):
     assert whole.lengths[0] == k + 1 and whole.finish[0] == "stop"
     head = generate(cfg, params, tok, [prompt], dataclasses.replace(sp, max_new_tokens=k))
     assert head.lengths[0] == k and head.finish[0] == "length"
-    tail = continue_generation(cfg, params, tok, head.state, [0], [[]], sp)
+    tail = continue_generation(cfg, params, tok, head.state, Continuation([0], [[]]), sp)
     assert tail.token_lists()[0] == ids[k:k + 1] and tail.finish[0] == "stop"
     # a row that reads new tokens starts matching afresh
-    fresh = continue_generation(cfg, params, tok, head.state, [0], [[ids[k]]],
+    fresh = continue_generation(cfg, params, tok, head.state, Continuation([0], [[ids[k]]]),
                                 dataclasses.replace(sp, max_new_tokens=1))
     assert fresh.finish[0] != "stop" or stop in b"".join(tok.token_bytes[i] for i in
                                                            fresh.token_lists()[0])
@@ -339,9 +341,9 @@ def test_continuation_rejects_bad_rows(tiny):
     cfg, params, tok = tiny
     g = generate(cfg, params, tok, _prompts(tok)[:2], SamplingParams(2, temperature=0))
     with pytest.raises(ValueError, match="index the 2 rows"):
-        continue_generation(cfg, params, tok, g.state, [2], [[1]])
+        continue_generation(cfg, params, tok, g.state, Continuation([2], [[1]]))
     with pytest.raises(ValueError, match="differ in length"):
-        continue_generation(cfg, params, tok, g.state, [0, 1], [[1]])
+        continue_generation(cfg, params, tok, g.state, Continuation([0, 1], [[1]]))
 
 
 def _logprob_gap(cfg, params, tok, contexts, gen):
@@ -365,7 +367,8 @@ def test_bfloat16_decoding_follows_the_float32_model(shipped):
     first = generate(cfg, dp, tok, prompts, sp, seed=7)
     assert first.state.cache.k[0].dtype == jnp.float32  # see decode_params
     obs = tok.encode(" <information> Paris is the capital of France. </information>")
-    second = continue_generation(cfg, dp, tok, first.state, [0, 2], [obs, []], sp, seed=8)
+    second = continue_generation(cfg, dp, tok, first.state, Continuation([0, 2], [obs, []]), sp,
+                                 seed=8)
     context = [p + g for p, g in zip(prompts, first.token_lists())]
     # the sampled tokens' log-probabilities against the float32 model, turn 1 and the
     # continuation (measured: mean ~0.013, max ~0.05 nats; a broken cache is off by nats)
@@ -382,16 +385,21 @@ def test_bfloat16_kv_cache_prefill_and_decode(tiny):
     # a user-built bfloat16 cache: a several-token forward and a decode step both run (on CPU
     # the cache is read in float32 for the first) and give the float32 cache's logits up to
     # bfloat16 rounding of the cached keys and values
-    from models.transformer import KVCache, forward
+    from models.transformer import KVCache, forward_with_cache, unembed
 
     cfg, params, tok = tiny
     tokens = jnp.asarray([tok.encode("the cat sat on the mat")[:6]] * 2, jnp.int32)
-    step = jax.jit(forward, static_argnames="cfg")
+
+    @jax.jit
+    def step(params, tokens, cache, cache_index):
+        hidden, cache = forward_with_cache(cfg, params, tokens, cache=cache,
+                                           cache_index=cache_index)
+        return unembed(cfg, params, hidden), cache
     logits = {}
     for dt in (jnp.float32, jnp.bfloat16):
         cache = KVCache.zeros(cfg, 2, 8, dt)
-        first, cache = step(cfg, params, tokens[:, :5], cache=cache, cache_index=0)
-        last, cache = step(cfg, params, tokens[:, 5:], cache=cache, cache_index=5)
+        first, cache = step(params, tokens[:, :5], cache, 0)
+        last, cache = step(params, tokens[:, 5:], cache, 5)
         assert cache.k[0].dtype == dt
         logits[dt] = np.concatenate([np.asarray(first), np.asarray(last)], axis=1)
     ref, got = logits[jnp.float32], logits[jnp.bfloat16]

@@ -80,7 +80,7 @@ def test_sft_loss_is_masked_token_nll(demos, tiny):
     total, count = 0.0, 0
     for t in trajs:
         seq = np.asarray([*t.prompt_tokens, *t.tokens])
-        logits, _ = forward(cfg, params, jnp.asarray(seq[None]))
+        logits = forward(cfg, params, jnp.asarray(seq[None]))
         lg = np.asarray(logits[0], np.float64)
         lp = lg - lg.max(-1, keepdims=True)
         lp = lp - np.log(np.exp(lp).sum(-1, keepdims=True))
