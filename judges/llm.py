@@ -94,7 +94,7 @@ class JudgeOptions:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # config values may arrive as strings or floats
-            object.__setattr__(self, f.name, _as(f.type, getattr(self, f.name)))
+            object.__setattr__(self, f.name, as_type(f.type, getattr(self, f.name)))
         if self.check_mode not in ("json", "logprob"):
             raise ValueError(f"check_mode must be 'json' or 'logprob', got {self.check_mode!r}")
         if self.compare_mode not in ("json", "logprob"):
@@ -104,8 +104,10 @@ class JudgeOptions:
             raise ValueError(f"need 1 <= k_min <= k_max, got {self.k_min}, {self.k_max}")
 
 
-def _as(kind: str, value: Any) -> Any:
-    return {"int": int, "float": float, "bool": bool, "str": str}[kind](value)
+def as_type(kind: str, value: Any) -> Any:
+    """`value` as the annotated scalar type `kind` ("int", "float", "int | None", ...)."""
+    base = kind.split("|")[0].strip()
+    return {"int": int, "float": float, "bool": bool, "str": str}[base](value)
 
 
 class LLMJudge:

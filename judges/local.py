@@ -23,8 +23,8 @@ returns ``{}``, so the judge scores the item with its defined fallback and count
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import inspect
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from judges.base import BACKEND_STAT_KEYS, Counters, Judge
-from judges.llm import LLMJudge, split_llm_options
+from judges.llm import LLMJudge, as_type, split_llm_options
 from judges.types import Completion, Messages
 from models import load_params
 from models.config import ModelConfig
@@ -73,6 +73,31 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalOptions:
+    """The keyword options of :class:`JaxBackend` (documented there), checked once."""
+
+    max_batch: int = 16
+    max_new_tokens: int = 256
+    seed: int = 0
+    dtype: str = "float32"
+    max_batch_tokens: int = 16384
+    max_prompt_tokens: int | None = None
+    min_choice_mass: float = 0.0
+    top_p: float = 1.0
+    length_bucket: int = 64
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # config values may arrive as strings or floats
+            value = getattr(self, f.name)
+            if value is not None:
+                object.__setattr__(self, f.name, as_type(f.type, value))
+        if min(self.max_batch, self.max_new_tokens, self.max_batch_tokens,
+               self.length_bucket) < 1:
+            raise ValueError("need max_batch, max_new_tokens, max_batch_tokens, "
+                             "length_bucket >= 1")
+
+
 class JaxBackend:
     """Judge backend running a ``models`` LLM in this process (``complete`` + ``choice_probs``).
 
@@ -95,42 +120,22 @@ class JaxBackend:
             to compile; the sampler uses its own buckets).
     """
 
-    def __init__(
-        self,
-        model: str | Loaded = "smollm2_135m",
-        *,
-        max_batch: int = 16,
-        max_new_tokens: int = 256,
-        seed: int = 0,
-        dtype: str = "float32",
-        max_batch_tokens: int = 16384,
-        max_prompt_tokens: int | None = None,
-        min_choice_mass: float = 0.0,
-        top_p: float = 1.0,
-        length_bucket: int = 64,
-    ):
-        if max_batch < 1 or max_new_tokens < 1 or max_batch_tokens < 1 or length_bucket < 1:
-            raise ValueError("need max_batch, max_new_tokens, max_batch_tokens, "
-                             "length_bucket >= 1")
+    def __init__(self, model: str | Loaded = "smollm2_135m", **options: Any):
+        o = LocalOptions(**options)
         if isinstance(model, str):
             self.model_name = model
-            self.cfg, self.params, self.tokenizer = load_params(model, jnp.dtype(dtype))
+            self.cfg, self.params, self.tokenizer = load_params(model, jnp.dtype(o.dtype))
         else:
             self.cfg, self.params, self.tokenizer = model
             self.model_name = "<loaded>"
-        self.max_batch = int(max_batch)
-        self.max_new_tokens = int(max_new_tokens)
-        self.seed = int(seed)
-        self.max_batch_tokens = int(max_batch_tokens)
-        limit = self.cfg.max_position_embeddings - self.max_new_tokens
-        self.max_prompt_tokens = int(max_prompt_tokens) if max_prompt_tokens else limit
-        if self.max_prompt_tokens < 1:
+        limit = self.cfg.max_position_embeddings - o.max_new_tokens
+        o = dataclasses.replace(o, max_prompt_tokens=o.max_prompt_tokens or limit)
+        if o.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1 (model context "
                              f"{self.cfg.max_position_embeddings}, max_new_tokens "
-                             f"{self.max_new_tokens})")
-        self.min_choice_mass = float(min_choice_mass)
-        self.top_p = float(top_p)
-        self.length_bucket = int(length_bucket)
+                             f"{o.max_new_tokens})")
+        self.options = o
+        vars(self).update(dataclasses.asdict(o))  # the options read as attributes
         self._c = Counters((*BACKEND_STAT_KEYS, *LOCAL_STAT_KEYS))
         # JAX dispatch is thread-safe, but two batches interleaving on 2 CPU cores only thrash;
         # the lock also keeps the sampler's call counter (seeding) deterministic.
@@ -349,7 +354,7 @@ def make_local_judge(cfg: dict[str, Any]) -> Judge:
     ``seed`` is a judge option (order/tie coins) and also seeds the backend's sampling.
     """
     llm, rest = split_llm_options(cfg)
-    allowed = set(inspect.signature(JaxBackend.__init__).parameters) - {"self", "seed"}
+    allowed = {f.name for f in dataclasses.fields(LocalOptions)} - {"seed"} | {"model"}
     unknown = sorted(set(rest) - allowed)
     if unknown:
         raise ValueError(f"unknown local judge option(s): {', '.join(unknown)}")
