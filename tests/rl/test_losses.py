@@ -1,8 +1,6 @@
-"""GRPO/DAPO core (rl/): every function against an independent loop-based NumPy reference."""
+"""Advantages, KL estimators, PPO-clip and loss aggregation (rl/) against the NumPy references."""
 
 from __future__ import annotations
-
-import math
 
 import jax
 import jax.numpy as jnp
@@ -11,15 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.groups import homogeneous
-from core.types import RewardOutput
 from rl.advantages import ADVANTAGES, drgrpo_advantages, group_advantages, grpo_advantages
-from rl.dapo import dynamic_sample, overlong_penalty
-from rl.group_stats import (
-    all_wrong_frac,
-    converted_frac,
-    homogeneous_frac,
-)
 from rl.kl import KL_ESTIMATORS, kl_penalty
 from rl.losses import (
     LOSS_AGG,
@@ -28,145 +18,16 @@ from rl.losses import (
     masked_sum,
     ppo_clip_loss,
 )
-
-AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
-
-
-@pytest.fixture
-def x64():
-    with jax.enable_x64(True):
-        yield
-
-
-# ----------------------------------------------------------------------------------------------
-# NumPy references (loops; they never call the code under test)
-
-
-def ref_advantages(rewards, scale: bool, eps: float = 1e-6):
-    rewards = np.asarray(rewards, dtype=np.float64)
-    out = np.zeros_like(rewards)
-    for n, group in enumerate(rewards):
-        g = len(group)
-        mean = sum(group) / g
-        std = math.sqrt(sum((x - mean) ** 2 for x in group) / g)
-        if all(x == group[0] for x in group):
-            continue
-        for i, x in enumerate(group):
-            out[n, i] = (x - mean) / (std + eps) if scale else x - mean
-    return out
-
-
-def ref_kl(logp, logp_ref, kind):
-    out = np.zeros_like(logp, dtype=np.float64)
-    for idx in np.ndindex(logp.shape):
-        a, b = float(logp[idx]), float(logp_ref[idx])
-        if kind == "k1":
-            out[idx] = a - b
-        elif kind == "k2":
-            out[idx] = 0.5 * (a - b) ** 2
-        else:
-            d = b - a
-            out[idx] = min(max(math.exp(d) - d - 1.0, -10.0), 10.0)
-    return out
-
-
-def ref_ppo(logp, logp_old, adv, mask, eps_low, eps_high, dual_clip):
-    b_, t_ = logp.shape
-    loss = np.zeros((b_, t_))
-    n_tok = n_clip = n_dual = 0
-    kl_sum = 0.0
-    for b in range(b_):
-        for t in range(t_):
-            a = adv[b] if adv.ndim == 1 else adv[b, t]
-            ratio = math.exp(logp[b, t] - logp_old[b, t])
-            clipped_ratio = min(max(ratio, 1 - eps_low), 1 + eps_high)
-            l1, l2 = -a * ratio, -a * clipped_ratio
-            val = max(l1, l2)
-            dual = False
-            if dual_clip is not None and a < 0 and val > -a * dual_clip:
-                val, dual = -a * dual_clip, True
-            if mask[b, t]:
-                loss[b, t] = val
-                n_tok += 1
-                n_clip += l2 > l1
-                n_dual += dual
-                kl_sum += logp_old[b, t] - logp[b, t]
-    d = max(n_tok, 1)
-    return loss, {"clip_frac": n_clip / d, "dual_clip_frac": n_dual / d, "approx_kl": kl_sum / d}
-
-
-def ref_agg(loss, mask, mode, max_len=None):
-    b_, t_ = loss.shape
-    if mode == "token-mean":
-        tot = cnt = 0.0
-        for b in range(b_):
-            for t in range(t_):
-                if mask[b, t]:
-                    tot += loss[b, t]
-                    cnt += 1
-        return tot / cnt if cnt else 0.0
-    per_seq = []
-    for b in range(b_):
-        s = sum(loss[b, t] for t in range(t_) if mask[b, t])
-        n = sum(1 for t in range(t_) if mask[b, t])
-        if n == 0:
-            continue
-        if mode == "seq-mean-token-mean":
-            per_seq.append(s / n)
-        elif mode == "seq-mean-token-sum":
-            per_seq.append(s)
-        else:
-            per_seq.append(s / (t_ if max_len is None else max_len))
-    return sum(per_seq) / len(per_seq) if per_seq else 0.0
-
-
-def ref_entropy(logits):
-    logits = np.asarray(logits, dtype=np.float64)
-    out = np.zeros(logits.shape[:-1])
-    for idx in np.ndindex(logits.shape[:-1]):
-        row = logits[idx]
-        m = max(row)
-        z = sum(math.exp(v - m) for v in row)
-        h = 0.0
-        for v in row:
-            p = math.exp(v - m) / z
-            if p > 0:
-                h -= p * math.log(p)
-        out[idx] = h
-    return out
-
-
-def ref_std(xs):
-    mean = sum(xs) / len(xs)
-    return math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
-
-
-def ref_overlong(length, max_len, buffer_len, penalty):
-    expected = max_len - buffer_len
-    if length <= expected:
-        return 0.0
-    if length <= max_len:
-        return (expected - length) / buffer_len * penalty
-    return -penalty
-
-
-def central_fd(f, x, h=1e-6):
-    x = np.asarray(x, dtype=np.float64)
-    g = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        xp, xm = x.copy(), x.copy()
-        xp[idx] += h
-        xm[idx] -= h
-        g[idx] = (float(f(jnp.asarray(xp))) - float(f(jnp.asarray(xm)))) / (2 * h)
-    return g
-
-
-def ragged_mask():
-    # lengths 3, 1, 0 (empty row), 5
-    return np.array(
-        [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=np.float32
-    )
-
+from tests.rl.references import (
+    AGG_MODES,
+    central_fd,
+    ragged_mask,
+    ref_advantages,
+    ref_agg,
+    ref_kl,
+    ref_ppo,
+    ref_std,
+)
 
 # ----------------------------------------------------------------------------------------------
 # advantages
@@ -440,155 +301,3 @@ def test_policy_loss_jit_equals_eager():
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-def test_homogeneous_groups_have_no_signal():
-    r = jnp.array([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.1, 0.1, 0.1], [-1.0, -1.0, 0.0]])
-    np.testing.assert_array_equal(~homogeneous(np.asarray(r)), [False, True, False, True])
-    jitted = jax.jit(lambda x: ~homogeneous(x, xp=jnp))(r)
-    np.testing.assert_array_equal(jitted, [False, True, False, True])
-    # the documented tolerance: differences of float rounding alone are no signal
-    assert homogeneous(np.array([[0.5, 0.5 + 1e-7]]))[0]
-    assert not homogeneous(np.array([[0.5, 0.5 + 1e-4]]))[0]
-
-
-def test_overlong_penalty_boundaries():
-    max_len, buf, pen = 100, 20, 1.0
-    lengths = np.array([0, 79, 80, 81, 90, 99, 100, 101, 500])
-    got = np.asarray(overlong_penalty(jnp.asarray(lengths), max_len, buf, pen))
-    expect = [ref_overlong(int(n), max_len, buf, pen) for n in lengths]
-    np.testing.assert_allclose(got, expect, rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(got, [0, 0, 0, -0.05, -0.5, -0.95, -1.0, -1.0, -1.0], atol=1e-7)
-    got = overlong_penalty(jnp.asarray(lengths), max_len, buf, 0.5)
-    np.testing.assert_allclose(got[4], -0.25)
-    jitted = jax.jit(overlong_penalty, static_argnums=(1, 2, 3))(jnp.asarray(lengths), 100, 20, 1.0)
-    np.testing.assert_allclose(jitted, expect, rtol=1e-6, atol=1e-7)
-    # buffer 0: hard cut at max_len, no NaN
-    got = np.asarray(overlong_penalty(jnp.array([99, 100, 101]), 100, 0, 1.0))
-    np.testing.assert_array_equal(got, [0.0, 0.0, -1.0])
-
-
-def make_draw(batches):
-    """A scripted draw for rl.dapo.dynamic_sample: batch i's groups are named "b{i}g{j}" and
-    the rewarder state counts the draws."""
-    calls = []
-
-    def draw(i, state):
-        calls.append(i)
-        rewards = np.asarray(batches[i], dtype=np.float64)
-        out = RewardOutput(rewards=rewards, outcome=rewards, metrics={"m": float(i)},
-                           state=state + 1, events=({"draw": i},), counts={"calls": 1.0})
-        return [f"b{i}g{j}" for j in range(len(rewards))], out
-
-    return draw, calls
-
-
-HOM, INF = [1.0, 1.0, 1.0], [0.0, 1.0, 0.5]
-INFO = ("gen_batches", "dropped_groups", "filled")
-
-
-def test_dynamic_sampling_fills_and_truncates():
-    batches = [[HOM, INF, HOM], [INF, INF, HOM, INF], [INF]]
-    draw, calls = make_draw(batches)
-    got = dynamic_sample(draw, 0, target_groups=3, max_gen_batches=5)
-    assert calls == [0, 1]
-    assert got.groups == ["b0g1", "b1g0", "b1g1"]
-    assert got.out.rewards.shape == (3, 3)
-    np.testing.assert_array_equal(got.out.rewards, [INF, INF, INF])
-    assert {k: got.info[k] for k in INFO} == {"gen_batches": 2, "dropped_groups": 3,
-                                               "filled": True}
-    # the state threads through both draws; events and counts add up, metrics are the last
-    assert got.draws == 2 and got.out.state == 2
-    assert got.out.events == ({"draw": 0}, {"draw": 1})
-    assert got.out.metrics == {"m": 1.0, "calls": 2.0}
-
-
-def test_dynamic_sampling_bounded_ends_short():
-    batches = [[HOM, INF], [HOM, HOM], [INF, HOM], [INF, INF]]
-    draw, calls = make_draw(batches)
-    got = dynamic_sample(draw, 0, target_groups=4, max_gen_batches=3)
-    assert calls == [0, 1, 2]
-    assert got.groups == ["b0g1", "b2g0"]
-    assert got.out.rewards.shape == (2, 3)
-    assert {k: got.info[k] for k in INFO} == {"gen_batches": 3, "dropped_groups": 4,
-                                               "filled": False}
-    # 4 of the 6 drawn groups were homogeneous (outcome = rewards here)
-    assert got.info["drawn_homogeneous_frac"] == pytest.approx(4 / 6)
-
-
-def test_dynamic_sampling_all_homogeneous_trains_on_the_last_draw():
-    draw, _ = make_draw([[HOM, HOM]])
-    got = dynamic_sample(draw, 0, target_groups=1, max_gen_batches=1)
-    assert got.groups == ["b0g0", "b0g1"] and got.out.rewards.shape == (2, 3)
-    assert {k: got.info[k] for k in INFO} == {"gen_batches": 1, "dropped_groups": 2,
-                                               "filled": False}
-    with pytest.raises(ValueError, match="max_gen_batches"):
-        dynamic_sample(draw, 0, target_groups=1, max_gen_batches=0)
-
-
-def test_without_filtering_one_draw_is_kept_whole():
-    draw, calls = make_draw([[HOM, INF]])
-    got = dynamic_sample(draw, 0, target_groups=2, max_gen_batches=3, filter_groups=False)
-    assert calls == [0] and got.groups == ["b0g0", "b0g1"] and got.draws == 1
-    assert dict(got.info) == {"gen_batches": 1, "dropped_groups": 0}
-
-
-def test_dynamic_sampling_rejects_mismatched_groups():
-    def draw(i, state):
-        return ["a"], RewardOutput(rewards=np.array([INF, INF]), outcome=np.zeros((2, 3)),
-                                   metrics={})
-
-    with pytest.raises(ValueError, match="groups"):
-        dynamic_sample(draw, None, 1, 1)
-
-
-# ----------------------------------------------------------------------------------------------
-# group stats
-
-
-def group_stats_inputs():
-    outcome = np.array(
-        [
-            [0.0, 0.0, 0.0, 0.0],  # all wrong, homogeneous
-            [-1.0, 0.0, -1.0, 0.0],  # all wrong (invalid or F1=0), not homogeneous
-            [1.0, 1.0, 1.0, 1.0],  # homogeneous, all right
-            [0.5, 0.0, 1.0, 0.2],
-            [-1.0, -1.0, -1.0, -1.0],  # all invalid, homogeneous
-        ]
-    )
-    total = outcome.copy()
-    total[0] += [0.1, -0.1, 0.0, 0.0]  # rubric term converted this homogeneous group
-    total[2] += [0.05, 0.0, 0.0, 0.0]  # and this one
-    return outcome, total
-
-
-def test_group_stats_match_reference():
-    outcome, total = group_stats_inputs()
-    hom = [ref_std(list(g)) <= 1e-6 for g in outcome]
-    wrong = [all(x <= 0.0 for x in g) for g in outcome]
-    conv = [h and ref_std(list(t)) > 1e-6 for h, t in zip(hom, total)]
-    o, t = jnp.asarray(outcome, jnp.float32), jnp.asarray(total, jnp.float32)
-    assert float(homogeneous_frac(o)) == pytest.approx(sum(hom) / 5) == pytest.approx(3 / 5)
-    assert float(all_wrong_frac(o)) == pytest.approx(sum(wrong) / 5) == pytest.approx(3 / 5)
-    assert float(all_wrong_frac(o, wrong_threshold=-1.0)) == pytest.approx(1 / 5)
-    assert float(converted_frac(o, t)) == pytest.approx(sum(conv) / sum(hom))
-    assert float(converted_frac(o, t)) == pytest.approx(2 / 3)
-    assert float(converted_frac(o, o)) == 0.0
-
-
-def test_converted_frac_no_homogeneous_groups_is_zero():
-    o = jnp.array([[0.0, 1.0], [0.2, 0.3]])
-    assert float(converted_frac(o, o + 1.0)) == 0.0
-
-
-def test_group_stats_jit_equals_eager():
-    outcome, total = (jnp.asarray(a, jnp.float32) for a in group_stats_inputs())
-
-    def metrics(o, t):
-        return {
-            "hom": homogeneous_frac(o),
-            "wrong": all_wrong_frac(o),
-            "conv": converted_frac(o, t),
-        }
-
-    eager, jitted = metrics(outcome, total), jax.jit(metrics)(outcome, total)
-    for k in eager:
-        np.testing.assert_allclose(jitted[k], eager[k], rtol=1e-6)
