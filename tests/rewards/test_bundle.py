@@ -2,7 +2,6 @@
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -21,8 +20,9 @@ from rewards.bundle import (
 )
 from rewards.rubric import Criterion, Rubric, load_rubrics, save_rubrics
 from rewards.rubric import Dimension as RubricDimension
+from tests.paths import FIXTURES
 
-FIX = Path(__file__).parent / "fixtures" / "rubrics"
+FIX = FIXTURES / "rubrics"
 
 
 def rubric(pid: str, n: int = 4, prefix: str = "criterion") -> Rubric:

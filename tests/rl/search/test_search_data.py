@@ -2,7 +2,6 @@
 
 import json
 import re
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,8 +18,9 @@ from rl.search.corpus import (
 )
 from rl.search.datasets import QA_FORMATS, DatasetError, detect_format, load_qa
 from rl.search.world import build_world, make_questions, make_splits, write_world
+from tests.paths import FIXTURES
 
-FIX = Path(__file__).parent / "fixtures" / "qa"
+FIX = FIXTURES / "qa"
 
 
 # ---------------------------------------------------------------- loaders on fixtures

@@ -32,11 +32,7 @@ from judges import (
     make_judge,
 )
 from judges.openai import _Secret
-
-try:
-    from tests.judge_server import FakeJudgeServer
-except ImportError:  # tests/ is not a package: pytest puts it on sys.path
-    from judge_server import FakeJudgeServer
+from tests.judge_server import FakeJudgeServer
 
 SECRET = "sk-test-DO-NOT-LEAK-8c1f2e"
 

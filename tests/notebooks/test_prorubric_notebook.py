@@ -1,8 +1,8 @@
 """notebooks/prorubric.ipynb runs end to end on a real 2-step run folder (so it cannot rot)."""
 
 from pathlib import Path
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "prorubric.ipynb"
 FIXTURE = ROOT / "tests" / "fixtures" / "rubrics" / "perturb_refs.jsonl"
 

@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +18,8 @@ from rl.search.demos import oracle_turns
 from rl.sft import demo_batch, make_sft_step, sft_loss
 from rl.train_step import init_train_state
 from rl.wiring import make_task
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SMALL_WORLD = {"name": "search_qa", "n_entities": 200, "n_train": 40, "n_dev": 4, "n_test": 8,
                "max_obs_tokens": 48, "max_turns": 3, "max_response_tokens": 400, "topk": 2}
 SMALL_WORLD_ARGS = [f"task.{k}={v}" for k, v in SMALL_WORLD.items() if k != "name"]

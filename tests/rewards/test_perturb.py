@@ -2,7 +2,6 @@
 
 import csv
 import json
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +19,9 @@ from rewards.perturb import (
     perturbation_analysis,
 )
 from rewards.rubric import Criterion, Rubric, load_rubrics
+from tests.paths import FIXTURES
 
-FIXTURE = Path(__file__).parent / "fixtures" / "rubrics" / "perturb_refs.jsonl"
+FIXTURE = FIXTURES / "rubrics" / "perturb_refs.jsonl"
 TEXT = ("Keep the bedroom dark, because light keeps you awake. Avoid caffeine after lunch, "
         "which lingers for hours. Exercise daily.")
 

@@ -30,8 +30,9 @@ from memory.rewarder import ArborRewarder, StaticRubricRewarder
 from memory.state import RubricMemory
 from rl.search.task import SearchQATask
 from rl.wiring import TASKS, make_rewarder
+from tests.paths import CONF
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
+CONF = str(CONF)
 
 # --- hand-written Search-R1 trajectories -------------------------------------------------------
 

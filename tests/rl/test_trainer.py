@@ -19,8 +19,9 @@ from rl.config import parse
 from rl.loop import shaped_rewards
 from rl.trainer import ConfigError, build_trainer
 from rl.wiring import TASKS
+from tests.paths import CONF
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
+CONF = str(CONF)
 
 
 @TASKS.register("low_tokens")

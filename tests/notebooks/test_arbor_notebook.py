@@ -19,15 +19,16 @@ import numpy as np
 import pytest
 import yaml
 from nbclient import NotebookClient
-from test_arbor_e2e import hand_prompts, scripted_groups
+from tests.rl.test_arbor_e2e import hand_prompts, scripted_groups
 
 from judges import RuleJudge
 from rl.group_stats import all_wrong_frac, converted_frac, homogeneous_frac
 from rl.runlog import RunLog
 from rl.search.task import SearchQATask
 from rl.wiring import make_rewarder
+from tests.paths import ROOT
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "arbor.ipynb"
+NOTEBOOK = ROOT / "notebooks" / "arbor.ipynb"
 STEPS = 12
 
 

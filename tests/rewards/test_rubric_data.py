@@ -24,8 +24,9 @@ from rewards.rubric import (
     save_rubrics,
     to_arrays,
 )
+from tests.paths import FIXTURES
 
-FIX = Path(__file__).parent / "fixtures" / "rubrics"
+FIX = FIXTURES / "rubrics"
 
 
 def _rubric(weights=(2.0, 1.0, -1.0), dims=(), pid="p0") -> Rubric:

@@ -2,7 +2,6 @@
 AND-product incentives, one batched judge call per step, and a short training run."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,9 +20,10 @@ from rewards.rubric_rewarder import (
 )
 from rl.tasks.rubric_chat import TOPICS, RubricChatTask, build_rubric, export_rubrics
 from rl.wiring import make_rewarder, make_task
+from tests.paths import CONF, FIXTURES
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
-FIXTURE = Path(__file__).parent / "fixtures" / "rubrics" / "perturb_refs.jsonl"
+CONF = str(CONF)
+FIXTURE = FIXTURES / "rubrics" / "perturb_refs.jsonl"
 
 
 def traj(text: str) -> Trajectory:

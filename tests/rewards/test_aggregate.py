@@ -7,7 +7,6 @@ against the closed forms, central finite differences, and exact enumeration over
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -32,8 +31,9 @@ from rewards.incentives import (
     incentive_report,
 )
 from rewards.rubric import RubricError, load_rubrics, to_arrays
+from tests.paths import FIXTURES
 
-FIX = Path(__file__).parent / "fixtures" / "rubrics"
+FIX = FIXTURES / "rubrics"
 
 # The running example: HealthBench-style chest-pain rubric bundled into 3 dimensions.
 #   0: "calls emergency services"  w=10   dim 0 (triage)
