@@ -215,6 +215,14 @@ def test_bfloat16_model_trains_float32_master_weights(tmp_path):
     ("algo.kl_estimator=kl3", "algo.kl_estimator"),
     ("algo.overlong.enabled=true algo.overlong.buffer_len=16", "algo.overlong.buffer_len"),
     ("algo.overlong.enabled=true algo.overlong.penalty=-1", "algo.overlong.penalty"),
+    # the typed config: unknown keys are refused, values of the wrong type named
+    ("+trainer.foo=1", "trainer.foo: unknown key"),
+    ("+x=1", "x: unknown top-level key"),
+    ("algo.beta=abc", "algo.beta: expected a number"),
+    ("trainer.max_steps=2.5", "trainer.max_steps: expected an integer"),
+    ("trainer.resume=maybe", "trainer.resume: expected true or false"),
+    ("optim.lr=0", "optim.lr"),
+    ("~trainer.seed", "trainer.seed: missing"),
 ])
 def test_invalid_config_names_the_key(tmp_path, override, key):
     with pytest.raises(ConfigError, match=key.replace(".", "\\.")):
