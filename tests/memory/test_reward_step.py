@@ -491,3 +491,15 @@ def test_static_rubric_scores_by_hand():
     single = GroupInput("s", Q3, GOLD3, T3[:1], (0.0,))
     out = static_rubric_step([single], rubrics, RuleJudge())
     assert out.total_rewards[0, 0] == 0.0 and out.metrics["static/groups_too_small"] == 1
+
+
+def test_step_counts_are_the_tallies_not_the_sizes_or_fractions():
+    """What DAPO adds up over a step's draws: counts of what a step did, never the memory's
+    size after it (memory/drafts) nor fractions of its groups."""
+    from memory.reward import step_counts
+
+    metrics = {"memory/drafts": 3.0, "memory/commons": 1.0, "memory/retired_total": 0.0,
+               "memory/active": 2.0, "memory/admitted": 2.0, "memory/judge_calls_check": 12.0,
+               "memory/homogeneous_frac_before": 0.5, "memory/converted_frac": 0.25,
+               "rubric/reward": 0.1}
+    assert step_counts(metrics) == {"memory/admitted": 2.0, "memory/judge_calls_check": 12.0}

@@ -33,9 +33,11 @@ def ref_kl(logp, logp_ref, kind):
     out = np.zeros_like(logp, dtype=np.float64)
     for idx in np.ndindex(logp.shape):
         a, b = float(logp[idx]), float(logp_ref[idx])
-        if kind == "k1":
+        if kind in ("k1", "kl"):
             out[idx] = a - b
-        elif kind == "k2":
+        elif kind == "abs":
+            out[idx] = abs(a - b)
+        elif kind in ("k2", "mse"):
             out[idx] = 0.5 * (a - b) ** 2
         else:
             d = b - a

@@ -107,11 +107,14 @@ def test_property_advantages_zero_group_mean(groups):
 def test_kl_registry_names():
     assert set(KL_ESTIMATORS.names()) >= {"k1", "k2", "k3", "low_var_kl"}
     assert KL_ESTIMATORS.get("low_var_kl") is KL_ESTIMATORS.get("k3")
+    # verl's names (core_algos.kl_penalty): kl = k1, mse = k2, abs = |logp - logp_ref|
+    assert KL_ESTIMATORS.get("kl") is KL_ESTIMATORS.get("k1")
+    assert KL_ESTIMATORS.get("mse") is KL_ESTIMATORS.get("k2")
     with pytest.raises(KeyError, match="k3"):
         kl_penalty(jnp.zeros(2), jnp.zeros(2), "k4")
 
 
-@pytest.mark.parametrize("kind", ["k1", "k2", "k3", "low_var_kl"])
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3", "low_var_kl", "kl", "mse", "abs"])
 def test_kl_matches_reference(kind):
     rng = np.random.default_rng(3)
     logp = rng.normal(-2, 1.5, size=(3, 4, 5)).astype(np.float32)
