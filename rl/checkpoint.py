@@ -1,5 +1,5 @@
-"""Orbax checkpoints of the whole training state: parameters, optimizer, step, RNG, data
-position and the rewarder's host-side state (e.g. the rubric memory), so a resumed run
+"""Orbax checkpoints of the whole loop state: parameters, optimizer, step, data position and
+the rewarder's host-side state (e.g. the rubric memory), so a resumed run
 continues exactly."""
 
 from __future__ import annotations
@@ -34,7 +34,18 @@ class Checkpointer:
         return dict(out["meta"])
 
     def restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
-        """Restore onto the structure, dtypes and shardings of `like` (a pytree of arrays)."""
+        """Restore onto the structure, dtypes and shardings of `like` (a dict of pytrees of
+        arrays). A checkpoint written before the constant ``rng`` entry was dropped (it held
+        the same key at every step and nothing read it) restores too, without it."""
+        try:
+            return self._restore(step, like)
+        except ValueError as e:
+            if "rng:" not in str(e) or "rng" in like:
+                raise
+        state, meta = self._restore(step, {**like, "rng": jax.random.key_data(jax.random.key(0))})
+        return {k: v for k, v in state.items() if k != "rng"}, meta
+
+    def _restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
         out = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
