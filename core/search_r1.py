@@ -101,7 +101,11 @@ def parse_action(text: str) -> tuple[str | None, str]:
 
 _TAG_RE = re.compile(r"<(/?)(" + "|".join(TAGS) + r")>")
 _INFO_BLOCK_RE = re.compile(r"<information>(.*?)</information>", re.DOTALL)
-_POLICY_BLOCK_RES = {tag: re.compile(rf"<{tag}>(.*?)</{tag}>", re.DOTALL)
+# a block never spans a second opening tag of its own name: an answer cut off by the turn's
+# token budget and answered again later ("<answer>The capital is ... <answer>Paris</answer>")
+# reads "Paris", as the environment's action parser and Search-R1's scorer (where the
+# invalid-action message in between closes the first one) read it
+_POLICY_BLOCK_RES = {tag: re.compile(rf"<{tag}>((?:(?!<{tag}>).)*?)</{tag}>", re.DOTALL)
                      for tag in TAGS if tag != "information"}
 
 

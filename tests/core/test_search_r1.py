@@ -48,3 +48,18 @@ def test_the_prompt_is_recognised_by_its_own_ending():
     assert prompt.endswith("<answer> Beijing </answer>. Question: What is the capital of China?\n")
     assert strip_prompt(prompt + "<answer> Beijing </answer>") == "<answer> Beijing </answer>"
     assert strip_prompt("<answer> Beijing </answer>") == "<answer> Beijing </answer>"
+
+
+def test_an_unclosed_answer_does_not_swallow_the_final_one():
+    """An answer turn cut off by its token budget, the environment's invalid-action message,
+    then the real answer: the answer is "Paris" (EM 1), not the unclosed text glued to it."""
+    from core.search_r1 import INVALID_ACTION
+    from rewards.qa import exact_match, f1_score
+
+    text = ("<think>x</think><answer>The capital is" + "\n" + INVALID_ACTION + "\n"
+            + "<answer>Paris</answer>")
+    assert extract_answer(text) == "Paris"
+    assert exact_match(extract_answer(text), ["Paris"]) == 1.0
+    assert f1_score(extract_answer(text), ["Paris"]) == 1.0
+    # without the message in between too (a policy that re-opened the tag itself)
+    assert extract_answer("<answer>The capital is <answer> Paris </answer>") == "Paris"
