@@ -4,8 +4,10 @@ Prompts of different lengths share one batch by left padding: every row then wri
 token into the same cache slot, so a decode step is one dense ``dynamic_update_slice``. RoPE
 positions count real tokens only, so padding never shifts a row's positions.
 
-Returned log-probabilities are those of the unmodified model distribution (temperature 1, no
-top-p), i.e. exactly what :func:`group_logprobs` recomputes for the PPO ratio.
+Returned log-probabilities are those of the distribution the token was sampled from at its
+temperature, ``log_softmax(logits / T)`` (greedy decoding, T = 0: of the model's own, T = 1),
+without top-p truncation, as verl and TRL compute them; :func:`group_logprobs` with the same
+``temperature`` recomputes exactly these for the PPO ratio and the KL.
 """
 
 from __future__ import annotations
@@ -274,14 +276,16 @@ def _decode(cfg: ModelConfig, params: Params, start: Frontier, first_slot: int,
         finish=jnp.zeros((b,), jnp.int32), done=stopping.max_new_per_row <= 0,
         cache=start.cache, logits=start.logits, stop_state=start.stop_state)
 
+    logp_scale = settings.temperature or 1.0  # the sampled distribution's temperature
+
     def running(s: DecodeLoop) -> jax.Array:
         return (s.step < n) & ~jnp.all(s.done)
 
     def step(s: DecodeLoop) -> DecodeLoop:
         tok = _sample(s.logits, jax.random.fold_in(s.key, s.step), settings.temperature,
                       settings.top_p)
-        logp = jnp.take_along_axis(jax.nn.log_softmax(s.logits, axis=-1), tok[:, None],
-                                   axis=-1)[:, 0]
+        logp = jnp.take_along_axis(jax.nn.log_softmax(s.logits / logp_scale, axis=-1),
+                                   tok[:, None], axis=-1)[:, 0]
         tok = jnp.where(s.done, stopping.pad_id, tok)
         logp = jnp.where(s.done, 0.0, logp)
         hit = stopping.stop_hit[s.stop_state, tok]
@@ -581,23 +585,27 @@ def _continue_plan(continuation: Continuation, b: int, pad_id: int,
 
 @functools.partial(jax.jit, static_argnames=("cfg", "remat", "with_entropy"))
 def token_logprobs(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array,
-                   remat: bool = False, with_entropy: bool = False) -> Any:
+                   remat: bool = False, with_entropy: bool = False,
+                   temperature: float = 1.0) -> Any:
     """log p(tokens[:, t] | tokens[:, <t]), shape [B, T] (position 0 gets 0); mask [B, T]
-    marks real tokens. With `with_entropy`, also the policy entropy at the same positions."""
+    marks real tokens. With `with_entropy`, also the policy entropy at the same positions.
+    Both of ``softmax(logits / temperature)``."""
     hidden = forward(cfg, params, tokens, mask, remat=remat, return_hidden=True)
-    out = _score(cfg, params, hidden[:, :-1], tokens[:, 1:], with_entropy)
+    out = _score(cfg, params, hidden[:, :-1], tokens[:, 1:], with_entropy, temperature)
     return jax.tree.map(lambda a: jnp.pad(a, ((0, 0), (1, 0))), out)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "remat", "with_entropy"))
 def group_logprobs(cfg: ModelConfig, params: Params, prefix: jax.Array, prefix_mask: jax.Array,
                    tokens: jax.Array, mask: jax.Array, remat: bool = False,
-                   with_entropy: bool = False) -> Any:
+                   with_entropy: bool = False, temperature: float = 1.0) -> Any:
     """log p(tokens[n, g, t] | prefix[n], tokens[n, g, <t]), shape [N, G, T], for G
     continuations [N,G,T] (right padded, mask) of each of N prefixes [N,P] (prefix_mask; any
     padding): a GRPO group's trajectories after their shared prompt. The prefix runs once per
     group (:func:`models.transformer.forward_with_prefix`); logits are computed for the
-    continuations only, which is what RL scores. With `with_entropy`, also the entropy."""
+    continuations only, which is what RL scores. With `with_entropy`, also the entropy. Both
+    of ``softmax(logits / temperature)``: the sampling temperature makes these the sampled
+    policy's log-probs (verl's and TRL's ``logits / temperature``)."""
     n, g, _ = tokens.shape
     prefix_h, hidden = forward_with_prefix(cfg, params, prefix, prefix_mask, tokens, mask,
                                            remat=remat)
@@ -605,13 +613,14 @@ def group_logprobs(cfg: ModelConfig, params: Params, prefix: jax.Array, prefix_m
     first = jnp.take_along_axis(prefix_h, last[:, None, None], axis=1)  # [N,1,D]
     first = jnp.broadcast_to(first[:, None], (n, g, 1, first.shape[-1]))
     return _score(cfg, params, jnp.concatenate([first, hidden[:, :, :-1]], axis=2), tokens,
-                  with_entropy)
+                  with_entropy, temperature)
 
 
 def _score(cfg: ModelConfig, params: Params, hidden: jax.Array, targets: jax.Array,
-           with_entropy: bool) -> Any:
-    """log p(targets) under the logits of `hidden` (same leading shape), and the entropy."""
-    logits = unembed(cfg, params, hidden)
+           with_entropy: bool, temperature: float = 1.0) -> Any:
+    """log p(targets) under the logits of `hidden` / temperature (same leading shape), and
+    the entropy."""
+    logits = unembed(cfg, params, hidden) / temperature
     logz = jax.nn.logsumexp(logits, axis=-1)
     logp = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0] - logz
     if not with_entropy:

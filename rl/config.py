@@ -142,7 +142,8 @@ class RunConfig:
             eps_low=a.eps_low, eps_high=a.eps_high, dual_clip=a.dual_clip, beta=a.beta,
             kl_estimator=a.kl_estimator, loss_agg=a.loss_agg, max_len_norm=response_budget,
             entropy_coef=a.entropy_coef, on_policy=self.updates_per_batch == 1,
-            micro_batches=t.micro_batches, remat=t.remat, compute_dtype=self.model.dtype)
+            micro_batches=t.micro_batches, remat=t.remat, compute_dtype=self.model.dtype,
+            temperature=t.temperature)
 
     def optim_config(self) -> OptimConfig:
         return optim_config(dataclasses.asdict(self.optim),

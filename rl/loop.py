@@ -152,11 +152,13 @@ def training_batch(c: Components, groups: Sequence[Group], rewards: np.ndarray) 
 
 
 def logprobs_with(c: Components, params: Any, batch: dict) -> np.ndarray:
-    """Per-token log-probs of the batch's trajectories under `params` (compute dtype)."""
+    """Per-token log-probs of the batch's trajectories under `params` (compute dtype), at the
+    sampling temperature (the sampled policy's, as verl and TRL score them)."""
     keys = ("prefix", "prefix_mask", "tokens", "attn_mask")
     params = in_compute_dtype(params, c.loss_cfg.compute_dtype)
     return np.asarray(group_logprobs(c.model_cfg, params, *(jnp.asarray(batch[k]) for k in keys),
-                                     remat=c.loss_cfg.remat))
+                                     remat=c.loss_cfg.remat,
+                                     temperature=c.loss_cfg.temperature))
 
 
 def with_old_and_reference(c: Components, loop: LoopState, batch: dict) -> dict:

@@ -46,6 +46,7 @@ class LossConfig:
     micro_batches: int = 1
     remat: bool = False
     compute_dtype: str = "float32"  # forward/backward dtype; the weights stay float32 masters
+    temperature: float = 1.0  # the rollouts' sampling temperature: log-probs of that policy
 
 
 def in_compute_dtype(params: Params, dtype: Any) -> Params:
@@ -81,7 +82,7 @@ def policy_loss(cfg: ModelConfig, lc: LossConfig, params: Params, batch: Batch,
     params = in_compute_dtype(params, lc.compute_dtype)
     logp, entropy = group_logprobs(cfg, params, batch["prefix"], batch["prefix_mask"],
                                    batch["tokens"], batch["attn_mask"], remat=lc.remat,
-                                   with_entropy=True)
+                                   with_entropy=True, temperature=lc.temperature)
     rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731  [N,G,R] -> [N*G,R]
     logp, entropy = rows(logp), rows(entropy)
     mask = rows(batch["loss_mask"]).astype(jnp.float32)

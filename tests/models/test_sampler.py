@@ -48,13 +48,16 @@ def test_batched_greedy_equals_one_by_one(tiny):
     assert batched == single
 
 
-def test_logprobs_match_separate_forward(tiny):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_separate_forward(tiny, temperature):
+    """The sampler's log-probs are those of the distribution it sampled from (logits / T)."""
     cfg, params, tok = tiny
     prompts = _prompts(tok)
-    g = generate(cfg, params, tok, prompts, SamplingParams(16, temperature=1.0), seed=7)
+    g = generate(cfg, params, tok, prompts, SamplingParams(16, temperature=temperature), seed=7)
     full = [p + c for p, c in zip(prompts, g.token_lists())]
     toks, mask = left_pad(full, tok.pad_id)
-    lp = np.asarray(token_logprobs(cfg, params, jnp.asarray(toks), jnp.asarray(mask)))
+    lp = np.asarray(token_logprobs(cfg, params, jnp.asarray(toks), jnp.asarray(mask),
+                                   temperature=temperature))
     for i, c in enumerate(g.token_lists()):
         np.testing.assert_allclose(g.logprobs[i, :len(c)], lp[i, toks.shape[1] - len(c):],
                                    atol=2e-5)

@@ -336,3 +336,27 @@ def test_resumed_run_log_keeps_the_checkpoints_evaluation(tmp_path):
     scalars = _tb_scalars(tmp_path / "tb")
     after = scalars[scalars.index(("purge", 2)) + 1:]
     assert after == [(2, "eval/n")]
+
+
+def test_update_log_probs_are_the_sampled_policys_at_its_temperature(tmp_path):
+    """At trainer.temperature=0.7 the update, old-policy and reference passes score the policy
+    that sampled (logits / 0.7, as verl and TRL): their log-probs of the sampled tokens equal
+    the sampler's own, and differ from the temperature-1 log-probs."""
+    from rl import loop as L
+
+    t = build_trainer(make_cfg(tmp_path / "t", *LEARN, "trainer.batch_prompts=2",
+                               "algo.group_size=4", "trainer.max_new_tokens=8",
+                               "trainer.temperature=0.7", "trainer.eval_at_ends=false"))
+    assert t.loss_cfg.temperature == 0.7
+    _, col = L.collect(t.parts, t.loop)
+    batch = L.training_batch(t.parts, col.groups, col.out.rewards)
+    ours = L.logprobs_with(t.parts, t.state.params, batch)
+    trajs = [tr for g in col.groups for tr in g.trajectories]
+    got = np.concatenate([ours.reshape(-1, ours.shape[-1])[i, :len(tr.tokens)]
+                          for i, tr in enumerate(trajs)])
+    sampled = np.concatenate([np.asarray(tr.logprobs) for tr in trajs])
+    np.testing.assert_allclose(got, sampled, atol=2e-5)
+    at_one = L.logprobs_with(dataclasses.replace(t.parts, loss_cfg=dataclasses.replace(
+        t.loss_cfg, temperature=1.0)), t.state.params, batch)
+    assert not np.allclose(at_one, ours, atol=1e-3)
+    t.close()
