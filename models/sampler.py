@@ -595,25 +595,36 @@ def token_logprobs(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: ja
     return jax.tree.map(lambda a: jnp.pad(a, ((0, 0), (1, 0))), out)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "remat", "with_entropy"))
+class Scoring(NamedTuple):
+    """How :func:`group_logprobs` scores (static under jit): per-layer rematerialisation,
+    whether to return the entropy too, and the temperature of the policy scored."""
+
+    remat: bool = False
+    with_entropy: bool = False
+    temperature: float = 1.0
+
+
+PLAIN_SCORING = Scoring()  # log-probs at temperature 1, no entropy, no remat
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "scoring"))
 def group_logprobs(cfg: ModelConfig, params: Params, prefix: jax.Array, prefix_mask: jax.Array,
-                   tokens: jax.Array, mask: jax.Array, remat: bool = False,
-                   with_entropy: bool = False, temperature: float = 1.0) -> Any:
+                   tokens: jax.Array, mask: jax.Array, scoring: Scoring = PLAIN_SCORING) -> Any:
     """log p(tokens[n, g, t] | prefix[n], tokens[n, g, <t]), shape [N, G, T], for G
     continuations [N,G,T] (right padded, mask) of each of N prefixes [N,P] (prefix_mask; any
     padding): a GRPO group's trajectories after their shared prompt. The prefix runs once per
     group (:func:`models.transformer.forward_with_prefix`); logits are computed for the
-    continuations only, which is what RL scores. With `with_entropy`, also the entropy. Both
-    of ``softmax(logits / temperature)``: the sampling temperature makes these the sampled
-    policy's log-probs (verl's and TRL's ``logits / temperature``)."""
+    continuations only, which is what RL scores. With `scoring.with_entropy`, also the
+    entropy. Both of ``softmax(logits / scoring.temperature)``: the sampling temperature makes
+    these the sampled policy's log-probs (verl's and TRL's ``logits / temperature``)."""
     n, g, _ = tokens.shape
     prefix_h, hidden = forward_with_prefix(cfg, params, prefix, prefix_mask, tokens, mask,
-                                           remat=remat)
+                                           remat=scoring.remat)
     last = jnp.max(jnp.where(prefix_mask, jnp.arange(prefix.shape[1]), 0), axis=1)
     first = jnp.take_along_axis(prefix_h, last[:, None, None], axis=1)  # [N,1,D]
     first = jnp.broadcast_to(first[:, None], (n, g, 1, first.shape[-1]))
     return _score(cfg, params, jnp.concatenate([first, hidden[:, :, :-1]], axis=2), tokens,
-                  with_entropy, temperature)
+                  scoring.with_entropy, scoring.temperature)
 
 
 def _score(cfg: ModelConfig, params: Params, hidden: jax.Array, targets: jax.Array,

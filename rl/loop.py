@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from core.types import Environment, Group, Rewarder, RewardOutput, Task
-from models.sampler import group_logprobs
+from models.sampler import Scoring, group_logprobs
 from models.sharding import batch_sharding, batch_shards
 from rl.advantages import group_advantages
 from rl.batch import build_batch
@@ -156,9 +156,9 @@ def logprobs_with(c: Components, params: Any, batch: dict) -> np.ndarray:
     sampling temperature (the sampled policy's, as verl and TRL score them)."""
     keys = ("prefix", "prefix_mask", "tokens", "attn_mask")
     params = in_compute_dtype(params, c.loss_cfg.compute_dtype)
+    scoring = Scoring(remat=c.loss_cfg.remat, temperature=c.loss_cfg.temperature)
     return np.asarray(group_logprobs(c.model_cfg, params, *(jnp.asarray(batch[k]) for k in keys),
-                                     remat=c.loss_cfg.remat,
-                                     temperature=c.loss_cfg.temperature))
+                                     scoring=scoring))
 
 
 def with_old_and_reference(c: Components, loop: LoopState, batch: dict) -> dict:

@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.types import Group, Trajectory
 from models.config import ModelConfig
-from models.sampler import group_logprobs
+from models.sampler import Scoring, group_logprobs
 from models.transformer import Params
 from rl.batch import trajectory_arrays
 from rl.compile_cache import use_compile_cache
@@ -55,7 +55,7 @@ def sft_loss(cfg: ModelConfig, params: Params, batch: Batch, remat: bool = False
     mask = batch["loss_mask"].astype(jnp.float32)
     params = in_compute_dtype(params, compute_dtype)  # float32 masters (see rl.train_step)
     logp = group_logprobs(cfg, params, batch["prefix"], batch["prefix_mask"], batch["tokens"],
-                          batch["attn_mask"], remat=remat)
+                          batch["attn_mask"], scoring=Scoring(remat=remat))
     n = jnp.sum(mask)
     return -jnp.sum(logp * mask) / jnp.maximum(n, 1.0), n
 

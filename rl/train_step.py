@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from models.config import ModelConfig
-from models.sampler import group_logprobs
+from models.sampler import Scoring, group_logprobs
 from models.transformer import Params
 from rl.kl import kl_penalty
 from rl.losses import agg_count, agg_loss, masked_mean, ppo_clip_loss
@@ -81,8 +81,9 @@ def policy_loss(cfg: ModelConfig, lc: LossConfig, params: Params, batch: Batch,
     """
     params = in_compute_dtype(params, lc.compute_dtype)
     logp, entropy = group_logprobs(cfg, params, batch["prefix"], batch["prefix_mask"],
-                                   batch["tokens"], batch["attn_mask"], remat=lc.remat,
-                                   with_entropy=True, temperature=lc.temperature)
+                                   batch["tokens"], batch["attn_mask"],
+                                   scoring=Scoring(remat=lc.remat, with_entropy=True,
+                                                   temperature=lc.temperature))
     rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731  [N,G,R] -> [N*G,R]
     logp, entropy = rows(logp), rows(entropy)
     mask = rows(batch["loss_mask"]).astype(jnp.float32)

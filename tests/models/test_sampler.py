@@ -11,6 +11,7 @@ from models import load_params
 from models.sampler import (
     Continuation,
     SamplingParams,
+    Scoring,
     continue_generation,
     decode_params,
     first_argmax,
@@ -231,7 +232,7 @@ def test_group_logprobs_equal_full_sequences_with_gradients(tiny):
         toks[i, j, :len(conts[i][j])] = conts[i][j]
         mask[i, j, :len(conts[i][j])] = True
     args = (jnp.asarray(pre), jnp.asarray(pre_mask), jnp.asarray(toks), jnp.asarray(mask))
-    lp, ent = group_logprobs(cfg, params, *args, with_entropy=True)
+    lp, ent = group_logprobs(cfg, params, *args, scoring=Scoring(with_entropy=True))
     assert lp.shape == toks.shape
     flat, flat_mask, starts = _concat_rows(prefixes, conts, tok.pad_id)
     full, ent_full = token_logprobs(cfg, params, flat, flat_mask, with_entropy=True)
