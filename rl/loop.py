@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from core.types import Environment, Group, Rewarder, RewardOutput, Task
+from core.types import Environment, Group, Prompt, Rewarder, RewardOutput, Task
 from models.sampler import Scoring, group_logprobs
 from models.sharding import batch_sharding, batch_shards
 from rl.advantages import group_advantages
@@ -62,6 +62,7 @@ class Components:
     mesh: Any
     judge: Any
     response_budget: int  # most tokens a trajectory holds after its prompt
+    eval_prompts: tuple[Prompt, ...] = ()  # trainer.eval_split, read before the model loaded
 
     def policy(self, params: Any, evaluation: bool = False) -> SamplerPolicy:
         """The sampler on `params`; training rollouts in trainer.rollout_dtype, evaluation

@@ -3,11 +3,20 @@
     python -m rl.train                                   # embedded default, CPU, minutes
     python -m rl.train model=tiny trainer.max_steps=3    # smoke run
     python -m rl.train -m algo.beta=0,0.001 trainer.seed=0,1   # multirun sweep
+
+A start that fails (a bad key, file, split or option) exits with its message and leaves no
+files behind: what this process created in the run folder and hydra's output folder is
+removed; nothing that was there before is touched.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -15,6 +24,34 @@ from omegaconf import DictConfig, OmegaConf
 from rl.compile_cache import use_compile_cache
 
 log = logging.getLogger("rl.train")
+
+# override keys that look like credentials: hydra would write them into .hydra/ before any
+# code of ours runs, so they are refused from the command line itself
+_SECRET_KEY = re.compile(r"(^|[._])(api_?key|secret|password|passwd|token|auth)$", re.I)
+
+
+def secret_overrides(argv: Sequence[str]) -> list[str]:
+    """The keys of `key=value` overrides in `argv` that name a credential."""
+    keys = (a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a and not a.startswith("-"))
+    return [k for k in keys if _SECRET_KEY.search(k)]
+
+
+def _created_here(folder: Path, before: set[str], hydra_files: set[str]) -> list[Path]:
+    """Entries of `folder` this start made: those new since `before`, and hydra's own files
+    when the folder held nothing else (hydra made it for this run; in a folder with earlier
+    content, such as a run being resumed, hydra's appended log is kept)."""
+    if not folder.is_dir():
+        return []
+    fresh = not (before - hydra_files)
+    return [p for p in folder.iterdir() if p.name not in before or fresh]
+
+
+def _remove(paths: list[Path], folders: Sequence[Path]) -> None:
+    for p in paths:
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+    for folder in folders:  # a folder this start created and left empty goes too
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def run(cfg: DictConfig) -> list[dict]:
@@ -25,12 +62,45 @@ def run(cfg: DictConfig) -> list[dict]:
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file it writes
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    trainer = build_trainer(resolved, OmegaConf.to_yaml(resolved))
+    folders = _start_folders(resolved)
+    before = {f: {p.name for p in f.iterdir()} if f.is_dir() else set() for f in folders}
+    try:
+        trainer = build_trainer(resolved, OmegaConf.to_yaml(resolved))
+    except BaseException:
+        hydra_files = _hydra_files()
+        _remove([p for f in folders for p in _created_here(f, before[f], hydra_files)],
+                folders)
+        raise
     log.info("run folder: %s", trainer.runlog.dir)
     history = trainer.run_with_eval()
     log.info("done: %d steps, last reward %.3f", len(history),
              history[-1]["reward/mean"] if history else float("nan"))
     return history
+
+
+def _start_folders(resolved: dict) -> list[Path]:
+    """The run folder and hydra's output folder (the same folder by default)."""
+    folders = [Path(str(resolved.get("trainer", {}).get("run_dir", ""))).absolute()]
+    hydra_dir = _hydra_output_dir()
+    if hydra_dir is not None and hydra_dir not in folders:
+        folders.append(hydra_dir)
+    return [f for f in folders if str(f) not in ("", "/")]
+
+
+def _hydra_output_dir() -> Path | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir).absolute() if HydraConfig.initialized() \
+        else None
+
+
+def _hydra_files() -> set[str]:
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return set()
+    hc = HydraConfig.get()
+    return {str(hc.output_subdir or ".hydra"), f"{hc.job.name}.log"}
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
@@ -40,4 +110,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    if secrets := secret_overrides(sys.argv[1:]):
+        sys.exit(f"rl.train: {', '.join(secrets)}: credentials are not accepted on the command "
+                 "line (hydra writes overrides into .hydra/); put the key in the environment "
+                 "variable named by judge.api_key_env")
     main()

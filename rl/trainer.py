@@ -24,7 +24,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from core.types import Task
+from core.types import Prompt, Task
 from models import load_params
 from models.sampler import SamplingParams
 from models.sharding import initialize_distributed, make_mesh, param_shardings, shard
@@ -112,7 +112,7 @@ class Trainer:
     def evaluate(self, step: int) -> dict[str, Any]:
         """Greedy rollouts on the eval split: mean outcome, logged as eval/* at `step`."""
         c, t = self.parts, self.parts.run.trainer
-        prompts = c.task.prompts(t.eval_split)
+        prompts = list(c.eval_prompts) or c.task.prompts(t.eval_split)
         env = c.task.make_env(c.tokenizer, SamplingParams(max_new_tokens=t.max_new_tokens,
                                                           temperature=0.0))
         t0 = time.perf_counter()
@@ -212,9 +212,9 @@ def _check_fingerprint(run: RunConfig, ckpt: Checkpointer, latest: int, model_cf
             f"(differs in {', '.join(diff)}: {[(k, have.get(k), want[k]) for k in diff]})")
 
 
-def _weights(run: RunConfig) -> tuple[Any, Any, Any, Any]:
-    """(model config, float32 master weights, tokenizer, mesh): loaded, initialised from
-    trainer.init_from when set, sharded over the mesh when there are several devices."""
+def _weights(run: RunConfig, mesh: Any) -> tuple[Any, Any, Any]:
+    """(model config, float32 master weights, tokenizer): loaded, initialised from
+    trainer.init_from when set, sharded over the mesh when there is one."""
     # float32 master weights and optimizer state whatever model.dtype says: that is the
     # forward/backward dtype (LossConfig.compute_dtype), and bfloat16 weights would round
     # small updates away
@@ -222,11 +222,58 @@ def _weights(run: RunConfig) -> tuple[Any, Any, Any, Any]:
                                                seed=run.trainer.seed)
     if run.trainer.init_from:  # on resume too: the KL reference is these weights
         params = init_from_run(run.trainer.init_from, run, params)
-    mesh = None
-    if len(jax.devices()) > 1:
-        mesh = make_mesh(dict(run.mesh.shape or {"data": -1}))
+    if mesh is not None:
         params = shard(params, param_shardings(params, mesh))
-    return model_cfg, params, tokenizer, mesh
+    return model_cfg, params, tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """Everything a run reads besides the model, read and checked before the model loads, so
+    a bad file, split, option or mesh stops the start before any expensive work."""
+
+    task: Any
+    budget: int
+    train_prompts: list[Prompt]
+    eval_prompts: tuple[Prompt, ...]
+    judge: Any
+    rewarder: Any
+    mesh: Any
+
+
+def _split(task: Any, split: str, key: str) -> list[Prompt]:
+    try:
+        prompts = task.prompts(split)
+    except (ValueError, KeyError, OSError) as e:
+        raise ConfigError(f"{key}: split {split!r}: {e}") from None
+    if not prompts:
+        raise ConfigError(f"{key}: split {split!r} has no prompts")
+    return prompts
+
+
+def _mesh(run: RunConfig) -> Any:
+    if len(jax.devices()) == 1:
+        return None
+    try:
+        return make_mesh(dict(run.mesh.shape or {"data": -1}))
+    except ValueError as e:
+        raise ConfigError(f"mesh.shape: {e}") from None
+
+
+def read_inputs(run: RunConfig) -> Inputs:
+    """Task, data (training split, and the evaluation split when the run evaluates), judge,
+    rewarder (its rubric files) and mesh, each error naming its key."""
+    t = run.trainer
+    task = make_task(run.task)
+    budget = response_budget(run, task)
+    if run.algo.overlong.enabled:
+        overlong_buffer(run, budget)
+    evaluates = t.eval_at_ends or t.eval_every > 0
+    eval_prompts = tuple(_split(task, t.eval_split, "trainer.eval_split")) if evaluates else ()
+    judge = make_judge(run.judge)
+    rewarder = make_rewarder(run.algo.rewarder, task, run.algo.rewarder_options, judge)
+    return Inputs(task=task, budget=budget, train_prompts=_split(task, "train", "task"),
+                  eval_prompts=eval_prompts, judge=judge, rewarder=rewarder, mesh=_mesh(run))
 
 
 def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") -> Trainer:
@@ -234,30 +281,28 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
     if isinstance(cfg, DictConfig):
         cfg = OmegaConf.to_container(cfg, resolve=True)
     run = parse(cfg)
-    task = make_task(run.task)
-    budget = response_budget(run, task)
-    if run.algo.overlong.enabled:
-        overlong_buffer(run, budget)
-    lc, oc = run.loss_config(budget), run.optim_config()
+    # before any other JAX call: a multi-host job agrees on its devices first
+    initialize_distributed(run.mesh.coordinator, run.mesh.num_processes, run.mesh.process_id)
+    inp = read_inputs(run)
+    lc, oc = run.loss_config(inp.budget), run.optim_config()
     t = run.trainer
     ckpt = Checkpointer(Path(t.run_dir) / "checkpoints", keep=t.keep_checkpoints)
     latest = _latest_checkpoint(run, ckpt)
-    initialize_distributed(run.mesh.coordinator, run.mesh.num_processes, run.mesh.process_id)
-    model_cfg, params, tokenizer, mesh = _weights(run)
+    model_cfg, params, tokenizer = _weights(run, inp.mesh)
     if latest is not None:
         _check_fingerprint(run, ckpt, latest, model_cfg)
     optimizer = make_optimizer(oc)
     # the reference only runs forward passes: kept in the compute dtype
     ref_params = (jax.tree.map(jnp.copy, in_compute_dtype(params, lc.compute_dtype))
                   if lc.beta > 0 else None)
-    judge = make_judge(run.judge)
-    rewarder = make_rewarder(run.algo.rewarder, task, run.algo.rewarder_options, judge)
+    rewarder = inp.rewarder
     parts = L.Components(
-        run=run, model_cfg=model_cfg, tokenizer=tokenizer, task=task,
-        env=task.make_env(tokenizer, run.sampling()), rewarder=rewarder,
-        stream=PromptStream(task.prompts("train"), t.batch_prompts, t.seed),
+        run=run, model_cfg=model_cfg, tokenizer=tokenizer, task=inp.task,
+        env=inp.task.make_env(tokenizer, run.sampling()), rewarder=rewarder,
+        stream=PromptStream(inp.train_prompts, t.batch_prompts, t.seed),
         train_step=make_train_step(model_cfg, lc, optimizer, lr_schedule(oc)),
-        ref_params=ref_params, loss_cfg=lc, mesh=mesh, judge=judge, response_budget=budget)
+        ref_params=ref_params, loss_cfg=lc, mesh=inp.mesh, judge=inp.judge,
+        response_budget=inp.budget, eval_prompts=inp.eval_prompts)
     loop = L.LoopState(train=init_train_state(params, optimizer), reward=rewarder.init_state(),
                        data_position=0, step=0)
     if latest is not None:
@@ -268,8 +313,9 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
                                     tensorboard=t.tensorboard))
     if config_text:
         trainer.runlog.write_config(config_text)
-    if judge is not None:  # which prompt templates produced this run's judgments
-        trainer.runlog.write_config(json.dumps(judge.versions(), indent=1), "judge_versions.json")
+    if inp.judge is not None:  # which prompt templates produced this run's judgments
+        trainer.runlog.write_config(json.dumps(inp.judge.versions(), indent=1),
+                                    "judge_versions.json")
     return trainer
 
 
