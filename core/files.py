@@ -28,3 +28,18 @@ def write_atomic(path: str | Path, data: str | bytes, encoding: str = "utf-8") -
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+class NotUtf8Error(ValueError):
+    """A text file that is not UTF-8; the message names the file, the byte and the line."""
+
+
+def read_utf8(path: str | Path) -> str:
+    """The text of `path`, which must be UTF-8 (`NotUtf8Error` naming where it is not)."""
+    raw = Path(path).read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise NotUtf8Error(f"{path}: not UTF-8 at byte {e.start} (line {line}); re-save the "
+                           "file as UTF-8") from None

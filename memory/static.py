@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from core.files import read_utf8
 from judges.base import Judge
 from judges.types import CheckRequest, CheckResult, Draft
 from memory.pairwise import centre
@@ -101,6 +102,12 @@ def _rubrics(located: Sequence[tuple[str, Any]], source: str) -> tuple[StaticRub
     out = tuple(_rubric(row, where) for where, row in located)
     if not out:
         raise ValueError(f"{source}: no static rubrics")
+    seen: dict[str, str] = {}
+    for (where, _), r in zip(located, out):  # a rubric listed twice would count twice
+        key = " ".join(f"{r.title} {r.description}".split()).casefold()
+        if key in seen:
+            raise ValueError(f"{where}: duplicate of {seen[key]} ({r.title[:80]!r})")
+        seen[key] = where
     return out
 
 
@@ -122,8 +129,7 @@ def load_static_rubrics(path: str | os.PathLike[str]) -> tuple[StaticRubric, ...
     as JSON Lines, a ``.json`` file as one JSON value; any other name is tried as JSON, then
     as JSON Lines."""
     name = str(path)
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
+    text = read_utf8(path)
     suffix = Path(name).suffix.lower()
     if suffix == ".jsonl":
         return _rubrics(_json_lines(name, text), name)

@@ -24,7 +24,7 @@ criteria (texts and weights) is skipped; one whose criteria changed is re-bundle
 rows of ``OUT`` whose prompt is not in ``IN`` are kept at the end.  A summary (bundled /
 skipped / failed with reasons, judge counters) is printed and written next to ``OUT`` as
 ``<OUT stem>.summary.json``.  Exit status: 0 when nothing failed, 1 when some prompt failed,
-2 on a bad command line.
+2 on a bad command line or input file (named with its row and field, before the judge starts).
 
 Judge configuration: ``judge=NAME`` starts from ``conf/judge/NAME.yaml`` when that file exists
 (else ``{name: NAME}``); ``judge.KEY=VALUE`` overrides a key.  ``k_min``/``k_max`` are passed to
@@ -295,6 +295,18 @@ class BundleOptions:
                              f"got {self.k_min}, {self.k_max}")
 
 
+def read_inputs(src: str | Path, out: str | Path, fmt: str | None = None
+                ) -> tuple[list[Rubric], dict[str, Rubric]]:
+    """The rubrics of ``src`` and those already bundled in ``out`` (by prompt id); a bad file
+    is a ``RubricError`` naming it, its row and field (``OSError`` when it cannot be read)."""
+    out = Path(out)
+    rubrics = load_rubrics(src, fmt)
+    previous: dict[str, Rubric] = {}
+    if out.exists() and out.stat().st_size > 0:
+        previous = {r.prompt_id: r for r in load_rubrics(out, "native")}
+    return rubrics, previous
+
+
 def run_bundle(src: str | Path, out: str | Path, judge: Any, *, judge_name: str = "",
                options: BundleOptions = BundleOptions(), fmt: str | None = None
                ) -> dict[str, Any]:
@@ -307,10 +319,7 @@ def run_bundle(src: str | Path, out: str | Path, judge: Any, *, judge_name: str 
     """
     k_min, k_max, retries = options.k_min, options.k_max, options.retries
     out = Path(out)
-    rubrics = load_rubrics(src, fmt)
-    previous: dict[str, Rubric] = {}
-    if out.exists() and out.stat().st_size > 0:
-        previous = {r.prompt_id: r for r in load_rubrics(out, "native")}
+    rubrics, previous = read_inputs(src, out, fmt)
     ids = {r.prompt_id for r in rubrics}
     extra = [r for pid, r in previous.items() if pid not in ids]
     result: dict[str, Rubric] = {}
@@ -384,9 +393,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = BundleOptions(k_min=k_min, k_max=k_max, batch=int(opts.get("batch", 16)),
                                 retries=int(opts.get("retries", 0)))
         name = str(opts["judge"])
+        read_inputs(pos[0], pos[1], opts.get("fmt"))  # bad files stop here, before the judge
         judge = judge_from_args(name, {"k_min": k_min, "k_max": k_max, **jopts})
-    except (CliError, ValueError) as e:
-        print(e, file=sys.stderr)
+    except (CliError, ValueError, OSError) as e:  # RubricError is a ValueError
+        print(f"rewards.bundle: {e}", file=sys.stderr)
         return 2
     try:
         summary = run_bundle(pos[0], pos[1], judge, judge_name=name, options=options,

@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from core.files import NotUtf8Error, read_utf8
 from core.registry import Registry
 
 MIN_DIMS = 2
@@ -146,6 +147,13 @@ class Rubric:
                 )
         if not any(c.weight > 0 for c in self.criteria):
             raise RubricError(pid, "criteria.weight", "no criterion has a positive weight")
+        seen: dict[str, int] = {}
+        for i, c in enumerate(self.criteria):  # one item counted twice would double its weight
+            key = " ".join(c.text.split()).casefold()
+            if key in seen:
+                raise RubricError(pid, f"criteria[{i}].text",
+                                  f"duplicate of criteria[{seen[key]}]: {c.text[:80]!r}")
+            seen[key] = i
         ref = self.reference_answer
         if ref is not None and not isinstance(ref, str):
             raise RubricError(
@@ -507,8 +515,13 @@ def detect_format(row: Mapping[str, Any]) -> str:
 def read_rows(path: str | Path) -> list[Any]:
     """Rows of a JSON Lines file or of a JSON list file."""
     p = Path(path)
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = read_utf8(p)
+    except NotUtf8Error as e:
+        raise RubricError(None, "<encoding>", str(e), where=str(p)) from None
     stripped = text.lstrip()
+    if not stripped:
+        raise RubricError(None, "<file>", "the file is empty: no rubrics", where=str(p))
     if stripped.startswith("["):
         try:
             rows = json.loads(text)

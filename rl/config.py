@@ -269,10 +269,12 @@ def check(run: RunConfig) -> None:
     _require(t.rollout_dtype in ROLLOUT_DTYPES, "trainer.rollout_dtype",
              f"must be one of {', '.join(ROLLOUT_DTYPES)}, got {t.rollout_dtype}")
     rows = t.batch_prompts * a.group_size
+    _require(rows % t.mini_batches == 0, "trainer.mini_batches",
+             f"batch of {rows} trajectories does not split into {t.mini_batches} mini-batches")
     per_update = t.mini_batches * t.micro_batches
-    _require(rows % per_update == 0, "trainer.mini_batches",
+    _require(rows % per_update == 0, "trainer.micro_batches",
              f"batch of {rows} trajectories does not split into mini_batches x micro_batches "
-             f"= {per_update}")
+             f"= {t.mini_batches} x {t.micro_batches}")
     if a.dynamic_sampling:
         _require(a.max_gen_batches >= 1, "algo.max_gen_batches", "must be >= 1")
     for key, registry in (("advantage", ADVANTAGES), ("kl_estimator", KL_ESTIMATORS),

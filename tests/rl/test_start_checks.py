@@ -112,3 +112,11 @@ def test_credentials_are_refused_before_hydra_writes_them(tmp_path):
 ])
 def test_secret_overrides(argv, keys):
     assert secret_overrides(argv) == keys
+
+
+def test_micro_batch_split_names_micro_batches(tmp_path):
+    # 4 prompts x 4 trajectories = 16 rows: 2 mini-batches fit, 2 x 3 micro-batches do not
+    with pytest.raises(ConfigError, match=r"trainer\.micro_batches.*2 x 3"):
+        build_trainer(_cfg(tmp_path / "r", "trainer.mini_batches=2", "trainer.micro_batches=3"))
+    with pytest.raises(ConfigError, match=r"trainer\.mini_batches.*16 trajectories"):
+        build_trainer(_cfg(tmp_path / "r", "trainer.mini_batches=3"))
