@@ -42,6 +42,7 @@ class TrainerConfig:
     ppo_epochs: int
     mini_batches: int
     micro_batches: int
+    skip_zero_advantage: bool
     remat: bool
     max_new_tokens: int
     temperature: float

@@ -190,16 +190,26 @@ def update(c: Components, loop: LoopState, batch: dict) -> tuple[LoopState, list
     return dataclasses.replace(loop, train=state), jax.device_get(metrics)
 
 
+def skips_update(c: Components, batch: dict) -> bool:
+    """trainer.skip_zero_advantage: a batch in which every advantage is 0 (every group
+    outcome-homogeneous) takes no optimizer step. Its policy gradient is exactly 0, so a step
+    would only apply Adam's momentum and the normalised float noise of the KL and entropy
+    terms at the full learning rate (#22: weights moved 2.8e-5 in 2 such steps at beta > 0)."""
+    return c.run.trainer.skip_zero_advantage and not np.any(batch["advantages"])
+
+
 def step(c: Components, loop: LoopState) -> tuple[LoopState, StepResult]:
     """One whole step: collect, shape, batch, old/reference log-probs, update."""
     t_start = time.perf_counter()
     loop, col = collect(c, loop)
     rewards = shaped_rewards(c, col.groups, col.out.rewards)
     batch = training_batch(c, col.groups, rewards)
-    t0 = time.perf_counter()
-    batch = with_old_and_reference(c, loop, batch)
-    t1 = time.perf_counter()
-    loop, train_metrics = update(c, loop, batch)
+    t0 = t1 = time.perf_counter()
+    train_metrics: list[dict] = []
+    if not skips_update(c, batch):
+        batch = with_old_and_reference(c, loop, batch)
+        t1 = time.perf_counter()
+        loop, train_metrics = update(c, loop, batch)
     t2 = time.perf_counter()
     times = {"time/reference_s": t1 - t0, "time/train_s": t2 - t1, "time/step_s": t2 - t_start}
     record = step_record(c, col, rewards, train_metrics, times)
@@ -220,7 +230,9 @@ def step_record(c: Components, col: Collected, rewards: np.ndarray,
     lengths = np.asarray([tr.num_action_tokens for g in groups for tr in g.trajectories])
     # before length shaping: the rubric term alone decides which groups it converted
     out_j, tot_j = jnp.asarray(out.outcome), jnp.asarray(out.rewards)
-    avg = {k: float(np.mean([m[k] for m in train_metrics])) for k in train_metrics[0]}
+    # a skipped update (skips_update) has no loss metrics; update/skipped says so
+    avg = {k: float(np.mean([m[k] for m in train_metrics])) for k in
+           (train_metrics[0] if train_metrics else ())}
     tokens = sum(len(tr.prompt_tokens) + len(tr.tokens) for g in groups for tr in g.trajectories)
     record = {
         "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
@@ -229,7 +241,7 @@ def step_record(c: Components, col: Collected, rewards: np.ndarray,
         "groups/total_homogeneous_frac": float(homogeneous_frac(tot_j)),
         "groups/all_wrong_frac": float(all_wrong_frac(out_j)),
         "groups/converted_frac": float(converted_frac(out_j, tot_j)),
-        **avg,
+        **avg, "update/skipped": int(not train_metrics),
         "response/length_mean": float(lengths.mean()),
         "response/length_max": int(lengths.max()),
         "time/rollout_s": info.pop("time/rollout_s"), "time/judge_s": info.pop("time/reward_s"),

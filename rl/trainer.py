@@ -158,7 +158,7 @@ class Trainer:
                 break
             rec = self.step()
             history.append(rec)
-            bar.set_postfix(reward=f"{rec['reward/mean']:.3f}", kl=f"{rec['kl']:.4f}",
+            bar.set_postfix(reward=f"{rec['reward/mean']:.3f}", kl=f"{rec.get('kl', 0):.4f}",
                             tok_s=f"{rec['tokens_per_s']:.0f}")
             # evaluate, then save: the evaluation at a checkpoint's step describes that
             # checkpoint's weights, and a run resumed from it keeps the record (RunLog)
