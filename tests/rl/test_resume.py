@@ -196,3 +196,25 @@ def test_judge_counters_are_cumulative_across_resume(tmp_path):
     resumed.close()
     got = [r["judge/requests"] for r in records(run / "metrics.jsonl")]
     assert got == [1, 2, 3 + 1, 3 + 2]
+
+
+def test_a_failure_while_rewriting_the_logs_on_resume_leaves_them_whole(tmp_path, monkeypatch):
+    """Resume rewrites metrics.jsonl without the steps it redoes; a kill in the middle of the
+    rewrite (here: the rename failing) leaves the old file as it was, not empty."""
+    import core.files
+    from rl.runlog import RunLog
+
+    lines = "".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(5))
+    (tmp_path / "metrics.jsonl").write_text(lines)
+
+    def killed(*args):
+        raise KeyboardInterrupt("killed during the rewrite")
+
+    monkeypatch.setattr(core.files.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        RunLog(tmp_path, resume_step=2, tensorboard=False)
+    assert (tmp_path / "metrics.jsonl").read_text() == lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]  # no temp file left
+    monkeypatch.undo()
+    RunLog(tmp_path, resume_step=2, tensorboard=False).close()
+    assert [r["step"] for r in records(tmp_path / "metrics.jsonl")] == [0, 1]
