@@ -125,9 +125,13 @@ def test_resume_auto_starts_afresh_without_a_checkpoint_and_resumes_with_one(tmp
     assert t.start_step == 0
     t.run(until=1)
     t.close()
-    t = build_trainer(make_cfg(run, "trainer.max_steps=2", "trainer.resume=auto"))
+    t = build_trainer(make_cfg(run, "trainer.max_steps=4", "trainer.save_every=1",
+                               "trainer.resume=auto", "trainer.keep_checkpoints=all"))
     assert t.start_step == 1
+    t.run()
     t.close()
+    # keep_checkpoints=all: every save stays (the default, 2, would leave 3 and 4)
+    assert sorted(int(p.name) for p in (run / "checkpoints").iterdir()) == [1, 2, 3, 4]
 
 
 def _flip_8_bytes_in_the_params(step_dir):
