@@ -18,7 +18,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from models.sampler import SamplingParams
 from rl.advantages import ADVANTAGES
@@ -50,10 +50,11 @@ class TrainerConfig:
     rollout_dtype: str
     seed: int
     run_dir: str
-    resume: bool
+    resume: Literal[False, True, "auto"]  # auto: resume when a checkpoint exists, else start
+    resume_allow_changes: tuple[str, ...]  # settings a resume may change (rl.resume)
     init_from: str | None
     save_every: int
-    keep_checkpoints: int
+    keep_checkpoints: int | Literal["all"]
     sample_every: int
     eval_split: str
     eval_batch_size: int
@@ -171,20 +172,63 @@ def optim_config(optim: Mapping[str, Any], total_steps: int) -> OptimConfig:
 # ------------------------------------------------------------------------------ conversion
 
 
+def _describe(kind: Any) -> str:
+    """How an error message names the values of type `kind`."""
+    if typing.get_origin(kind) is Literal:
+        return " or ".join(_yaml(o) for o in typing.get_args(kind))
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
+        kind, getattr(kind, "__name__", str(kind)))
+
+
+def _yaml(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _convert_union(value: Any, kind: Any, key: str) -> Any:
+    """`value` as the first option of the union `kind` that takes it (None when allowed)."""
+    options = [k for k in typing.get_args(kind) if k is not type(None)]
+    if value is None and len(options) < len(typing.get_args(kind)):
+        return None
+    if len(options) == 1:
+        return _convert(value, options[0], key)
+    for option in options:
+        try:
+            return _convert(value, option, key)
+        except ConfigError:
+            pass
+    raise ConfigError(f"{key}: expected {' or '.join(map(_describe, options))}, got {value!r}")
+
+
 def _convert(value: Any, kind: Any, key: str) -> Any:
-    """`value` as the annotated type `kind` (int, float, bool, str, Mapping, X | None, or a
-    section dataclass), or a ConfigError naming `key`."""
-    if typing.get_origin(kind) in (typing.Union, types.UnionType):
-        options = [k for k in typing.get_args(kind) if k is not type(None)]
-        return None if value is None else _convert(value, options[0], key)
+    """`value` as the annotated type `kind` (int, float, bool, str, Mapping, Literal[...],
+    tuple[str, ...], a union of them or X | None, or a section dataclass), or a ConfigError
+    naming `key`."""
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType):
+        return _convert_union(value, kind, key)
+    if origin is Literal:  # exact values: true is not 1
+        if not any(value == o and type(value) is type(o) for o in typing.get_args(kind)):
+            raise ConfigError(f"{key}: expected {_describe(kind)}, got {value!r}")
+        return value
+    if origin is tuple:
+        if value is None:
+            return ()
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return tuple(_convert(v, typing.get_args(kind)[0], f"{key}[{i}]")
+                     for i, v in enumerate(value))
     if dataclasses.is_dataclass(kind):
         return section(kind, value, key)
-    if typing.get_origin(kind) is Mapping or kind is Mapping:
+    if origin is Mapping or kind is Mapping:
         if value is None:
             return {}
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
         return dict(value)
+    return _convert_scalar(value, kind, key)
+
+
+def _convert_scalar(value: Any, kind: Any, key: str) -> Any:
     if kind is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{key}: expected true or false, got {value!r}")
@@ -265,6 +309,8 @@ def check(run: RunConfig) -> None:
     for key in ("max_steps", "batch_prompts", "ppo_epochs", "mini_batches", "micro_batches",
                 "max_new_tokens", "eval_batch_size"):
         _require(getattr(t, key) >= 1, f"trainer.{key}", f"must be >= 1, got {getattr(t, key)}")
+    _require(t.keep_checkpoints == "all" or t.keep_checkpoints >= 1, "trainer.keep_checkpoints",
+             f"must be >= 1, or all to keep every checkpoint, got {t.keep_checkpoints}")
     _require(t.temperature > 0, "trainer.temperature", "must be > 0 for RL sampling")
     _require(0 < t.top_p <= 1, "trainer.top_p", "must be in (0, 1]")
     _require(t.rollout_dtype in ROLLOUT_DTYPES, "trainer.rollout_dtype",

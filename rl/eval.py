@@ -50,7 +50,7 @@ def restore_run_params(run_dir: str | Path, params: Any,
         raise FileNotFoundError(f"{run_dir}/checkpoints: no checkpoint to load")
     # the optimizer state's structure, which the checkpoint holds beside the weights
     state = init_train_state(params, make_optimizer(optim_config(run_cfg["optim"], 1)))
-    restored, _ = ckpt.restore(step, {"state": state._asdict()})
+    restored, _ = ckpt.restore_verified(step, {"state": state._asdict()})  # checksums checked
     ckpt.close()
     return restored["state"]["params"], step
 

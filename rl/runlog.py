@@ -1,7 +1,9 @@
 """The run folder: resolved config, metrics.jsonl, TensorBoard events, samples, event logs.
 
     run_dir/
-      config.yaml          resolved hydra config (+ judge prompt versions, library versions)
+      config.yaml          resolved hydra config of the run's first steps (kept on resume)
+      config_history.jsonl one record per start and resume: its step, the changes it was
+                           allowed (trainer.resume_allow_changes) and its resolved config
       metrics.jsonl        one JSON object per step
       tb/                  TensorBoard event files (same scalars)
       samples.jsonl        sample trajectories with their rewards
@@ -14,9 +16,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from core.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +36,8 @@ def _clean(v: Any) -> Any:
 
 def truncate_jsonl(path: Path, keep: Callable[[dict], bool]) -> list[dict]:
     """Drop lines whose parsed record fails `keep` (used on resume to forget the future);
-    returns the kept records.
+    returns the kept records. The file is replaced atomically (``core.files.write_atomic``): a
+    kill during the rewrite leaves the old file whole.
 
     A last line that does not parse was cut off mid-write (the run was killed): it is dropped
     with a warning. Any other line that does not parse is kept as it is, with a warning."""
@@ -52,7 +58,7 @@ def truncate_jsonl(path: Path, keep: Callable[[dict], bool]) -> list[dict]:
         if not isinstance(record, dict) or keep(record):
             kept.append(line)
             records.append(record)
-    path.write_text("".join(ln + "\n" for ln in kept))
+    write_atomic(path, "".join(ln + "\n" for ln in kept))
     return [r for r in records if isinstance(r, dict)]
 
 
@@ -89,7 +95,14 @@ class RunLog:
                     self._scalars(record)
 
     def write_config(self, text: str, name: str = "config.yaml") -> None:
-        (self.dir / name).write_text(text)
+        write_atomic(self.dir / name, text)
+
+    def config_history(self, record: Mapping[str, Any]) -> None:
+        """Append a start's record (with the time) to config_history.jsonl, atomically."""
+        path = self.dir / "config_history.jsonl"
+        old = path.read_text() if path.exists() else ""
+        line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **record}, default=str)
+        write_atomic(path, old + line + "\n")
 
     def metrics(self, step: int, values: Mapping[str, Any]) -> dict[str, Any]:
         record = {"step": step, **{k: _clean(v) for k, v in values.items()}}

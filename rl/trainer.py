@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,18 +29,20 @@ from models import load_params
 from models.sampler import SamplingParams
 from models.sharding import initialize_distributed, make_mesh, param_shardings, shard
 from rl import loop as L
-from rl.checkpoint import Checkpointer
+from rl.checkpoint import Checkpointer, CheckpointError
 from rl.config import ConfigError, RunConfig, overlong_buffer, parse
 from rl.data import PromptStream
 from rl.eval import greedy_rollouts, restore_run_params, run_config
 from rl.optim import lr_schedule, make_optimizer
+from rl.resume import SETTINGS, refuse_changes, settings
 from rl.runlog import RunLog
 from rl.train_step import TrainState, in_compute_dtype, init_train_state, make_train_step
 from rl.wiring import make_judge, make_rewarder, make_task
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ConfigError", "Trainer", "build_trainer", "fingerprint", "response_budget"]
+__all__ = ["CheckpointError", "ConfigError", "Trainer", "build_trainer", "fingerprint",
+           "response_budget"]
 
 
 def response_budget(run: RunConfig, task: Task) -> int:
@@ -49,11 +51,17 @@ def response_budget(run: RunConfig, task: Task) -> int:
     return int(getattr(task, "max_response_tokens", 0) or run.trainer.max_new_tokens)
 
 
+def model_config_hash(model_cfg: Any) -> str:
+    """A short hash of the model architecture (what the saved arrays' shapes follow)."""
+    return hashlib.sha1(json.dumps(model_cfg.to_dict(), sort_keys=True,
+                                   default=str).encode()).hexdigest()[:16]
+
+
 def fingerprint(run: RunConfig, model_cfg: Any) -> dict[str, Any]:
-    """What a checkpoint must agree with to be resumed by this config."""
-    model_hash = hashlib.sha1(json.dumps(model_cfg.to_dict(), sort_keys=True,
-                                         default=str).encode()).hexdigest()[:16]
-    return {"model": run.model.path, "model_config": model_hash, "algo": run.algo.name,
+    """What a checkpoint written before settings were recorded (``rl.resume``) must agree
+    with to be resumed by this config."""
+    return {"model": run.model.path, "model_config": model_config_hash(model_cfg),
+            "algo": run.algo.name,
             "task": str(run.task["name"]), "group_size": run.algo.group_size,
             "batch_prompts": run.trainer.batch_prompts,
             # the prompt order and every step's sampling seed derive from it
@@ -72,6 +80,10 @@ class Trainer:
     runlog: RunLog
     ckpt: Checkpointer
     start_step: int = 0
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # rl.resume
+    # judge counters of the steps before this process started (restored from a checkpoint):
+    # the judge/* metrics continue the run's totals across resumes
+    judge_base: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     # read-only views for callers and tests
     @property
@@ -98,15 +110,26 @@ class Trainer:
             self.runlog.events(step, result.events)
         if result.samples:
             self.runlog.samples(step, result.samples)
-        return self.runlog.metrics(step, result.record)
+        record = dict(result.record)
+        for k, v in self.judge_base.items():
+            record[f"judge/{k}"] = record.get(f"judge/{k}", 0) + v
+        return self.runlog.metrics(step, record)
+
+    def judge_totals(self) -> dict[str, float]:
+        """The judge's counters over the whole run, across resumes."""
+        now = self.parts.judge.stats() if self.parts.judge is not None else {}
+        keys = set(now) | set(self.judge_base)
+        return {k: self.judge_base.get(k, 0) + now.get(k, 0) for k in sorted(keys)
+                if isinstance(now.get(k, 0), int | float)}
 
     def checkpoint(self) -> None:
-        """Save the loop state (and its fingerprint) at its step."""
+        """Save the loop state, the run's settings and the judge's counters at its step."""
         lp = self.loop
         meta = {"step": lp.step, "data_position": lp.data_position,
                 "reward_state": self.parts.rewarder.state_to_json(lp.reward),
                 "fingerprint": fingerprint(self.parts.run, self.parts.model_cfg),
-                "seed": self.parts.run.trainer.seed}
+                "seed": self.parts.run.trainer.seed, SETTINGS: dict(self.settings),
+                "judge_totals": self.judge_totals()}
         self.ckpt.save(lp.step, {"state": lp.train._asdict()}, meta)
 
     def evaluate(self, step: int) -> dict[str, Any]:
@@ -191,25 +214,39 @@ def init_from_run(run_dir: str, run: RunConfig, params: Any) -> Any:
     return params
 
 
-def _latest_checkpoint(run: RunConfig, ckpt: Checkpointer) -> int | None:
-    """The latest checkpoint's step when trainer.resume allows continuing it (None: none)."""
-    latest = ckpt.latest_step()
-    if latest is not None and not run.trainer.resume:
-        raise ConfigError(f"trainer.run_dir: {run.trainer.run_dir} already holds checkpoints "
-                          f"(latest step {latest}); set trainer.resume=true to continue it or "
-                          f"choose another run_dir")
-    return latest
+def _open_checkpoints(run: RunConfig) -> tuple[Checkpointer, list[int]]:
+    """The run folder's checkpoints and their steps, newest first, as trainer.resume wants
+    them: true needs one, false refuses them, auto takes them when there are some. An error
+    leaves the folder as it was."""
+    t = run.trainer
+    folder = Path(t.run_dir) / "checkpoints"
+    has_steps = folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
+    if t.resume is True and not has_steps:
+        raise ConfigError(f"trainer.resume=true: {t.run_dir} holds no checkpoint ({folder} "
+                          f"is missing or empty), nothing to resume; check trainer.run_dir, "
+                          f"or set trainer.resume=auto to start afresh when there is none")
+    ckpt = Checkpointer(folder, keep=None if t.keep_checkpoints == "all" else t.keep_checkpoints)
+    steps = ckpt.step_dirs()
+    if steps and t.resume is False:
+        ckpt.close()
+        raise ConfigError(f"trainer.run_dir: {t.run_dir} already holds checkpoints "
+                          f"(latest step {steps[0]}); set trainer.resume=true to continue it "
+                          f"(or trainer.resume=auto) or choose another run_dir")
+    return ckpt, steps
 
 
-def _check_fingerprint(run: RunConfig, ckpt: Checkpointer, latest: int, model_cfg: Any) -> None:
-    """Refuse to resume a checkpoint written by an incompatible config."""
-    run_dir = run.trainer.run_dir
-    want, have = fingerprint(run, model_cfg), ckpt.read_meta(latest).get("fingerprint", {})
+def _check_fingerprint(run: RunConfig, meta: Mapping[str, Any], where: str,
+                       model_cfg: Any) -> None:
+    """Refuse to resume a checkpoint written (before settings were recorded) by an
+    incompatible config."""
+    want, have = fingerprint(run, model_cfg), meta.get("fingerprint", {})
     diff = sorted(k for k in want if want[k] != have.get(k))
     if diff:
         raise ConfigError(
-            f"trainer.run_dir: the checkpoint in {run_dir} belongs to an incompatible run "
+            f"trainer.run_dir: the checkpoint {where} belongs to an incompatible run "
             f"(differs in {', '.join(diff)}: {[(k, have.get(k), want[k]) for k in diff]})")
+    log.warning("the checkpoint %s was written before settings were recorded: only its "
+                "fingerprint (%s) is compared", where, ", ".join(want))
 
 
 def _weights(run: RunConfig, mesh: Any) -> tuple[Any, Any, Any]:
@@ -286,11 +323,8 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
     inp = read_inputs(run)
     lc, oc = run.loss_config(inp.budget), run.optim_config()
     t = run.trainer
-    ckpt = Checkpointer(Path(t.run_dir) / "checkpoints", keep=t.keep_checkpoints)
-    latest = _latest_checkpoint(run, ckpt)
+    ckpt, steps = _open_checkpoints(run)
     model_cfg, params, tokenizer = _weights(run, inp.mesh)
-    if latest is not None:
-        _check_fingerprint(run, ckpt, latest, model_cfg)
     optimizer = make_optimizer(oc)
     # the reference only runs forward passes: kept in the compute dtype
     ref_params = (jax.tree.map(jnp.copy, in_compute_dtype(params, lc.compute_dtype))
@@ -305,23 +339,59 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
         response_budget=inp.budget, eval_prompts=inp.eval_prompts)
     loop = L.LoopState(train=init_train_state(params, optimizer), reward=rewarder.init_state(),
                        data_position=0, step=0)
-    if latest is not None:
-        loop = _restore(ckpt, latest, loop, rewarder)
-        log.info("resumed %s at step %d", t.run_dir, latest)
-    trainer = Trainer(parts=parts, loop=loop, ckpt=ckpt, start_step=loop.step,
-                      runlog=RunLog(Path(t.run_dir), resume_step=latest,
+    now = settings(run.raw, model_config_hash(model_cfg), inp.train_prompts)
+    resumed = _resume(parts, ckpt, loop, now) if steps else None
+    if resumed is not None:
+        loop = resumed.loop
+        log.info("resumed %s at step %d", t.run_dir, loop.step)
+    trainer = Trainer(parts=parts, loop=loop, ckpt=ckpt, start_step=loop.step, settings=now,
+                      judge_base=resumed.judge_totals if resumed else {},
+                      runlog=RunLog(Path(t.run_dir), resume_step=loop.step if resumed else None,
                                     tensorboard=t.tensorboard))
-    if config_text:
-        trainer.runlog.write_config(config_text)
+    _record_config(trainer, config_text, resumed)
     if inp.judge is not None:  # which prompt templates produced this run's judgments
         trainer.runlog.write_config(json.dumps(inp.judge.versions(), indent=1),
                                     "judge_versions.json")
     return trainer
 
 
-def _restore(ckpt: Checkpointer, step: int, fresh: L.LoopState, rewarder: Any) -> L.LoopState:
-    """The loop state saved at `step`, restored onto the structure of `fresh`."""
-    restored, meta = ckpt.restore(step, {"state": fresh.train._asdict()})
-    return L.LoopState(train=TrainState(**restored["state"]),
-                       reward=rewarder.state_from_json(meta.get("reward_state")),
+class Resumed(NamedTuple):
+    loop: L.LoopState
+    changes: dict[str, tuple[Any, Any]]  # the settings changed with resume_allow_changes
+    judge_totals: dict[str, float]
+
+
+def _resume(parts: L.Components, ckpt: Checkpointer, fresh: L.LoopState,
+            now: Mapping[str, Any]) -> Resumed:
+    """The loop state of the newest valid checkpoint (older ones when newer ones are broken),
+    restored onto the structure of `fresh`, once its settings agree with `now`."""
+    run, changed = parts.run, {}
+
+    def check(step: int, meta: Mapping[str, Any]) -> None:
+        where = f"at step {step} in {ckpt.dir}"
+        if SETTINGS in meta:
+            changed.clear()
+            changed.update(refuse_changes(meta[SETTINGS], now,
+                                          run.trainer.resume_allow_changes, where))
+        else:
+            _check_fingerprint(run, meta, where, parts.model_cfg)
+
+    try:
+        _, restored, meta = ckpt.restore_latest_valid({"state": fresh.train._asdict()}, check)
+    except CheckpointError as e:
+        raise CheckpointError(f"trainer.resume: {e}") from None
+    loop = L.LoopState(train=TrainState(**restored["state"]),
+                       reward=parts.rewarder.state_from_json(meta.get("reward_state")),
                        data_position=int(meta["data_position"]), step=int(meta["step"]))
+    return Resumed(loop, dict(changed), dict(meta.get("judge_totals", {})))
+
+
+def _record_config(trainer: Trainer, config_text: str, resumed: Resumed | None) -> None:
+    """config.yaml: the config of the run's first steps (written when it starts, kept on
+    resume); config_history.jsonl: one record per start or resume, with the changes allowed."""
+    if config_text and resumed is None:
+        trainer.runlog.write_config(config_text)
+    trainer.runlog.config_history({
+        "start_step": trainer.start_step, "resumed": resumed is not None,
+        "allowed_changes": {k: list(v) for k, v in (resumed.changes if resumed else {}).items()},
+        "config": dict(trainer.run_cfg.raw)})

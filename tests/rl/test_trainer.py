@@ -220,7 +220,9 @@ def test_bfloat16_model_trains_float32_master_weights(tmp_path):
     ("+x=1", "x: unknown top-level key"),
     ("algo.beta=abc", "algo.beta: expected a number"),
     ("trainer.max_steps=2.5", "trainer.max_steps: expected an integer"),
-    ("trainer.resume=maybe", "trainer.resume: expected true or false"),
+    ("trainer.resume=maybe", "trainer.resume: expected false or true or auto"),
+    ("trainer.keep_checkpoints=0", "trainer.keep_checkpoints: must be >= 1, or all"),
+    ("trainer.keep_checkpoints=some", "trainer.keep_checkpoints: expected an integer or all"),
     ("optim.lr=0", "optim.lr"),
     ("~trainer.seed", "trainer.seed: missing"),
 ])
