@@ -66,23 +66,34 @@ def test_synthetic_outcomes_match_the_qa_reward():
     assert tuple(arbor_base_reward(t, GOLD3) for t in T3) == R3
 
 
-def test_reward_step_induces_admits_and_consolidates_by_hand():
+@pytest.mark.parametrize("outcome,rho", [
+    # F1 of the answers (default, the paper): [1, 0, 0, 0] (member 3's unclosed answer scores
+    # 0); Pearson([1,0,1,0], [1,0,0,0]): means .5, .25; cov = (.375 + .125 - .125 + .125)/4
+    # = .125; var .25 and .1875 -> .125 / sqrt(.046875) = 1/sqrt 3.
+    ("f1", 1 / math.sqrt(3)),
+    # R_base (the variant): [1, 0, 0, -1] -> 1/sqrt 2 (see test_pearson_by_hand_...).
+    ("r_base", 1 / math.sqrt(2)),
+])
+def test_reward_step_induces_admits_and_consolidates_by_hand(outcome, rho):
     # Step 0, empty memory: no active rubric, so R_total = R_base. Each group's triplet is
-    # best 0 (F1 1), hard 1 (F1 0, valid and shorter than 2), worst 3 (invalid). The rule judge
+    # best 0 (F1 1), hard 1 (F1 0, valid and shorter than 2), worst 3 (invalid; with F1 a tie
+    # at 0 with 1 and 2, broken by format then length). The rule judge
     # induces the first three library features that the best has and both the hard negative
     # and the worst lack: entity_search, answer_grounded, stops_after_evidence. Checked on the
     # group, each holds for members 0 and 2 (member 2 searches "... inception", and its wrong
     # answer "James Cameron" is grounded in its own retrieved document), so s = [1, 0, 1, 0]:
-    # Var = .25 >= .01 and rho = 1/sqrt 2 >= .2 (see test_pearson_by_hand_and_undefined_cases).
+    # Var = .25 >= .01 and rho (above) >= .2.
     judge = Recorder()
-    cfg = MemoryConfig(k_consol=4, embedder="hash")
+    cfg = MemoryConfig(k_consol=4, embedder="hash", rubric_outcome=outcome)
+    assert g1().f1 == (1.0, 0.0, 0.0, 0.0) and g1().r_base == R12
     out = arbor_reward_step(RubricMemory(), [g1(), g2()], judge, cfg, step=0, seed=1)
     np.testing.assert_array_equal(out.total_rewards, [R12, R12])
     adm = [e for e in out.events if isinstance(e, Admitted)]
     assert [e.title for e in adm] == ["Entity-targeted search", "Evidence-grounded answer",
                                       "Evidence-sufficiency termination"] * 2
     assert [e.var for e in adm] == pytest.approx([0.25] * 6)
-    assert [e.rho for e in adm] == pytest.approx([1 / math.sqrt(2)] * 6)
+    assert [e.rho for e in adm] == pytest.approx([rho] * 6)
+    assert out.memory.basis == f"{outcome}/cumulative"
     # |D| = 6 >= K = 4: one chunk (d0..d3); entity_search is the only family with two drafts
     # in it (min_support 2) -> one common rubric c6; d4, d5 stay in D.
     assert [c.draft.feature for c in out.memory.commons] == ["entity_search"]
@@ -122,10 +133,16 @@ def test_reward_step_converts_an_outcome_homogeneous_group():
     assert m["memory/induce_skipped_tied"] == 1 and m["memory/tied_triplets"] == 1
     assert judge.calls == [("compare", 6)] and m["memory/judge_calls"] == 6
     # Activation bookkeeping: used once, Var of [5/6,1/6,5/6,1/6] = (1/3)^2 = .111 >= .01 so
-    # n_r stays 0; the constant outcome adds no correlation pairs.
+    # n_r stays 0. The cumulative rho_r (default) pools the 4 raw pairs; with the constant F1
+    # it is undefined (0), which is not drift, so c0 stays.
     c = out.memory.common("c0")
-    assert (c.uses, c.n_low_var, c.corr.n, c.last_used_step) == (1, 0, 0, 5)
+    assert (c.uses, c.n_low_var, c.corr.n, c.last_used_step) == (1, 0, 4, 5)
+    assert c.corr.sum_x == pytest.approx(2.0) and not c.corr.defined
     assert [e.kind for e in out.events] == ["activated"]
+    # rho_r = "centred": the constant outcome adds no correlation pairs.
+    out = arbor_reward_step(mem, [g3()], Recorder(), dataclasses.replace(cfg, rho_r="centred"),
+                            step=5, seed=0)
+    assert out.memory.common("c0").corr.n == 0
 
 
 def test_reward_step_multi_step_run_is_deterministic_and_uses_the_pool():
@@ -149,17 +166,19 @@ def test_reward_step_multi_step_run_is_deterministic_and_uses_the_pool():
     assert total_uses == sum(m["memory/active"] for _, m in log_a)
 
 
-def test_reward_step_without_memory_scores_with_own_drafts_and_keeps_nothing():
-    # "w/o memory": q1's three admitted drafts (all rho 1/sqrt 2, see above) score q1 itself;
+@pytest.mark.parametrize("combine,n_slots", [("sum", 2), ("mean", 1)])
+def test_reward_step_without_memory_scores_with_own_drafts_and_keeps_nothing(combine, n_slots):
+    # "w/o memory": q1's three admitted drafts (all rho 1/sqrt 3, see above) score q1 itself;
     # on equal rho the first two take the two slots.
-    cfg = MemoryConfig(use_common_pool=False, embedder="hash")
+    cfg = MemoryConfig(use_common_pool=False, embedder="hash", active_combine=combine)
     out = arbor_reward_step(RubricMemory(), [g1()], RuleJudge(seed=0), cfg, step=0, seed=0)
     assert out.memory.drafts == () and out.memory.commons == ()
     assert out.memory.next_id == 3  # ids were drawn for the three admitted drafts
     assert out.rubric_scores.rubric_ids == (("d0",), ("d1",))
     # Both hold for members 0 and 2 only. G = 4, complete graph: member 0 beats 1 and 3 and
-    # ties 2 -> 5/6; member 1 -> 1/6 (one tie). s~ = [1/3, -1/3, 1/3, -1/3] in both slots.
-    third = np.array([1, -1, 1, -1]) / 3
+    # ties 2 -> 5/6; member 1 -> 1/6 (one tie): [1/3, -1/3, 1/3, -1/3] centred in both slots;
+    # s~ is their sum (2/3, default) or mean (1/3).
+    third = n_slots * np.array([1, -1, 1, -1]) / 3
     np.testing.assert_allclose(out.rubric_scores.combined[0], third)
     np.testing.assert_allclose(out.total_rewards[0], np.array(R12) + 0.1 * third)
     assert out.metrics["memory/active"] == 0
