@@ -31,6 +31,7 @@ from memory import (
     Rejected,
     RubricMemory,
     arbor_reward_step,
+    combine_active,
     load_static_rubrics,
     static_rubric_step,
 )
@@ -185,6 +186,102 @@ def test_reward_step_without_memory_scores_with_own_drafts_and_keeps_nothing(com
     # A homogeneous group has no admitted drafts (no induction) -> no rubric term.
     out = arbor_reward_step(out.memory, [g3()], RuleJudge(seed=0), cfg, step=1, seed=0)
     np.testing.assert_array_equal(out.total_rewards, [R3])
+
+
+# --- the paper's gates and combination (issue 18) ----------------------------------------------
+
+THINK = _drafts(["think_before_action"])[0].draft  # every member of q3 reasons first: no split
+
+
+@pytest.mark.parametrize("combine,bonus", [("sum", 1 / 3), ("mean", 1 / 6)])
+def test_two_active_rubrics_one_not_discriminating(combine, bonus):
+    # q3 (all F1 0) under two active rubrics: entity_search gives s~ = +-1/3 (see
+    # test_reward_step_converts_an_outcome_homogeneous_group); think_before_action holds for
+    # every member: every pair ties, win rates .5, s~ = 0. Sum (default, R = R_base + lambda *
+    # s~ with each rubric's s~ added): +-1/3, R_total = +-.1/3; mean: +-1/6, R_total = +-.1/6.
+    mem = RubricMemory(commons=(CommonRubric("c0", ENTITY, ("d8",), 0),
+                                CommonRubric("c1", THINK, ("d9",), 0)), next_id=2)
+    cfg = MemoryConfig(embedder="hash", active_combine=combine)
+    out = arbor_reward_step(mem, [g3()], RuleJudge(seed=0), cfg, step=0, seed=0)
+    assert sorted(ids[0] for ids in out.rubric_scores.rubric_ids) == ["c0", "c1"]
+    slot_think = [ids[0] for ids in out.rubric_scores.rubric_ids].index("c1")
+    np.testing.assert_allclose(out.rubric_scores.raw[slot_think, 0], [0.5] * 4)
+    sign = np.array([1, -1, 1, -1])
+    np.testing.assert_allclose(out.rubric_scores.combined[0], bonus * sign)
+    np.testing.assert_allclose(out.total_rewards[0], np.array(R3) + 0.1 * bonus * sign)
+
+
+def test_combine_active_by_hand():
+    # Slot 0 centred +-1/3, slot 1 centred 0: sum +-1/3, mean +-1/6. A slot that did not score
+    # the group (NaN) is left out: sum = mean = slot 0. lambda = .1, R_base of q3 = 0.
+    third = np.array([1, -1, 1, -1]) / 3
+    centred = np.stack([third, np.zeros(4)])[:, None, :]
+    s_sum, r_sum = combine_active([g3()], centred, 0.1, "sum")
+    s_mean, r_mean = combine_active([g3()], centred, 0.1, "mean")
+    np.testing.assert_allclose(s_sum[0], third)
+    np.testing.assert_allclose(s_mean[0], third / 2)
+    np.testing.assert_allclose(r_sum[0], 0.1 * third)
+    np.testing.assert_allclose(r_mean[0], 0.1 * third / 2)
+    one = np.stack([third, np.full(4, np.nan)])[:, None, :]
+    for how in ("sum", "mean"):
+        np.testing.assert_allclose(combine_active([g3()], one, 0.1, how)[0][0], third)
+    with pytest.raises(ValueError, match="active_combine"):
+        combine_active([g3()], centred, 0.1, "max")
+
+
+@pytest.mark.parametrize("outcome,admitted,rho", [("f1", False, 1 / 3),
+                                                  ("r_base", True, 0.8165)])
+def test_issue_example_admission_reads_f1(outcome, admitted, rho):
+    # Issue 18's case through the step: q1 (F1 [1, 0, 0, 0], R_base [1, 0, 0, -1], member 3
+    # invalid), one induced draft that holds for members 0-2: s = [1, 1, 1, 0]. Pearson
+    # against F1 = 1/3, against R_base = .8165 (test_issue_example_pearson_against_r_base_and_f1).
+    # rho_min = .5: admitted on R_base only.
+    def induce(reqs):
+        return [[Draft("Commits to an answer", "Ends with a closed answer tag.")] for _ in reqs]
+
+    def check(reqs):
+        return [CheckResult(p > 0.5, p) for p in (1.0, 1.0, 1.0, 0.0)]
+
+    cfg = MemoryConfig(rho_min=0.5, embedder="hash", rubric_outcome=outcome)
+    out = arbor_reward_step(RubricMemory(), [g1()], Recorder(induce=induce, check=check), cfg,
+                            step=0, seed=0)
+    (ev,) = [e for e in out.events if e.kind in ("admitted", "rejected")]
+    assert (ev.kind == "admitted") is admitted and ev.rho == pytest.approx(rho, abs=1e-4)
+    if not admitted:
+        assert ev.reason == "low_correlation"
+
+
+def test_triplet_is_ranked_by_f1_not_r_base():
+    # The only right answer (member 2, F1 1) has an invalid format (R_base -1). Ranked by F1
+    # (default) it is the best of the triplet; ranked by R_base it is the worst.
+    g = GroupInput("q", Q1, GOLD1, T1, (0.0, 0.0, -1.0, 0.0), f1=(0.0, 0.0, 1.0, 0.0))
+    seen = []
+
+    def induce(reqs):
+        seen.extend(reqs)
+        return [[] for _ in reqs]
+
+    for outcome in ("f1", "r_base"):
+        cfg = MemoryConfig(embedder="hash", rubric_outcome=outcome)
+        arbor_reward_step(RubricMemory(), [g], Recorder(induce=induce), cfg, step=0, seed=0)
+    by_f1, by_r_base = seen
+    assert by_f1.best == T1[2] and by_f1.hard_negative is not None
+    assert by_r_base.worst == T1[2] and by_r_base.best != T1[2]
+
+
+def test_group_input_f1_is_the_answer_f1_whatever_the_format():
+    # An answer followed by more text is an invalid format (R_base -1) but its F1 is 1.
+    late = "<think>x</think><answer>Christopher Nolan</answer><think>more</think>"
+    g = GroupInput("q", Q1, GOLD1, (late, T1[3]), (-1.0, -1.0))
+    assert g.f1 == (1.0, 0.0) and g.outcome("f1") == (1.0, 0.0)
+    assert g.outcome("r_base") == (-1.0, -1.0)
+    assert GroupInput("q", Q1, GOLD1, T1[:2], (1.0, 0.0), f1=[0.5, 0]).f1 == (0.5, 0.0)
+    with pytest.raises(ValueError, match="f1"):
+        GroupInput("q", Q1, GOLD1, T1[:2], (1.0, 0.0), f1=(1.0,))
+    with pytest.raises(ValueError, match="non-finite F1"):
+        GroupInput("q", Q1, GOLD1, T1[:2], (1.0, 0.0), f1=(1.0, float("nan")))
+    with pytest.raises(ValueError, match="rubric_outcome"):
+        g.outcome("em")
 
 
 @pytest.mark.parametrize("overrides", [
@@ -410,6 +507,9 @@ def test_config_validation():
     ("graph", "ring_diam", "'complete', 'ring', 'ring_diameter'"),
     ("tie_break", "fromat_then_length", "'format', 'format_then_length', 'index', 'length'"),
     ("embedder", "minilml", "'hash', 'minilm'"),
+    ("rubric_outcome", "F1", "'f1', 'r_base'"),
+    ("rho_r", "centered", "'cumulative', 'centred'"),
+    ("active_combine", "avg", "'sum', 'mean'"),
 ])
 def test_config_names_are_checked_against_registries_at_construction(key, typo, allowed):
     from memory.rewarder import memory_config
