@@ -160,8 +160,9 @@ class ArborRewarder:
         """The checkpoint's memory, refused at once (before any step) when its statistics were
         computed on another basis than ``cfg`` (``state.check_basis``); a checkpoint of a run
         without memory starts from an empty one."""
-        memory = RubricMemory() if not data else RubricMemory.from_dict(dict(data))
-        return check_basis(memory, self.cfg)
+        if not data:
+            return RubricMemory()
+        return check_basis(RubricMemory.from_dict(dict(data)), self.cfg)
 
 
 def arbor_rewarder(task: Task, judge: Any, seed: int = 0, **options: Any) -> ArborRewarder:
