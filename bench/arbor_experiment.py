@@ -97,7 +97,9 @@ def run_name(algo: str, seed: int) -> str:
 def _algo_extra(algo: str, extra: Sequence[str]) -> list[str]:
     # ARBOR-only keys (e.g. algo.rubric_lambda) would fail on algo=grpo: keep them to ARBOR
     arbor_keys = ("algo.rubric_lambda", "algo.k_consol", "algo.delta_v", "algo.rho_min",
-                  "algo.retire_k", "algo.embedder", "algo.use_common_pool")
+                  "algo.retire_k", "algo.embedder", "algo.use_common_pool",
+                  "algo.rubric_outcome", "algo.rho_r", "algo.min_drift_activations",
+                  "algo.active_combine")
     if algo.startswith("arbor") or algo == "rar":
         keep = ("algo.rubric_lambda",) if algo == "rar" else arbor_keys
         return [x for x in extra if not x.startswith(arbor_keys) or x.startswith(keep)]

@@ -68,6 +68,7 @@ from memory.reward import (
     RubricScores,
     StepOutput,
     arbor_reward_step,
+    combine_active,
     conversion_metrics,
 )
 from memory.selection import choose, select_active
@@ -79,6 +80,7 @@ from memory.state import (
     DraftRubric,
     MemoryConfig,
     RubricMemory,
+    check_basis,
 )
 from memory.static import (
     StaticOutput,
@@ -132,9 +134,11 @@ __all__ = [
     "bradley_terry_scores",
     "build_pair_requests",
     "centre",
+    "check_basis",
     "check_embedder",
     "choose",
     "complete_graph",
+    "combine_active",
     "consolidate",
     "conversion_metrics",
     "cosine_matrix",

@@ -1,10 +1,14 @@
 """Admission of query-local drafts into ``D`` (SPEC 3.2).
 
-A draft scored on its group's trajectories (scores ``s_i``, outcomes ``y_i`` = F1 or -1) is
-admitted iff::
+A draft scored on its group's trajectories (scores ``s_i``, outcomes ``y_i``) is admitted
+iff (ARBOR: ``Var_i(s_i) >= delta_v`` and ``Pearson({s_i}, {F1(tau_i)}) >= rho_min``)::
 
     Var_i(s_i) >= delta_v            (it discriminates; population variance, ddof = 0)
     Pearson(s, y) >= rho_min         (it points the same way as the outcome)
+
+``y`` is ``MemoryConfig.rubric_outcome``: by default the token F1 of each trajectory's answer
+(``GroupInput.f1``), as the paper states; "r_base" correlates with ``R_base`` (-1 for an
+invalid format) instead.
 
 Pearson is undefined when either side has zero variance (``<= 1e-12``). We define it as
 ``rho = 0`` there: such a draft fails the correlation gate unless ``rho_min <= 0``. In

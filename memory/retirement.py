@@ -1,7 +1,8 @@
 """Retirement statistics of common rubrics (SPEC 3.4).
 
 One *activation* of a common rubric ``r`` is one batch in which it is active; it scores every
-group of the batch (scores ``s`` in [0, 1], outcomes ``y`` = F1 or -1). Per activation::
+group of the batch (scores ``s`` in [0, 1], outcomes ``y``: ``MemoryConfig.rubric_outcome``,
+by default the answer's token F1 as in the paper). Per activation::
 
     v = mean over groups g of Var_g(s)          (population variance; groups of >= 2 members
                                                  with finite scores only)
@@ -9,19 +10,23 @@ group of the batch (scores ``s`` in [0, 1], outcomes ``y`` = F1 or -1). Per acti
     n_r <- n_r + 1  if v <  delta_v             (consecutive low-variance activations)
     rho_r <- Pearson over ALL pairs of all activations so far (running sums, see state.py)
 
-Pairs added to ``rho_r`` (``MemoryConfig.rho_within_group``): by default the within-group
-centred pairs ``(s_i - mean_g s, y_i - mean_g y)`` of groups whose outcome varies; otherwise the
-raw pairs of every group. An activation that adds pairs is *informative*.
+Pairs added to ``rho_r`` (``MemoryConfig.rho_r``): "cumulative" (default; the paper's
+"cumulative Pearson correlation over the whole activation period") the raw pairs
+``(s_i, y_i)`` of every usable group; "centred" the within-group centred pairs
+``(s_i - mean_g s, y_i - mean_g y)`` of groups whose outcome varies. An activation that adds
+pairs is *informative*.
 
-Retire ``r`` when, after an activation::
+Retire ``r`` when, after an activation (ARBOR: "remove if n_r > k or rho_r < rho_min")::
 
-    n_r > retire_k                                            -> "mastered"
-    rho_r < rho_min and informative activations >= m          -> "drifted"
+    n_r > retire_k                                                   -> "mastered"
+    rho_r defined, rho_r < rho_min, informative activations >= m     -> "drifted"
 
-with ``m = MemoryConfig.min_drift_activations``: ``rho_r`` of a rubric with few informative
-activations is noise (and 0 by definition before the first), so it is not judged before then.
-"Mastered" is checked first. An activation with no usable group (all groups too small or with
-NaN scores) changes nothing but ``uses`` (counted by selection).
+with ``m = MemoryConfig.min_drift_activations`` (default 1, the paper's rule; a larger ``m``
+waits until ``rho_r`` rests on more than a batch or two). ``rho_r`` is undefined while one side
+is constant (e.g. every activation so far saw only all-wrong groups): that says nothing about
+the rubric's direction, so it is not drift (a rubric whose scores never vary is "mastered" by
+``n_r``). "Mastered" is checked first. An activation with no usable group (all groups too
+small or with NaN scores) changes nothing but ``uses`` (counted by selection).
 
 Only evidence counts: the reward step passes ``pairwise.evidence_scores`` (real verdicts only),
 so a member compared through judge fallbacks alone has a NaN score and its group is not usable.
@@ -76,7 +81,7 @@ def update_stats(rubric: CommonRubric, groups: Sequence[GroupScores],
             continue
         s = np.asarray(g.scores, dtype=np.float64)
         y = np.asarray(g.outcome, dtype=np.float64)
-        if cfg.rho_within_group:
+        if cfg.rho_r == "centred":
             if float(np.var(y)) <= VAR_EPS:
                 continue  # no information about direction in an outcome-homogeneous group
             s, y = s - s.mean(), y - y.mean()
@@ -98,7 +103,8 @@ def retirement_reason(rubric: CommonRubric, cfg: MemoryConfig) -> str | None:
     """"mastered", "drifted" or None (see module docstring)."""
     if rubric.n_low_var > cfg.retire_k:
         return "mastered"
-    if rubric.rho_activations >= cfg.min_drift_activations and rubric.rho < cfg.rho_min:
+    if (rubric.rho_activations >= cfg.min_drift_activations and rubric.corr.defined
+            and rubric.rho < cfg.rho_min):
         return "drifted"
     return None
 

@@ -8,19 +8,25 @@ immutable value: every operation on it returns a new memory and its events. Two 
 1. **Activate** two common rubrics (``selection.select_active``).
 2. **Score** every group of size >= 2 under each active rubric on its sparse comparison graph
    (``pairwise``): ``O(G)`` pairs per rubric per group, all in one batched ``judge.compare``.
-3. **Reward**: per group, ``s~ = mean over active rubrics of (s - mean_G s)`` and
-   ``R_total = R_base + lambda * s~``. A rubric whose scores on a group contain NaN (malformed
-   judge output) is left out of that group's mean; with no usable rubric ``s~ = 0``.
+3. **Reward** (ARBOR: ``R_i^total = R_i^base + lambda * s~_i^rubric``): per group,
+   ``s~ = sum over active rubrics of (s - mean_G s)`` (``active_combine="sum"``, default; "mean"
+   divides by the number of usable rubrics) and ``R_total = R_base + lambda * s~``. A rubric
+   whose scores on a group contain NaN (malformed judge output) is left out of that group's
+   ``s~``; with no usable rubric ``s~ = 0``.
 4. **Retirement** statistics: one activation per active rubric with every group's
-   ``(s, R_base)`` (``retirement.apply_activation``).
-5. **Induce** drafts from each group's contrastive triplet (one batched ``judge.induce``).
-   Outcome-homogeneous groups are skipped when ``rho_min > 0``: Pearson with a constant
-   outcome is 0 by definition, so no draft of theirs could pass admission.
+   ``(s, y)`` (``retirement.apply_activation``).
+5. **Induce** drafts from each group's contrastive triplet, ranked by ``y`` (one batched
+   ``judge.induce``). Groups homogeneous in ``y`` are skipped when ``rho_min > 0``: Pearson with
+   a constant outcome is 0 by definition, so no draft of theirs could pass admission.
 6. **Admit**: each draft is scored on its own group. Our choice (``admission_scoring="check"``)
    is one ``judge.check`` per trajectory with ``s_i = P(met)``: an absolute per-trajectory
    score, ``G`` calls per draft, batched; ``"pairwise"`` uses win rates on the group's graph
    instead. Then the variance and correlation gates (``admission``).
 7. **Consolidate** when ``|D| >= K`` (``consolidation``).
+
+``y``, the outcome the gates read (steps 4-6), is ``MemoryConfig.rubric_outcome``: the token
+F1 of each trajectory's answer (``GroupInput.f1``, default, as the paper) or ``R_base``. The
+reward itself is always ``R_base + lambda * s~``.
 
 Ablation "w/o memory" (``use_common_pool=False``), its own short path: steps 1, 4 and 7 are
 skipped, steps 5-6 run first, and each group is scored (step 2) by its own admitted drafts, at
@@ -80,8 +86,16 @@ from memory.pairwise import (
 )
 from memory.retirement import GroupScores, apply_activation
 from memory.selection import select_active
-from memory.state import MIN_GROUP_SIZE, N_ACTIVE, DraftRubric, MemoryConfig, RubricMemory
+from memory.state import (
+    MIN_GROUP_SIZE,
+    N_ACTIVE,
+    DraftRubric,
+    MemoryConfig,
+    RubricMemory,
+    check_basis,
+)
 from memory.triplet import select_triplet
+from rewards.qa import answer_f1
 
 
 @dataclass(frozen=True)
@@ -95,6 +109,9 @@ class GroupInput:
         r_base: outcome reward per member: F1 if the format is valid, else -1.
         valid: format validity per member (default ``r_base >= 0``).
         lengths: response lengths, e.g. generated tokens (default: characters of the text).
+        f1: token F1 of each member's answer against ``golds``, whatever its format (what the
+            gates read with ``rubric_outcome="f1"``); default ``rewards.qa.answer_f1`` of each
+            text (the F1 of its extracted answer, 0 without one).
     """
 
     qid: str
@@ -104,6 +121,7 @@ class GroupInput:
     r_base: tuple[float, ...]
     valid: tuple[bool, ...] | None = None
     lengths: tuple[int, ...] | None = None
+    f1: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         # Normalise to tuples of Python scalars so the value is immutable and hashable.
@@ -119,14 +137,24 @@ class GroupInput:
             raise ValueError(f"group {self.qid!r}: non-finite R_base")
         valid = self.valid if self.valid is not None else [x >= 0 for x in self.r_base]
         lengths = self.lengths if self.lengths is not None else [len(t) for t in self.texts]
+        f1 = self.f1 if self.f1 is not None else [answer_f1(t, self.golds) for t in self.texts]
         set_(self, "valid", tuple(bool(v) for v in valid))
         set_(self, "lengths", tuple(int(x) for x in lengths))
-        if len(self.valid) != n or len(self.lengths) != n:  # type: ignore[arg-type]
-            raise ValueError(f"group {self.qid!r}: valid/lengths do not match {n} texts")
+        set_(self, "f1", tuple(float(x) for x in f1))
+        if any(len(x) != n for x in (self.valid, self.lengths, self.f1)):  # type: ignore[arg-type]
+            raise ValueError(f"group {self.qid!r}: valid/lengths/f1 do not match {n} texts")
+        if not all(math.isfinite(x) for x in self.f1):  # type: ignore[union-attr]
+            raise ValueError(f"group {self.qid!r}: non-finite F1")
 
     @property
     def size(self) -> int:
         return len(self.texts)
+
+    def outcome(self, kind: str) -> tuple[float, ...]:
+        """The outcome the gates read: ``f1`` or ``r_base`` (``MemoryConfig.rubric_outcome``)."""
+        if kind not in ("f1", "r_base"):
+            raise ValueError(f"rubric_outcome must be f1 or r_base, got {kind!r}")
+        return self.f1 if kind == "f1" else self.r_base  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -308,17 +336,26 @@ def _score_slots(slots: _Slots, ctx: _Step) -> _BatchScores:
     return _BatchScores(raw, cen, evidence, tuple(tuple(x) for x in ids), fallback_groups)
 
 
-def _combine(groups: Sequence[GroupInput], centred: np.ndarray,
-             rubric_lambda: float) -> tuple[np.ndarray, np.ndarray]:
-    """Step 3: ``s~`` [N, G_max] (mean of the usable slots' centred scores, 0 with none) and
-    ``R_total = R_base + lambda * s~``; NaN past a group's size."""
+def combine_active(groups: Sequence[GroupInput], centred: np.ndarray, rubric_lambda: float,
+                   how: str = "sum") -> tuple[np.ndarray, np.ndarray]:
+    """Step 3: ``s~`` [N, G_max] and ``R_total = R_base + lambda * s~``; NaN past a group's size.
+
+    ``centred`` [S, N, G_max] holds each active slot's centred scores ``s_r - mean_G s_r``
+    (NaN where the slot did not score the group). Over the usable slots of a group (finite
+    scores), ``how="sum"``: ``s~ = sum_r (s_r - mean_G s_r)`` (ARBOR's ``R_base + lambda * s~``
+    with each active rubric's centred score added); ``how="mean"``: their mean. No usable slot:
+    ``s~ = 0``.
+    """
+    if how not in ("sum", "mean"):
+        raise ValueError(f"active_combine must be sum or mean, got {how!r}")
+    pool = np.sum if how == "sum" else np.mean
     shape = centred.shape[1:]
     r_base, combined = np.full(shape, np.nan), np.full(shape, np.nan)
     for n, g in enumerate(groups):
         r_base[n, :g.size] = g.r_base
-        usable = [centred[s, n, :g.size] for s in range(N_ACTIVE)
+        usable = [centred[s, n, :g.size] for s in range(centred.shape[0])
                   if np.all(np.isfinite(centred[s, n, :g.size]))]
-        combined[n, :g.size] = np.mean(usable, axis=0) if usable else 0.0
+        combined[n, :g.size] = pool(usable, axis=0) if usable else 0.0
     return combined, r_base + rubric_lambda * combined
 
 
@@ -332,7 +369,8 @@ def _induction_requests(ctx: _Step) -> tuple[list[int], list[InduceRequest]]:
     todo: list[int] = []
     reqs: list[InduceRequest] = []
     for n, g in enumerate(ctx.groups):
-        trip = select_triplet(g.r_base, g.valid, g.lengths, ctx.cfg.tie_break)
+        trip = select_triplet(g.outcome(ctx.cfg.rubric_outcome), g.valid, g.lengths,
+                              ctx.cfg.tie_break)
         if trip is None:
             continue
         ctx.tally.add("tied_triplets", int(trip.tied))
@@ -389,7 +427,7 @@ def _induce_and_admit(
         cands.append(Candidate(
             qid=ctx.groups[n].qid, draft=d,
             scores=None if sc is None else tuple(float(x) for x in sc.evidence),
-            outcome=ctx.groups[n].r_base,
+            outcome=ctx.groups[n].outcome(ctx.cfg.rubric_outcome),
             fallback_members=0 if sc is None else sc.fallback_members,
         ))
     cfg = ctx.cfg
@@ -419,12 +457,12 @@ class _Phases(NamedTuple):
 def _record_activations(memory: RubricMemory, ctx: _Step, active_ids: Sequence[str],
                         slots: _Slots, evidence: np.ndarray
                         ) -> tuple[RubricMemory, tuple[Event, ...]]:
-    """Step 4: one activation per active rubric with every scored group's ``(s, R_base)``, on
-    evidence scores only (a member without a real verdict is NaN there)."""
+    """Step 4: one activation per active rubric with every scored group's ``(s, y)`` (``y``:
+    ``rubric_outcome``), on evidence scores only (a member without a real verdict is NaN)."""
     events: list[Event] = []
     for s, rid in enumerate(active_ids):
         acts = [GroupScores(scores=tuple(float(x) for x in evidence[s, n, :ctx.groups[n].size]),
-                            outcome=ctx.groups[n].r_base)
+                            outcome=ctx.groups[n].outcome(ctx.cfg.rubric_outcome))
                 for n, _rid, _d in slots[s]]
         memory, ev = apply_activation(memory, rid, acts, ctx.cfg, ctx.step)
         events.extend(ev)
@@ -487,7 +525,8 @@ def arbor_reward_step(
     """One ARBOR step over a batch of ``N`` groups (see the module docstring).
 
     Args:
-        memory: the rubric memory before this step (not modified).
+        memory: the rubric memory before this step (not modified); its statistics basis must
+            be ``cfg.basis`` (``state.check_basis``: an empty memory adopts it).
         groups: the batch's query groups (``GroupInput``).
         judge: any object with the batched judge protocol (``judges.base.Judge``).
         cfg: ``MemoryConfig``.
@@ -500,6 +539,7 @@ def arbor_reward_step(
         ``StepOutput(memory, total_rewards [N, G], rubric_scores, events, metrics)`` with
         ``total_rewards = R_base + cfg.rubric_lambda * rubric_scores.combined``.
     """
+    memory = check_basis(memory, cfg)
     ctx = _Step(tuple(groups), judge, cfg, step, seed, _Tally())
     ctx.tally.add("groups_too_small", sum(g.size < MIN_GROUP_SIZE for g in ctx.groups))
     if cfg.use_common_pool:
@@ -511,7 +551,8 @@ def arbor_reward_step(
     else:
         out = _step_without_memory(memory, ctx)
     sc = out.scores
-    combined, total = _combine(ctx.groups, sc.centred, cfg.rubric_lambda)
+    combined, total = combine_active(ctx.groups, sc.centred, cfg.rubric_lambda,
+                                     cfg.active_combine)
     metrics = _metrics(out.memory, ctx.groups, total, out.events, ctx.tally, out.n_active)
     rubric_scores = RubricScores(combined=combined, raw=sc.raw, centred=sc.centred,
                                  rubric_ids=sc.rubric_ids)

@@ -29,8 +29,9 @@ import numpy as np
 from core.types import Group, RewardOutput, Task
 from memory.embed import check_embedder
 from memory.reward import GroupInput, arbor_reward_step, step_counts
-from memory.state import MemoryConfig, RubricMemory
+from memory.state import MemoryConfig, RubricMemory, check_basis
 from memory.static import StaticRubric, load_static_rubrics, static_rubric_step
+from rewards.qa import answer_f1
 
 #: The repository root (``conf/`` lives there); relative rubric paths fall back to it so a run
 #: started from another working directory still finds the shipped rubric file.
@@ -59,8 +60,10 @@ def _golds(answer: Any) -> tuple[str, ...]:
 
 def group_inputs(task: Task, groups: Sequence[Group]) -> list[GroupInput]:
     """One ``GroupInput`` per group: ``R_base = task.outcome`` (F1 if the format is valid else
-    -1 for ``task=search_qa``), lengths in generated (action) tokens. Validity is left to its
-    default ``R_base >= 0``, which is exact for ARBOR's outcome reward."""
+    -1 for ``task=search_qa``), ``f1`` = the token F1 of each trajectory's extracted answer
+    against the golds whatever its format (``rewards.qa.answer_f1``: what ARBOR's gates read),
+    lengths in generated (action) tokens. Validity is left to its default ``R_base >= 0``,
+    which is exact for ARBOR's outcome reward."""
     out = []
     for g in groups:
         p = g.prompt
@@ -70,6 +73,7 @@ def group_inputs(task: Task, groups: Sequence[Group]) -> list[GroupInput]:
             golds=_golds(p.answer),
             texts=tuple(t.text for t in g.trajectories),
             r_base=tuple(float(task.outcome(p, t)) for t in g.trajectories),
+            f1=tuple(answer_f1(t.text, _golds(p.answer)) for t in g.trajectories),
             lengths=tuple(t.num_action_tokens for t in g.trajectories),
         ))
     return out
@@ -153,8 +157,12 @@ class ArborRewarder:
         return None if state is None else state.to_dict()
 
     def state_from_json(self, data: Mapping[str, Any] | None) -> RubricMemory:
-        # a checkpoint of a run without memory (or an old one) starts from an empty memory
-        return RubricMemory() if not data else RubricMemory.from_dict(dict(data))
+        """The checkpoint's memory, refused at once (before any step) when its statistics were
+        computed on another basis than ``cfg`` (``state.check_basis``); a checkpoint of a run
+        without memory starts from an empty one."""
+        if not data:
+            return RubricMemory()
+        return check_basis(RubricMemory.from_dict(dict(data)), self.cfg)
 
 
 def arbor_rewarder(task: Task, judge: Any, seed: int = 0, **options: Any) -> ArborRewarder:

@@ -17,7 +17,13 @@ Cumulative correlation of a common rubric. A common rubric keeps running sums ov
 
 which is exactly the Pearson correlation of all pairs seen so far (no decay, no window). When
 either side has (numerically) zero variance the correlation is undefined and we define
-``rho_r = 0`` (see ``admission.pearson``).
+``rho_r = 0`` (see ``admission.pearson``); ``CorrStats.defined`` tells the two apart.
+
+Statistics basis. Which outcome the gates correlate with (``MemoryConfig.rubric_outcome``) and
+which pairs ``rho_r`` pools (``MemoryConfig.rho_r``) decide what the stored statistics mean, so
+the memory records them (``RubricMemory.basis``, e.g. ``"f1/cumulative"``) and a memory is only
+continued under the same basis (:func:`check_basis`). Format version 1 (before these options)
+was always ``"r_base/centred"``.
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ from memory.embed import EMBEDDERS
 from memory.pairwise import GRAPHS
 from memory.triplet import TIE_BREAKS
 
-MEMORY_FORMAT_VERSION = 1
+MEMORY_FORMAT_VERSION = 2
+#: What format version 1 computed: admission, triplets and rho_r on R_base, rho_r centred.
+V1_BASIS = "r_base/centred"
 
 #: Number of rubrics activated per batch (SPEC 3.5: "exactly two": top-rho plus LRU rotation).
 N_ACTIVE = 2
@@ -43,6 +51,9 @@ VAR_EPS = 1e-12
 
 SCORE_MODES = ("winrate", "bradley_terry")
 ADMISSION_SCORING = ("check", "pairwise")
+RUBRIC_OUTCOMES = ("f1", "r_base")
+RHO_R_MODES = ("cumulative", "centred")
+ACTIVE_COMBINE = ("sum", "mean")
 
 
 @dataclass(frozen=True)
@@ -54,8 +65,16 @@ class MemoryConfig:
             activation of a common rubric is "low variance" if its mean within-group
             ``Var_G(s) < delta_v``. Variances are population variances (ddof = 0) of scores in
             [0, 1].
-        rho_min: correlation gate. Admission needs ``Pearson(s, F1) >= rho_min``; a common
-            rubric drifts when its cumulative ``rho_r < rho_min``.
+        rho_min: correlation gate. Admission needs ``Pearson(s, y) >= rho_min``; a common
+            rubric drifts when its cumulative ``rho_r < rho_min`` (``y``: ``rubric_outcome``).
+        rubric_outcome: the outcome ``y`` that admission (``Pearson(s, y)``), the contrastive
+            triplet (ranked by ``y``) and ``rho_r`` read. "f1" (default, the paper): the token
+            F1 of each trajectory's answer against the gold (``GroupInput.f1``, no format
+            gate). "r_base": the outcome reward ``R_base`` (F1 if the format is valid, else
+            -1), this library's value before; it also rewards a rubric for separating invalid
+            formats (for ``s = [1, 1, 1, 0]`` with the invalid member last and F1
+            ``[1, 0, 0, 0]``: Pearson 0.816 against ``R_base = [1, 0, 0, -1]``, 0.333 against
+            F1), which someone training a model that still breaks the format may want.
         k_consol: consolidate when ``|D| >= k_consol``; each consolidation request takes the
             ``k_consol`` oldest drafts.
         consolidation_attempts: drafts whose consolidation the judge could only answer with
@@ -63,11 +82,19 @@ class MemoryConfig:
             attempts have failed; then they are dropped (``ConsolidationFailed`` events).
         retire_k: "mastered" when ``n_r > retire_k`` consecutive low-variance activations.
         min_drift_activations: a rubric can be retired as "drifted" only after this many
-            *informative* activations (ones that contributed pairs to ``rho_r``): a fresh
-            rubric has ``rho_r`` = 0 by definition and must not be retired for it.
+            *informative* activations (ones that contributed pairs to ``rho_r``). 1 (default):
+            the paper's rule, judged from the first activation on; 5 was this library's value
+            before (with ``rho_r="centred"``). An undefined ``rho_r`` (a constant side) never
+            counts as drift.
         merge_threshold: a new common rubric whose sentence-embedding cosine with an existing
             one exceeds this is merged into it instead of being added.
         rubric_lambda: ``R_total = R_base + rubric_lambda * s~``.
+        active_combine: how the active rubrics' centred scores make ``s~``: "sum" (default)
+            ``s~ = sum_r (s_r - mean_G s_r)``, the paper's ``R_base + lambda * s~`` applied to
+            each active rubric, so a rubric that does not discriminate adds nothing and takes
+            nothing away; "mean" (this library's value before) divides by the number of usable
+            rubrics, keeping ``|lambda * s~| <= lambda`` but halving the other rubric's term
+            when one does not discriminate.
         use_common_pool: False is the "ARBOR w/o memory" ablation: each group is scored by its
             own admitted drafts, nothing is kept across queries.
         tie_break: secondary signal ordering members with equal F1 in the triplet
@@ -79,10 +106,12 @@ class MemoryConfig:
         admission_scoring: how a draft is scored on its group for admission: "check" (one
             ``judge.check`` per trajectory, ``s_i`` = P(met)) or "pairwise" (win rates on the
             group's comparison graph).
-        rho_within_group: pool within-group-centred pairs ``(s - mean_G s, y - mean_G y)`` of
-            groups whose outcome varies into ``rho_r`` (True, default), or raw pairs of every
-            group (False). Centring keeps question difficulty out of the correlation; skipping
-            outcome-homogeneous groups keeps the rubric from looking "drifted" exactly on the
+        rho_r: which pairs the cumulative ``rho_r`` pools. "cumulative" (default, the paper):
+            the raw ``(s_i, y_i)`` of every usable group of every activation. "centred" (this
+            library's value before): within-group-centred pairs ``(s - mean_G s, y - mean_G y)``
+            of groups whose outcome varies only; centring keeps question difficulty (easy
+            questions score high on every rubric) out of the correlation, and skipping
+            outcome-homogeneous groups keeps a rubric from looking "drifted" on exactly the
             groups it is meant to help (they carry no information about direction).
         rho_history_len: how many past ``rho_r`` values a common rubric keeps (0 = none).
         embedder: sentence embedder for near-duplicate merging (``embed.EMBEDDERS``).
@@ -93,9 +122,10 @@ class MemoryConfig:
     k_consol: int = 8
     consolidation_attempts: int = 3
     retire_k: int = 5
-    min_drift_activations: int = 5
+    min_drift_activations: int = 1
     merge_threshold: float = 0.9
     rubric_lambda: float = 0.1
+    active_combine: str = "sum"
     use_common_pool: bool = True
     tie_break: str = "format_then_length"
     graph: str = "ring_diameter"
@@ -103,7 +133,8 @@ class MemoryConfig:
     bt_iters: int = 20
     bt_prior: float = 0.1
     admission_scoring: str = "check"
-    rho_within_group: bool = True
+    rubric_outcome: str = "f1"
+    rho_r: str = "cumulative"
     rho_history_len: int = 16
     embedder: str = "minilm"
 
@@ -112,6 +143,9 @@ class MemoryConfig:
         # built (start-up), not inside the first reward step.
         for key, allowed in (("score_mode", SCORE_MODES),
                              ("admission_scoring", ADMISSION_SCORING),
+                             ("rubric_outcome", RUBRIC_OUTCOMES),
+                             ("rho_r", RHO_R_MODES),
+                             ("active_combine", ACTIVE_COMBINE),
                              ("tie_break", tuple(TIE_BREAKS.names())),
                              ("graph", tuple(GRAPHS.names())),
                              ("embedder", tuple(EMBEDDERS.names()))):
@@ -142,14 +176,20 @@ class MemoryConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def basis(self) -> str:
+        """What the memory's statistics are computed on (``RubricMemory.basis``)."""
+        return f"{self.rubric_outcome}/{self.rho_r}"
+
 
 @dataclass(frozen=True)
 class DraftRubric:
     """An admitted query-local rubric in ``D``.
 
     ``var`` and ``rho`` are the admission statistics on its source group:
-    ``Var_i(s_i)`` and ``Pearson(s, F1)``. ``failed_consolidations`` counts the consolidation
-    attempts of this draft on which the judge fell back (it stays in ``D`` meanwhile).
+    ``Var_i(s_i)`` and ``Pearson(s, y)`` (``y``: ``MemoryConfig.rubric_outcome``).
+    ``failed_consolidations`` counts the consolidation attempts of this draft on which the
+    judge fell back (it stays in ``D`` meanwhile).
     """
 
     id: str
@@ -187,16 +227,23 @@ class CorrStats:
             sum_xy=self.sum_xy + math.fsum(x * y for x, y in zip(xs, ys)),
         )
 
+    def _variances(self) -> tuple[float, float]:
+        n = float(self.n)
+        return (self.sum_xx / n - (self.sum_x / n) ** 2,
+                self.sum_yy / n - (self.sum_y / n) ** 2)
+
+    @property
+    def defined(self) -> bool:
+        """Whether the Pearson of the pairs is defined: n >= 2 and both sides vary."""
+        return self.n >= 2 and min(self._variances()) > VAR_EPS
+
     @property
     def rho(self) -> float:
         """Pearson of all pairs so far; 0.0 when undefined (n < 2 or a zero-variance side)."""
-        if self.n < 2:
+        if not self.defined:
             return 0.0
         n = float(self.n)
-        var_x = self.sum_xx / n - (self.sum_x / n) ** 2
-        var_y = self.sum_yy / n - (self.sum_y / n) ** 2
-        if var_x <= VAR_EPS or var_y <= VAR_EPS:
-            return 0.0
+        var_x, var_y = self._variances()
         cov = self.sum_xy / n - (self.sum_x / n) * (self.sum_y / n)
         return float(max(-1.0, min(1.0, cov / math.sqrt(var_x * var_y))))
 
@@ -243,6 +290,7 @@ class RubricMemory:
 
     ``next_id`` numbers drafts (``d<k>``) and common rubrics (``c<k>``) from one counter, so an
     id is never reused. ``clock`` counts selections (one per batch) and orders LRU rotation.
+    ``basis``: ``MemoryConfig.basis`` of the statistics it holds ("" = not yet set).
     """
 
     drafts: tuple[DraftRubric, ...] = ()
@@ -250,6 +298,11 @@ class RubricMemory:
     retired: tuple[CommonRubric, ...] = ()
     next_id: int = 0
     clock: int = 0
+    basis: str = ""
+
+    @property
+    def empty(self) -> bool:
+        return not (self.drafts or self.commons or self.retired)
 
     def common(self, rid: str) -> CommonRubric:
         for c in self.commons:
@@ -279,6 +332,7 @@ class RubricMemory:
             "retired": [_common_to_dict(c) for c in self.retired],
             "next_id": self.next_id,
             "clock": self.clock,
+            "basis": self.basis,
         }
 
     def to_json(self, indent: int | None = None) -> str:
@@ -288,9 +342,10 @@ class RubricMemory:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RubricMemory:
         version = d.get("version", MEMORY_FORMAT_VERSION)
-        if version != MEMORY_FORMAT_VERSION:
+        if version not in (1, MEMORY_FORMAT_VERSION):
             raise ValueError(f"unsupported rubric memory format version {version}")
         return cls(
+            basis=V1_BASIS if version == 1 else str(d.get("basis", "")),
             drafts=tuple(_draft_rubric_from_dict(x) for x in d.get("drafts", ())),
             commons=tuple(_common_from_dict(x) for x in d.get("commons", ())),
             retired=tuple(_common_from_dict(x) for x in d.get("retired", ())),
@@ -360,3 +415,21 @@ def _common_from_dict(d: dict[str, Any]) -> CommonRubric:
         retired_step=None if d.get("retired_step") is None else int(d["retired_step"]),
         retired_reason=d.get("retired_reason"),
     )
+
+
+def check_basis(memory: RubricMemory, cfg: MemoryConfig) -> RubricMemory:
+    """``memory`` with ``basis`` set to ``cfg.basis``; a non-empty memory whose statistics were
+    computed on another basis is refused (``ValueError`` naming the keys that continue it)."""
+    if memory.basis == cfg.basis:
+        return memory
+    if memory.empty or not memory.basis:
+        return replace(memory, basis=cfg.basis)
+    outcome, rho_r = memory.basis.split("/")
+    raise ValueError(
+        f"the rubric memory's statistics were computed with rubric_outcome={outcome}, "
+        f"rho_r={rho_r} (a checkpoint of format version 1 always was r_base/centred), but this "
+        f"run has rubric_outcome={cfg.rubric_outcome}, rho_r={cfg.rho_r}: continue it with "
+        f"algo.rubric_outcome={outcome} algo.rho_r={rho_r}"
+        + (" algo.min_drift_activations=5 algo.active_combine=mean (the version-1 behaviour)"
+           if memory.basis == V1_BASIS else "")
+        + ", or start a fresh run")

@@ -1,6 +1,7 @@
 """Contrastive triplet of a query group (SPEC 3.1).
 
-For outcomes ``y`` (F1 if the format is valid, else -1)::
+For outcomes ``y`` (``MemoryConfig.rubric_outcome``: by default the answer's token F1, as the
+paper ranks the triplet; or ``R_base``, F1 if the format is valid else -1)::
 
     tau+       = argmax_i y_i
     tau-_worst = argmin_i y_i

@@ -1,4 +1,8 @@
-"""Group-relative advantage estimators (GRPO, Dr.GRPO) over rewards of shape [num_groups, G]."""
+"""Group-relative advantage estimators (GRPO, Dr.GRPO) over rewards of shape [num_groups, G].
+
+Every estimator takes ``(rewards, eps, std_ddof)``; ``std_ddof`` (``algo.std_ddof``) is the
+delta degrees of freedom of GRPO's group std and unused by the estimators without one.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import jax.numpy as jnp
 from core.groups import homogeneous
 from core.registry import Registry
 
-AdvantageFn = Callable[[jax.Array, float], jax.Array]
+AdvantageFn = Callable[[jax.Array, float, int], jax.Array]
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
 
 
@@ -20,29 +24,38 @@ def _homogeneous(rewards: jax.Array) -> jax.Array:
 
 
 @ADVANTAGES.register("grpo")
-def grpo_advantages(rewards: jax.Array, eps: float = 1e-6) -> jax.Array:
-    """GRPO: ``A_i = (R_i - mean_G(R)) / (std_G(R) + eps)``, std is the population std (ddof=0).
+def grpo_advantages(rewards: jax.Array, eps: float = 1e-6, std_ddof: int = 1) -> jax.Array:
+    """GRPO: ``A_i = (R_i - mean_G(R)) / (std_G(R) + eps)`` with
+    ``std_G(R) = sqrt(sum_i (R_i - mean_G R)^2 / (G - std_ddof))``.
 
+    ``std_ddof=1`` (default) is the sample std, as verl (``compute_grpo_outcome_advantage``:
+    ``torch.std``, unbiased) and TRL (``GRPOTrainer``: ``rewards.view(-1, G).std(dim=1)``)
+    compute it; ``std_ddof=0`` is the population std (this library's value before), which
+    scales every advantage by ``sqrt(G / (G - 1))`` (rewards ``[[1, 0]]``: +-1.0 instead of
+    +-0.707) and so also shifts the balance between the policy gradient and ``beta * KL``.
     A homogeneous group gets exactly 0 (not the rounding residue of ``R - mean``).
     """
     rewards = jnp.asarray(rewards)
     centered = rewards - rewards.mean(axis=-1, keepdims=True)
-    adv = centered / (rewards.std(axis=-1, keepdims=True) + eps)
+    adv = centered / (rewards.std(axis=-1, keepdims=True, ddof=std_ddof) + eps)
     return jnp.where(_homogeneous(rewards), 0.0, adv)
 
 
 @ADVANTAGES.register("drgrpo", "none")
-def drgrpo_advantages(rewards: jax.Array, eps: float = 1e-6) -> jax.Array:
-    """Dr.GRPO (``scale=none``): ``A_i = R_i - mean_G(R)``; ``eps`` is unused.
+def drgrpo_advantages(rewards: jax.Array, eps: float = 1e-6, std_ddof: int = 1) -> jax.Array:
+    """Dr.GRPO (``scale=none``): ``A_i = R_i - mean_G(R)``; ``eps`` and ``std_ddof`` are
+    unused (no std division).
 
     A homogeneous group gets exactly 0.
     """
-    del eps
+    del eps, std_ddof
     rewards = jnp.asarray(rewards)
     adv = rewards - rewards.mean(axis=-1, keepdims=True)
     return jnp.where(_homogeneous(rewards), 0.0, adv)
 
 
-def group_advantages(rewards: jax.Array, estimator: str = "grpo", eps: float = 1e-6) -> jax.Array:
-    """Advantages [N, G] from rewards [N, G] with the estimator registered as ``estimator``."""
-    return ADVANTAGES.get(estimator)(rewards, eps)
+def group_advantages(rewards: jax.Array, estimator: str = "grpo", eps: float = 1e-6,
+                     std_ddof: int = 1) -> jax.Array:
+    """Advantages [N, G] from rewards [N, G] with the estimator registered as ``estimator``
+    (``std_ddof``: see :func:`grpo_advantages`)."""
+    return ADVANTAGES.get(estimator)(rewards, eps, std_ddof)

@@ -77,6 +77,7 @@ class AlgoConfig:
     name: str
     group_size: int
     advantage: str
+    std_ddof: int  # GRPO's group std: 1 = sample std (verl, TRL), 0 = population std
     eps_low: float
     eps_high: float
     dual_clip: float | None
@@ -303,6 +304,7 @@ def check(run: RunConfig) -> None:
     """Check the values the loop relies on, naming the offending key."""
     a, t = run.algo, run.trainer
     _require(a.group_size >= 2, "algo.group_size", f"must be >= 2, got {a.group_size}")
+    _require(a.std_ddof in (0, 1), "algo.std_ddof", f"must be 0 or 1, got {a.std_ddof}")
     for key in ("eps_low", "eps_high", "beta", "entropy_coef"):
         _require(getattr(a, key) >= 0, f"algo.{key}", f"must be >= 0, got {getattr(a, key)}")
     _require(a.dual_clip is None or a.dual_clip > 1, "algo.dual_clip", "must be > 1 or null")

@@ -148,7 +148,9 @@ def shaped_rewards(c: Components, groups: Sequence[Group], rewards: np.ndarray) 
 
 def training_batch(c: Components, groups: Sequence[Group], rewards: np.ndarray) -> dict:
     """Advantages from the (shaped) rewards, laid out as ``rl.batch`` describes."""
-    adv = np.asarray(group_advantages(jnp.asarray(rewards, jnp.float32), c.run.algo.advantage))
+    algo = c.run.algo
+    adv = np.asarray(group_advantages(jnp.asarray(rewards, jnp.float32), algo.advantage,
+                                      std_ddof=algo.std_ddof))
     return build_batch(groups, adv, c.tokenizer.pad_id, c.response_budget, c.update_slices())
 
 

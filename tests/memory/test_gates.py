@@ -82,6 +82,35 @@ def test_triplet_properties(y, policy):
 # --- admission ----------------------------------------------------------------------------------
 
 
+def _pearson_by_formula(x, y):
+    """rho = sum (x - mx)(y - my) / sqrt(sum (x - mx)^2 sum (y - my)^2), written out."""
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    cov = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    return cov / math.sqrt(sum((a - mx) ** 2 for a in x) * sum((b - my) ** 2 for b in y))
+
+
+def test_issue_example_pearson_against_r_base_and_f1():
+    # Issue 18: s = [1, 1, 1, 0] on a group whose last member has an invalid format. F1 of the
+    # answers [1, 0, 0, 0]; R_base = F1 if valid else -1 = [1, 0, 0, -1].
+    # Against R_base: ms = .75, my = 0; cov = .25*1 + 0 + 0 + (-.75)(-1) = 1;
+    #   sum ds^2 = 3 * .0625 + .5625 = .75, sum dy^2 = 2 -> 1 / sqrt(1.5) = .8165.
+    # Against F1: my = .25; cov = .25*.75 + 2 * .25*(-.25) + (-.75)(-.25) = .25;
+    #   sum dy^2 = .5625 + 3 * .0625 = .75 -> .25 / .75 = .3333.
+    s, f1, r_base = [1, 1, 1, 0], [1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, -1.0]
+    assert _pearson_by_formula(s, r_base) == pytest.approx(0.8165, abs=1e-4)
+    assert _pearson_by_formula(s, f1) == pytest.approx(1 / 3)
+    assert pearson(s, r_base) == pytest.approx(_pearson_by_formula(s, r_base))
+    assert pearson(s, f1) == pytest.approx(_pearson_by_formula(s, f1))
+    # The admission gate at rho_min = .5: passes against R_base, fails against F1.
+    cfg = MemoryConfig(delta_v=0.1, rho_min=0.5, embedder="hash")
+    assert judge_admission(D, s, r_base, cfg).admitted
+    r = judge_admission(D, s, f1, cfg)
+    assert (r.reason, r.rho) == ("low_correlation", pytest.approx(1 / 3))
+    # The running sums give the same value: n = 4, Sx = 3, Sy = 1, Sxx = 3, Syy = 1, Sxy = 1
+    # -> (4*1 - 3*1) / sqrt((4*3 - 9)(4*1 - 1)) = 1/3.
+    assert CorrStats().add(s, f1).rho == pytest.approx(1 / 3)
+
+
 def test_pearson_by_hand_and_undefined_cases():
     # x = [1,0,1,0], y = [1,0,0,-1]: means .5 and 0; cov = (.5*1 + -.5*0 + .5*0 + -.5*-1)/4 = .25
     # var x = .25, var y = (1 + 0 + 0 + 1)/4 = .5 -> rho = .25 / sqrt(.25 * .5) = 1/sqrt(2).
@@ -189,14 +218,47 @@ def test_retirement_mastered_sequence_by_hand():
     assert ev == (Retired(step=5, common_id="c0", reason="mastered", n_low_var=3, rho=0.0,
                           uses=0),)
     assert mem.retired[0].retired_reason == "mastered" and mem.retired[0].retired_step == 5
-    # Constant outcomes carried no direction: no pairs, so never "drifted".
+    # Constant outcomes: rho_r is undefined (0 by definition), which is never "drifted" (with
+    # min_drift_activations = 1 it would otherwise have been at the first activation). The
+    # cumulative rho_r (default) pools their raw pairs all the same: 6 activations x 2 pairs.
+    assert mem.retired[0].rho_activations == 6 and mem.retired[0].corr.n == 12
+    assert not mem.retired[0].corr.defined
+    # rho_r = "centred" skips outcome-homogeneous groups: no pairs at all.
+    centred = dataclasses.replace(cfg, rho_r="centred")
+    mem = _pool(_common(0))
+    for step, g in enumerate(seq):
+        mem, ev = apply_activation(mem, "c0", [g], centred, step)
+    assert [e.reason for e in ev] == ["mastered"]
     assert mem.retired[0].rho_activations == 0 and mem.retired[0].corr.n == 0
 
 
+def test_retirement_cumulative_rho_drifts_from_the_first_activation():
+    # Default (the paper): rho_r = cumulative Pearson of the raw pairs, judged at once.
+    # Scores [1, 0] vs F1 [0, 1]: pairs (1, 0), (0, 1): n = 2, Sx = Sy = 1, Sxx = Syy = 1,
+    # Sxy = 0 -> rho = (2*0 - 1*1) / sqrt((2*1 - 1) (2*1 - 1)) = -1 < .2 -> "drifted".
+    cfg = MemoryConfig(rho_min=0.2, retire_k=100, embedder="hash")
+    assert (cfg.rho_r, cfg.min_drift_activations, cfg.rubric_outcome) == ("cumulative", 1, "f1")
+    mem, ev = apply_activation(_pool(_common(0)), "c0", [GroupScores((1.0, 0.0), (0.0, 1.0))],
+                               cfg, 0)
+    assert [e.reason for e in ev] == ["drifted"] and ev[0].rho == pytest.approx(-1.0)
+    assert mem.retired[0].corr == CorrStats(2, 1.0, 1.0, 1.0, 1.0, 0.0)
+    # An all-wrong batch (F1 0 everywhere): rho_r undefined -> not drifted, pairs kept. A later
+    # activation with contrast defines it: pairs (1,0), (0,0), (1,1), (0,0):
+    # n = 4, Sx = 2, Sy = 1, Sxx = 2, Syy = 1, Sxy = 1 -> rho = (4 - 2) / sqrt(4 * 3) = .577.
+    mem, ev = apply_activation(_pool(_common(0)), "c0", [GroupScores((1.0, 0.0), (0.0, 0.0))],
+                               cfg, 0)
+    assert ev == () and not mem.common("c0").corr.defined and mem.common("c0").rho == 0.0
+    mem, ev = apply_activation(mem, "c0", [GroupScores((1.0, 0.0), (1.0, 0.0))], cfg, 1)
+    assert ev == () and mem.common("c0").rho == pytest.approx(2 / math.sqrt(12))
+    assert mem.common("c0").rho_activations == 2
+
+
 def test_retirement_drifted_after_min_activations():
-    # Scores [1, 0] vs outcome [0, 1]: centred pairs (.5, -.5), (-.5, .5) -> rho = -1 < .2.
+    # rho_r = "centred" (the variant): scores [1, 0] vs outcome [0, 1]: centred pairs
+    # (.5, -.5), (-.5, .5) -> rho = -1 < .2.
     # min_drift_activations = 3: judged only from the third informative activation on.
-    cfg = MemoryConfig(rho_min=0.2, min_drift_activations=3, retire_k=100, embedder="hash")
+    cfg = MemoryConfig(rho_min=0.2, min_drift_activations=3, retire_k=100, embedder="hash",
+                       rho_r="centred")
     anti = GroupScores((1.0, 0.0), (0.0, 1.0))
     mem = _pool(_common(0))
     for step in range(2):
@@ -222,13 +284,13 @@ def test_retirement_keeps_an_aligned_rubric_and_mastered_wins_ties():
 
 
 def test_retirement_raw_pairs_by_hand():
-    # rho_within_group = False pools raw pairs of every group:
+    # rho_r = "cumulative" (default, the paper) pools raw pairs of every group:
     # x = [1, 0, .5, .5], y = [1, .5, 0, 1]; mean x = .5, mean y = .625
     # dx = [.5, -.5, 0, 0], dy = [.375, -.125, -.625, .375]
     # cov = (.1875 + .0625) / 4 = .0625; var x = .5 / 4 = .125;
     # var y = (.140625 + .015625 + .390625 + .140625) / 4 = .171875
     # rho = .0625 / sqrt(.125 * .171875) = .42640...
-    cfg = MemoryConfig(rho_within_group=False, embedder="hash")
+    cfg = MemoryConfig(rho_r="cumulative", embedder="hash")
     acts = [GroupScores((1.0, 0.0), (1.0, 0.5)), GroupScores((0.5, 0.5), (0.0, 1.0))]
     r = update_stats(_common(0), acts, cfg)
     assert r.rho == pytest.approx(0.0625 / math.sqrt(0.125 * 0.171875))

@@ -31,6 +31,7 @@ from memory import (
     Rejected,
     RubricMemory,
     arbor_reward_step,
+    combine_active,
     load_static_rubrics,
     static_rubric_step,
 )
@@ -66,23 +67,34 @@ def test_synthetic_outcomes_match_the_qa_reward():
     assert tuple(arbor_base_reward(t, GOLD3) for t in T3) == R3
 
 
-def test_reward_step_induces_admits_and_consolidates_by_hand():
+@pytest.mark.parametrize("outcome,rho", [
+    # F1 of the answers (default, the paper): [1, 0, 0, 0] (member 3's unclosed answer scores
+    # 0); Pearson([1,0,1,0], [1,0,0,0]): means .5, .25; cov = (.375 + .125 - .125 + .125)/4
+    # = .125; var .25 and .1875 -> .125 / sqrt(.046875) = 1/sqrt 3.
+    ("f1", 1 / math.sqrt(3)),
+    # R_base (the variant): [1, 0, 0, -1] -> 1/sqrt 2 (see test_pearson_by_hand_...).
+    ("r_base", 1 / math.sqrt(2)),
+])
+def test_reward_step_induces_admits_and_consolidates_by_hand(outcome, rho):
     # Step 0, empty memory: no active rubric, so R_total = R_base. Each group's triplet is
-    # best 0 (F1 1), hard 1 (F1 0, valid and shorter than 2), worst 3 (invalid). The rule judge
+    # best 0 (F1 1), hard 1 (F1 0, valid and shorter than 2), worst 3 (invalid; with F1 a tie
+    # at 0 with 1 and 2, broken by format then length). The rule judge
     # induces the first three library features that the best has and both the hard negative
     # and the worst lack: entity_search, answer_grounded, stops_after_evidence. Checked on the
     # group, each holds for members 0 and 2 (member 2 searches "... inception", and its wrong
     # answer "James Cameron" is grounded in its own retrieved document), so s = [1, 0, 1, 0]:
-    # Var = .25 >= .01 and rho = 1/sqrt 2 >= .2 (see test_pearson_by_hand_and_undefined_cases).
+    # Var = .25 >= .01 and rho (above) >= .2.
     judge = Recorder()
-    cfg = MemoryConfig(k_consol=4, embedder="hash")
+    cfg = MemoryConfig(k_consol=4, embedder="hash", rubric_outcome=outcome)
+    assert g1().f1 == (1.0, 0.0, 0.0, 0.0) and g1().r_base == R12
     out = arbor_reward_step(RubricMemory(), [g1(), g2()], judge, cfg, step=0, seed=1)
     np.testing.assert_array_equal(out.total_rewards, [R12, R12])
     adm = [e for e in out.events if isinstance(e, Admitted)]
     assert [e.title for e in adm] == ["Entity-targeted search", "Evidence-grounded answer",
                                       "Evidence-sufficiency termination"] * 2
     assert [e.var for e in adm] == pytest.approx([0.25] * 6)
-    assert [e.rho for e in adm] == pytest.approx([1 / math.sqrt(2)] * 6)
+    assert [e.rho for e in adm] == pytest.approx([rho] * 6)
+    assert out.memory.basis == f"{outcome}/cumulative"
     # |D| = 6 >= K = 4: one chunk (d0..d3); entity_search is the only family with two drafts
     # in it (min_support 2) -> one common rubric c6; d4, d5 stay in D.
     assert [c.draft.feature for c in out.memory.commons] == ["entity_search"]
@@ -122,10 +134,16 @@ def test_reward_step_converts_an_outcome_homogeneous_group():
     assert m["memory/induce_skipped_tied"] == 1 and m["memory/tied_triplets"] == 1
     assert judge.calls == [("compare", 6)] and m["memory/judge_calls"] == 6
     # Activation bookkeeping: used once, Var of [5/6,1/6,5/6,1/6] = (1/3)^2 = .111 >= .01 so
-    # n_r stays 0; the constant outcome adds no correlation pairs.
+    # n_r stays 0. The cumulative rho_r (default) pools the 4 raw pairs; with the constant F1
+    # it is undefined (0), which is not drift, so c0 stays.
     c = out.memory.common("c0")
-    assert (c.uses, c.n_low_var, c.corr.n, c.last_used_step) == (1, 0, 0, 5)
+    assert (c.uses, c.n_low_var, c.corr.n, c.last_used_step) == (1, 0, 4, 5)
+    assert c.corr.sum_x == pytest.approx(2.0) and not c.corr.defined
     assert [e.kind for e in out.events] == ["activated"]
+    # rho_r = "centred": the constant outcome adds no correlation pairs.
+    out = arbor_reward_step(mem, [g3()], Recorder(), dataclasses.replace(cfg, rho_r="centred"),
+                            step=5, seed=0)
+    assert out.memory.common("c0").corr.n == 0
 
 
 def test_reward_step_multi_step_run_is_deterministic_and_uses_the_pool():
@@ -149,23 +167,121 @@ def test_reward_step_multi_step_run_is_deterministic_and_uses_the_pool():
     assert total_uses == sum(m["memory/active"] for _, m in log_a)
 
 
-def test_reward_step_without_memory_scores_with_own_drafts_and_keeps_nothing():
-    # "w/o memory": q1's three admitted drafts (all rho 1/sqrt 2, see above) score q1 itself;
+@pytest.mark.parametrize("combine,n_slots", [("sum", 2), ("mean", 1)])
+def test_reward_step_without_memory_scores_with_own_drafts_and_keeps_nothing(combine, n_slots):
+    # "w/o memory": q1's three admitted drafts (all rho 1/sqrt 3, see above) score q1 itself;
     # on equal rho the first two take the two slots.
-    cfg = MemoryConfig(use_common_pool=False, embedder="hash")
+    cfg = MemoryConfig(use_common_pool=False, embedder="hash", active_combine=combine)
     out = arbor_reward_step(RubricMemory(), [g1()], RuleJudge(seed=0), cfg, step=0, seed=0)
     assert out.memory.drafts == () and out.memory.commons == ()
     assert out.memory.next_id == 3  # ids were drawn for the three admitted drafts
     assert out.rubric_scores.rubric_ids == (("d0",), ("d1",))
     # Both hold for members 0 and 2 only. G = 4, complete graph: member 0 beats 1 and 3 and
-    # ties 2 -> 5/6; member 1 -> 1/6 (one tie). s~ = [1/3, -1/3, 1/3, -1/3] in both slots.
-    third = np.array([1, -1, 1, -1]) / 3
+    # ties 2 -> 5/6; member 1 -> 1/6 (one tie): [1/3, -1/3, 1/3, -1/3] centred in both slots;
+    # s~ is their sum (2/3, default) or mean (1/3).
+    third = n_slots * np.array([1, -1, 1, -1]) / 3
     np.testing.assert_allclose(out.rubric_scores.combined[0], third)
     np.testing.assert_allclose(out.total_rewards[0], np.array(R12) + 0.1 * third)
     assert out.metrics["memory/active"] == 0
     # A homogeneous group has no admitted drafts (no induction) -> no rubric term.
     out = arbor_reward_step(out.memory, [g3()], RuleJudge(seed=0), cfg, step=1, seed=0)
     np.testing.assert_array_equal(out.total_rewards, [R3])
+
+
+# --- the paper's gates and combination (issue 18) ----------------------------------------------
+
+THINK = _drafts(["think_before_action"])[0].draft  # every member of q3 reasons first: no split
+
+
+@pytest.mark.parametrize("combine,bonus", [("sum", 1 / 3), ("mean", 1 / 6)])
+def test_two_active_rubrics_one_not_discriminating(combine, bonus):
+    # q3 (all F1 0) under two active rubrics: entity_search gives s~ = +-1/3 (see
+    # test_reward_step_converts_an_outcome_homogeneous_group); think_before_action holds for
+    # every member: every pair ties, win rates .5, s~ = 0. Sum (default, R = R_base + lambda *
+    # s~ with each rubric's s~ added): +-1/3, R_total = +-.1/3; mean: +-1/6, R_total = +-.1/6.
+    mem = RubricMemory(commons=(CommonRubric("c0", ENTITY, ("d8",), 0),
+                                CommonRubric("c1", THINK, ("d9",), 0)), next_id=2)
+    cfg = MemoryConfig(embedder="hash", active_combine=combine)
+    out = arbor_reward_step(mem, [g3()], RuleJudge(seed=0), cfg, step=0, seed=0)
+    assert sorted(ids[0] for ids in out.rubric_scores.rubric_ids) == ["c0", "c1"]
+    slot_think = [ids[0] for ids in out.rubric_scores.rubric_ids].index("c1")
+    np.testing.assert_allclose(out.rubric_scores.raw[slot_think, 0], [0.5] * 4)
+    sign = np.array([1, -1, 1, -1])
+    np.testing.assert_allclose(out.rubric_scores.combined[0], bonus * sign)
+    np.testing.assert_allclose(out.total_rewards[0], np.array(R3) + 0.1 * bonus * sign)
+
+
+def test_combine_active_by_hand():
+    # Slot 0 centred +-1/3, slot 1 centred 0: sum +-1/3, mean +-1/6. A slot that did not score
+    # the group (NaN) is left out: sum = mean = slot 0. lambda = .1, R_base of q3 = 0.
+    third = np.array([1, -1, 1, -1]) / 3
+    centred = np.stack([third, np.zeros(4)])[:, None, :]
+    s_sum, r_sum = combine_active([g3()], centred, 0.1, "sum")
+    s_mean, r_mean = combine_active([g3()], centred, 0.1, "mean")
+    np.testing.assert_allclose(s_sum[0], third)
+    np.testing.assert_allclose(s_mean[0], third / 2)
+    np.testing.assert_allclose(r_sum[0], 0.1 * third)
+    np.testing.assert_allclose(r_mean[0], 0.1 * third / 2)
+    one = np.stack([third, np.full(4, np.nan)])[:, None, :]
+    for how in ("sum", "mean"):
+        np.testing.assert_allclose(combine_active([g3()], one, 0.1, how)[0][0], third)
+    with pytest.raises(ValueError, match="active_combine"):
+        combine_active([g3()], centred, 0.1, "max")
+
+
+@pytest.mark.parametrize("outcome,admitted,rho", [("f1", False, 1 / 3),
+                                                  ("r_base", True, 0.8165)])
+def test_issue_example_admission_reads_f1(outcome, admitted, rho):
+    # Issue 18's case through the step: q1 (F1 [1, 0, 0, 0], R_base [1, 0, 0, -1], member 3
+    # invalid), one induced draft that holds for members 0-2: s = [1, 1, 1, 0]. Pearson
+    # against F1 = 1/3, against R_base = .8165 (test_issue_example_pearson_against_r_base_and_f1).
+    # rho_min = .5: admitted on R_base only.
+    def induce(reqs):
+        return [[Draft("Commits to an answer", "Ends with a closed answer tag.")] for _ in reqs]
+
+    def check(reqs):
+        return [CheckResult(p > 0.5, p) for p in (1.0, 1.0, 1.0, 0.0)]
+
+    cfg = MemoryConfig(rho_min=0.5, embedder="hash", rubric_outcome=outcome)
+    out = arbor_reward_step(RubricMemory(), [g1()], Recorder(induce=induce, check=check), cfg,
+                            step=0, seed=0)
+    (ev,) = [e for e in out.events if e.kind in ("admitted", "rejected")]
+    assert (ev.kind == "admitted") is admitted and ev.rho == pytest.approx(rho, abs=1e-4)
+    if not admitted:
+        assert ev.reason == "low_correlation"
+
+
+def test_triplet_is_ranked_by_f1_not_r_base():
+    # The only right answer (member 2, F1 1) has an invalid format (R_base -1). Ranked by F1
+    # (default) it is the best of the triplet; ranked by R_base it is the worst.
+    g = GroupInput("q", Q1, GOLD1, T1, (0.0, 0.0, -1.0, 0.0), f1=(0.0, 0.0, 1.0, 0.0))
+    seen = []
+
+    def induce(reqs):
+        seen.extend(reqs)
+        return [[] for _ in reqs]
+
+    for outcome in ("f1", "r_base"):
+        cfg = MemoryConfig(embedder="hash", rubric_outcome=outcome)
+        arbor_reward_step(RubricMemory(), [g], Recorder(induce=induce), cfg, step=0, seed=0)
+    by_f1, by_r_base = seen
+    assert by_f1.best == T1[2] and by_f1.hard_negative is not None
+    assert by_r_base.worst == T1[2] and by_r_base.best != T1[2]
+
+
+def test_group_input_f1_is_the_answer_f1_whatever_the_format():
+    # An answer followed by more text is an invalid format (R_base -1) but its F1 is 1.
+    late = "<think>x</think><answer>Christopher Nolan</answer><think>more</think>"
+    g = GroupInput("q", Q1, GOLD1, (late, T1[3]), (-1.0, -1.0))
+    assert g.f1 == (1.0, 0.0) and g.outcome("f1") == (1.0, 0.0)
+    assert g.outcome("r_base") == (-1.0, -1.0)
+    assert GroupInput("q", Q1, GOLD1, T1[:2], (1.0, 0.0), f1=[0.5, 0]).f1 == (0.5, 0.0)
+    with pytest.raises(ValueError, match="f1"):
+        GroupInput("q", Q1, GOLD1, T1[:2], (1.0, 0.0), f1=(1.0,))
+    with pytest.raises(ValueError, match="non-finite F1"):
+        GroupInput("q", Q1, GOLD1, T1[:2], (1.0, 0.0), f1=(1.0, float("nan")))
+    with pytest.raises(ValueError, match="rubric_outcome"):
+        g.outcome("em")
 
 
 @pytest.mark.parametrize("overrides", [
@@ -391,6 +507,9 @@ def test_config_validation():
     ("graph", "ring_diam", "'complete', 'ring', 'ring_diameter'"),
     ("tie_break", "fromat_then_length", "'format', 'format_then_length', 'index', 'length'"),
     ("embedder", "minilml", "'hash', 'minilm'"),
+    ("rubric_outcome", "F1", "'f1', 'r_base'"),
+    ("rho_r", "centered", "'cumulative', 'centred'"),
+    ("active_combine", "avg", "'sum', 'mean'"),
 ])
 def test_config_names_are_checked_against_registries_at_construction(key, typo, allowed):
     from memory.rewarder import memory_config

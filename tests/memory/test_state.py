@@ -87,7 +87,8 @@ def memories(draw) -> RubricMemory:
     commons = tuple(common(n_d + k, False) for k in range(n_c))
     retired = tuple(common(n_d + n_c + k, True) for k in range(n_r))
     return RubricMemory(drafts=drafts, commons=commons, retired=retired,
-                        next_id=n_d + n_c + n_r, clock=draw(st.integers(0, 99)))
+                        next_id=n_d + n_c + n_r, clock=draw(st.integers(0, 99)),
+                        basis=draw(st.sampled_from(["", "f1/cumulative", "r_base/centred"])))
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])  # slow on a loaded CPU
@@ -104,6 +105,53 @@ def test_json_round_trip_after_a_real_step():
                             MemoryConfig(k_consol=4, embedder="hash"), step=0, seed=1)
     assert out.memory.commons and out.memory.drafts
     assert RubricMemory.from_json(out.memory.to_json(indent=2)) == out.memory
+
+
+#: A memory as format version 1 (before rubric_outcome / rho_r) wrote it in checkpoints.
+V1_JSON = {
+    "version": 1,
+    "drafts": [{"id": "d1", "draft": {"title": "Entity-targeted search", "description": "x",
+                                      "feature": "entity_search"},
+                "qid": "q1", "step": 0, "var": 0.25, "rho": 0.7071067811865476,
+                "failed_consolidations": 0}],
+    "commons": [{"id": "c0", "draft": {"title": "t", "description": "d", "feature": None},
+                 "source_ids": ["d0"], "created_step": 0, "n_low_var": 1,
+                 "corr": {"n": 4, "sum_x": 0.0, "sum_y": 0.0, "sum_xx": 0.5, "sum_yy": 1.0,
+                          "sum_xy": 0.5},
+                 "rho_activations": 1, "uses": 2, "last_used_step": 1, "last_used_clock": 1,
+                 "merges": 0, "rho_history": [0.7071067811865476], "retired_step": None,
+                 "retired_reason": None}],
+    "retired": [], "next_id": 2, "clock": 2,
+}
+
+
+def test_version_1_memory_loads_and_is_continued_only_on_its_basis():
+    from memory import check_basis
+    from memory.rewarder import ArborRewarder
+
+    mem = RubricMemory.from_dict(copy.deepcopy(V1_JSON))
+    assert mem.basis == "r_base/centred"  # all that version 1 computed
+    assert mem.common("c0").corr == CorrStats(4, 0.0, 0.0, 0.5, 1.0, 0.5)
+    assert mem.drafts[0].rho == pytest.approx(1 / math.sqrt(2)) and mem.clock == 2
+    # Its statistics are against R_base, centred: the new defaults refuse to continue them,
+    # at once when the checkpoint is read, naming the keys that do continue it.
+    default = ArborRewarder(task=None, judge=RuleJudge(), cfg=MemoryConfig(embedder="hash"))
+    with pytest.raises(ValueError, match="algo.rubric_outcome=r_base algo.rho_r=centred"):
+        default.state_from_json(V1_JSON)
+    old = MemoryConfig(embedder="hash", rubric_outcome="r_base", rho_r="centred",
+                       min_drift_activations=5, active_combine="mean")
+    resumed = ArborRewarder(task=None, judge=RuleJudge(), cfg=old).state_from_json(V1_JSON)
+    assert resumed == mem
+    out = arbor_reward_step(resumed, [g1()], RuleJudge(seed=0), old, step=2, seed=0)
+    assert out.memory.basis == "r_base/centred"
+    back = RubricMemory.from_json(out.memory.to_json())
+    assert back == out.memory and json.loads(out.memory.to_json())["version"] == 2
+    # An empty memory has no statistics: any basis adopts it; a new one records its own.
+    empty_v1 = {"version": 1, "drafts": [], "commons": [], "retired": []}
+    assert default.state_from_json(empty_v1).basis == "f1/cumulative"
+    assert check_basis(RubricMemory(), MemoryConfig(embedder="hash")).basis == "f1/cumulative"
+    with pytest.raises(ValueError, match="format version 3"):
+        RubricMemory.from_dict({"version": 3})
 
 
 def test_memory_values_are_frozen():
@@ -167,6 +215,7 @@ def _group_st():
 def test_operations_do_not_change_their_inputs(mem, groups, seed, pool):
     cfg = MemoryConfig(k_consol=2, rho_min=0.1, delta_v=0.01, use_common_pool=pool,
                        embedder="hash", retire_k=1, min_drift_activations=1)
+    mem = dataclasses.replace(mem, basis="" if mem.basis == "r_base/centred" else mem.basis)
     frozen = copy.deepcopy((mem, groups))
     judge = RuleJudge(seed=seed)
     select_active(mem, seed)

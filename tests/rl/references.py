@@ -15,13 +15,15 @@ AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 # NumPy references (loops; they never call the code under test)
 
 
-def ref_advantages(rewards, scale: bool, eps: float = 1e-6):
+def ref_advantages(rewards, scale: bool, eps: float = 1e-6, ddof: int = 1):
+    """GRPO (``scale``) / Dr.GRPO advantages; the std divides by ``G - ddof`` (1: torch.std,
+    as verl and TRL)."""
     rewards = np.asarray(rewards, dtype=np.float64)
     out = np.zeros_like(rewards)
     for n, group in enumerate(rewards):
         g = len(group)
         mean = sum(group) / g
-        std = math.sqrt(sum((x - mean) ** 2 for x in group) / g)
+        std = math.sqrt(sum((x - mean) ** 2 for x in group) / (g - ddof))
         if all(x == group[0] for x in group):
             continue
         for i, x in enumerate(group):
@@ -95,9 +97,9 @@ def ref_agg(loss, mask, mode, max_len=None):
     return sum(per_seq) / len(per_seq) if per_seq else 0.0
 
 
-def ref_std(xs):
+def ref_std(xs, ddof: int = 0):
     mean = sum(xs) / len(xs)
-    return math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+    return math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - ddof))
 
 
 def ref_overlong(length, max_len, buffer_len, penalty):

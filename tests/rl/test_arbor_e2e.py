@@ -176,13 +176,25 @@ def test_algo_configs_expose_top_level_keys():
     assert (a["name"], a["rewarder"], a["eps_high"]) == ("arbor", "arbor", 0.2)
     assert a["rewarder_options"] == {"rubric_lambda": 0.2, "k_consol": 4, "delta_v": 0.02,
                                      "rho_min": 0.1, "retire_k": 3, "use_common_pool": True,
-                                     "embedder": "minilm", "seed": 7}
+                                     "embedder": "minilm", "seed": 7, "rubric_outcome": "f1",
+                                     "rho_r": "cumulative", "min_drift_activations": 1,
+                                     "active_combine": "sum"}
+    # the version-1 behaviour, one override each
+    old = compose_cfg("algo=arbor", "algo.rubric_outcome=r_base", "algo.rho_r=centred",
+                      "algo.min_drift_activations=5", "algo.active_combine=mean",
+                      "trainer.run_dir=x")["algo"]["rewarder_options"]
+    cfg = make_rewarder("arbor", SearchQATask(), old, RuleJudge()).cfg
+    assert (cfg.rubric_outcome, cfg.rho_r, cfg.min_drift_activations, cfg.active_combine) == (
+        "r_base", "centred", 5, "mean")
     nm = compose_cfg("algo=arbor_no_memory", "trainer.run_dir=x")["algo"]
     assert nm["name"] == "arbor_no_memory" and nm["rewarder_options"]["use_common_pool"] is False
     dapo = compose_cfg("algo=arbor_dapo", "algo.rubric_lambda=0.05", "trainer.run_dir=x")["algo"]
     assert (dapo["rewarder"], dapo["eps_high"], dapo["dynamic_sampling"], dapo["loss_agg"]) == (
         "arbor", 0.28, True, "token-mean")
     assert dapo["rewarder_options"]["rubric_lambda"] == 0.05
+    assert {k: dapo["rewarder_options"][k] for k in a["rewarder_options"]} == {
+        **a["rewarder_options"], "rubric_lambda": 0.05, "k_consol": 8, "delta_v": 0.01,
+        "rho_min": 0.2, "retire_k": 5, "seed": 0}
     rar = compose_cfg("algo=rar", "trainer.run_dir=x")["algo"]
     assert rar["rewarder"] == "static_rubrics"
     assert rar["rewarder_options"] == {"rubric_lambda": 0.1,

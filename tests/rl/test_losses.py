@@ -40,21 +40,31 @@ def test_advantage_registry_names():
         ADVANTAGES.get("nope")
 
 
+@pytest.mark.parametrize("ddof", [1, 0])
 @pytest.mark.parametrize("estimator,scale", [("grpo", True), ("drgrpo", False), ("none", False)])
-def test_advantages_match_reference(estimator, scale):
+def test_advantages_match_reference(estimator, scale, ddof):
     rng = np.random.default_rng(0)
     r = rng.normal(size=(6, 8)).astype(np.float32)
     r[2] = 0.7  # homogeneous
     r[4] = rng.integers(0, 2, size=8)  # binary outcome
-    got = np.asarray(group_advantages(jnp.asarray(r), estimator, eps=1e-6))
-    np.testing.assert_allclose(got, ref_advantages(r, scale), rtol=1e-5, atol=1e-5)
+    got = np.asarray(group_advantages(jnp.asarray(r), estimator, eps=1e-6, std_ddof=ddof))
+    np.testing.assert_allclose(got, ref_advantages(r, scale, ddof=ddof), rtol=1e-5, atol=1e-5)
     assert got.shape == r.shape
 
 
-def test_grpo_uses_population_std():
-    r = jnp.array([[0.0, 1.0]])
-    # population std = 0.5 -> +-1 (the sample std would give +-0.707)
-    np.testing.assert_allclose(grpo_advantages(r, eps=0.0), [[-1.0, 1.0]])
+def test_grpo_std_ddof_by_hand():
+    # rewards [1, 0]: mean .5, deviations +-.5; sample std (ddof=1, torch.std as verl and TRL)
+    # sqrt((.25 + .25) / 1) = .7071 -> +-.5/.7071 = +-0.7071; population std (ddof=0)
+    # sqrt(.5 / 2) = .5 -> +-1.0
+    r = jnp.array([[1.0, 0.0]])
+    half = 1 / np.sqrt(2)
+    np.testing.assert_allclose(grpo_advantages(r, eps=0.0), [[half, -half]], rtol=1e-6)
+    np.testing.assert_allclose(grpo_advantages(r, eps=0.0, std_ddof=1), [[half, -half]],
+                               rtol=1e-6)
+    np.testing.assert_allclose(grpo_advantages(r, eps=0.0, std_ddof=0), [[1.0, -1.0]],
+                               rtol=1e-6)
+    np.testing.assert_allclose(group_advantages(r, "grpo", eps=0.0, std_ddof=0), [[1.0, -1.0]],
+                               rtol=1e-6)
 
 
 @pytest.mark.parametrize("fn", [grpo_advantages, drgrpo_advantages])
@@ -95,9 +105,9 @@ def test_property_advantages_zero_group_mean(groups):
             np.testing.assert_allclose(adv.mean(axis=-1), 0.0, atol=1e-9)
         adv = np.asarray(group_advantages(jnp.asarray(r), "grpo", eps=1e-6))
         for n, group in enumerate(r):
-            s = ref_std(list(group))
-            if s > 1e-3:  # away from eps, grpo advantages have unit population std
-                assert abs(ref_std(list(adv[n])) - s / (s + 1e-6)) < 1e-9
+            s = ref_std(list(group), ddof=1)
+            if s > 1e-3:  # away from eps, grpo advantages have unit sample std (ddof = 1)
+                assert abs(ref_std(list(adv[n]), ddof=1) - s / (s + 1e-6)) < 1e-9
 
 
 # ----------------------------------------------------------------------------------------------

@@ -212,6 +212,7 @@ def test_bfloat16_model_trains_float32_master_weights(tmp_path):
     ("trainer.rollout_dtype=float16", "trainer.rollout_dtype"),
     ("algo.loss_agg=token_mean", "algo.loss_agg"),
     ("algo.advantage=dr_grpo", "algo.advantage"),
+    ("algo.std_ddof=2", "algo.std_ddof: must be 0 or 1"),
     ("algo.kl_estimator=kl3", "algo.kl_estimator"),
     ("algo.overlong.enabled=true algo.overlong.buffer_len=16", "algo.overlong.buffer_len"),
     ("algo.overlong.enabled=true algo.overlong.penalty=-1", "algo.overlong.penalty"),
