@@ -1,4 +1,5 @@
-"""Group-relative advantage estimators (GRPO, Dr.GRPO) over rewards of shape [num_groups, G].
+"""Group-relative advantage estimators (GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline) over
+rewards of shape [num_groups, G].
 
 Every estimator takes ``(rewards, eps, std_ddof)``; ``std_ddof`` (``algo.std_ddof``) is the
 delta degrees of freedom of GRPO's group std and unused by the estimators without one.
@@ -51,6 +52,35 @@ def drgrpo_advantages(rewards: jax.Array, eps: float = 1e-6, std_ddof: int = 1) 
     del eps, std_ddof
     rewards = jnp.asarray(rewards)
     adv = rewards - rewards.mean(axis=-1, keepdims=True)
+    return jnp.where(_homogeneous(rewards), 0.0, adv)
+
+
+@ADVANTAGES.register("rloo")
+def rloo_advantages(rewards: jax.Array, eps: float = 1e-6, std_ddof: int = 1) -> jax.Array:
+    """RLOO (Ahmadian et al. 2024, "Back to Basics"): each trajectory's baseline is the mean
+    of the group's others, ``A_i = R_i - (sum_j R_j - R_i) / (G - 1) = G / (G - 1) *
+    (R_i - mean_G R)`` (verl's ``compute_rloo_outcome_advantage``, TRL's RLOO). No std."""
+    del eps, std_ddof
+    rewards = jnp.asarray(rewards)
+    g = rewards.shape[-1]
+    if g < 2:
+        raise ValueError(f"rloo needs groups of >= 2 trajectories, got {g}")
+    others = (rewards.sum(axis=-1, keepdims=True) - rewards) / (g - 1)
+    return jnp.where(_homogeneous(rewards), 0.0, rewards - others)
+
+
+@ADVANTAGES.register("reinforce_plus_plus_baseline", "reinforce_pp")
+def reinforce_pp_baseline_advantages(rewards: jax.Array, eps: float = 1e-6,
+                                     std_ddof: int = 1) -> jax.Array:
+    """REINFORCE++-baseline (Hu et al. 2025, arXiv:2501.03262; verl's
+    ``compute_reinforce_plus_plus_baseline_outcome_advantage``): subtract the group mean,
+    then whiten over the whole batch, ``A = (c - mean_batch c) / (std_batch c + eps)`` with
+    ``c_i = R_i - mean_G R`` and the std over all trajectories (``std_ddof`` as GRPO's; verl
+    whitens the per-token copies, weighting each trajectory by its length, here each counts
+    once). A homogeneous group keeps 0: the group-centred values have batch mean 0."""
+    rewards = jnp.asarray(rewards)
+    centred = rewards - rewards.mean(axis=-1, keepdims=True)
+    adv = (centred - centred.mean()) / (centred.std(ddof=std_ddof) + eps)
     return jnp.where(_homogeneous(rewards), 0.0, adv)
 
 

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from models.sampler import SamplingParams
 from rl.advantages import ADVANTAGES
 from rl.kl import KL_ESTIMATORS
-from rl.losses import LOSS_AGG
+from rl.losses import LOSS_AGG, POLICY_LOSSES
 from rl.optim import OptimConfig
 from rl.train_step import LossConfig
 
@@ -84,6 +84,7 @@ class AlgoConfig:
     beta: float
     kl_estimator: str
     loss_agg: str
+    policy_loss: str
     entropy_coef: float
     dynamic_sampling: bool
     max_gen_batches: int
@@ -142,7 +143,8 @@ class RunConfig:
         """The update's loss settings; `response_budget` is Dr.GRPO's constant normaliser."""
         a, t = self.algo, self.trainer
         return LossConfig(
-            eps_low=a.eps_low, eps_high=a.eps_high, dual_clip=a.dual_clip, beta=a.beta,
+            policy_loss=a.policy_loss, eps_low=a.eps_low, eps_high=a.eps_high,
+            dual_clip=a.dual_clip, beta=a.beta,
             kl_estimator=a.kl_estimator, loss_agg=a.loss_agg, max_len_norm=response_budget,
             entropy_coef=a.entropy_coef, on_policy=self.updates_per_batch == 1,
             micro_batches=t.micro_batches, remat=t.remat, compute_dtype=self.model.dtype,
@@ -327,9 +329,11 @@ def check(run: RunConfig) -> None:
     if a.dynamic_sampling:
         _require(a.max_gen_batches >= 1, "algo.max_gen_batches", "must be >= 1")
     for key, registry in (("advantage", ADVANTAGES), ("kl_estimator", KL_ESTIMATORS),
-                          ("loss_agg", LOSS_AGG)):
+                          ("loss_agg", LOSS_AGG), ("policy_loss", POLICY_LOSSES)):
         _require(getattr(a, key) in registry, f"algo.{key}",
                  f"must be one of {registry.names()}, got {getattr(a, key)!r}")
+    _require(a.dual_clip is None or a.policy_loss == "ppo", "algo.dual_clip",
+             f"is a PPO-clip option; algo.policy_loss={a.policy_loss} has none (set null)")
     if a.overlong.enabled:
         _require(a.overlong.penalty >= 0, "algo.overlong.penalty",
                  f"must be >= 0, got {a.overlong.penalty}")

@@ -1,4 +1,9 @@
-"""PPO-clip policy loss, masked reductions, loss aggregation modes and entropy."""
+"""Policy losses by name (PPO-clip, GSPO, GSPO-token, CISPO), masked reductions and loss
+aggregation modes.
+
+Every policy loss takes ``(logp, logp_old, advantages, mask, eps_low, eps_high, dual_clip)``
+and returns the per-token loss [B, T] (0 on masked tokens) and its stats (``clip_frac``,
+``dual_clip_frac``, ``approx_kl``); ``algo.policy_loss`` picks one from ``POLICY_LOSSES``."""
 
 from __future__ import annotations
 
@@ -12,6 +17,9 @@ from core.registry import Registry
 AggFn = Callable[..., jax.Array]
 Axis = int | tuple[int, ...] | None
 LOSS_AGG: Registry[AggFn] = Registry("loss aggregation mode")
+PolicyLoss = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+LOG_RATIO_CAP = 20.0  # clamp on log-ratios, as verl, so a stale token cannot overflow exp
 
 
 def masked_sum(x: jax.Array, mask: jax.Array, axis: Axis = None) -> jax.Array:
@@ -26,6 +34,7 @@ def masked_mean(x: jax.Array, mask: jax.Array, axis: Axis = None) -> jax.Array:
     return masked_sum(x, mask, axis=axis) / jnp.maximum(count, 1.0)
 
 
+@POLICY_LOSSES.register("ppo")
 def ppo_clip_loss(
     logp: jax.Array,
     logp_old: jax.Array,
@@ -49,7 +58,7 @@ def ppo_clip_loss(
     adv = advantages[:, None] if advantages.ndim == logp.ndim - 1 else advantages
     mask = jnp.broadcast_to(mask, logp.shape).astype(bool)
     # Clamped like verl so a stale token cannot overflow exp; irrelevant for sane ratios.
-    log_ratio = jnp.clip(logp - logp_old, -20.0, 20.0)
+    log_ratio = jnp.clip(logp - logp_old, -LOG_RATIO_CAP, LOG_RATIO_CAP)
     ratio = jnp.exp(log_ratio)
     loss_unclipped = -adv * ratio
     loss_clipped = -adv * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
@@ -67,6 +76,86 @@ def ppo_clip_loss(
         "approx_kl": masked_mean(logp_old - logp, mask),
     }
     stats = jax.lax.stop_gradient(stats)
+    return jnp.where(mask, loss, 0.0), stats
+
+
+def _per_token(advantages: jax.Array, logp: jax.Array) -> jax.Array:
+    return advantages[:, None] if advantages.ndim == logp.ndim - 1 else advantages
+
+
+def _no_dual_clip(name: str, dual_clip: float | None) -> None:
+    if dual_clip is not None:
+        raise ValueError(f"algo.dual_clip is a PPO-clip option; {name} has none (set null)")
+
+
+def _clipped_ratio_loss(ratio: jax.Array, adv: jax.Array, logp_old: jax.Array,
+                        logp: jax.Array, mask: jax.Array, eps_low: float, eps_high: float
+                        ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))`` per token and its stats."""
+    mask = jnp.broadcast_to(mask, logp.shape).astype(bool)
+    unclipped = -adv * ratio
+    clipped = -adv * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    loss = jnp.maximum(unclipped, clipped)
+    stats = jax.lax.stop_gradient({
+        "clip_frac": masked_mean((clipped > unclipped).astype(logp.dtype), mask),
+        "dual_clip_frac": jnp.zeros((), logp.dtype),
+        "approx_kl": masked_mean(logp_old - logp, mask)})
+    return jnp.where(mask, loss, 0.0), stats
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_loss(logp: jax.Array, logp_old: jax.Array, advantages: jax.Array, mask: jax.Array,
+              eps_low: float = 3e-4, eps_high: float = 4e-4, dual_clip: float | None = None
+              ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """GSPO (Zheng et al. 2025, arXiv:2507.18071, eq. 5-7): the sequence-level importance
+    ratio ``s_i = exp(mean_t (logp - logp_old))`` over the response's tokens, clipped per
+    sequence: ``L_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)``, written on every
+    token of the sequence (so ``seq-mean-token-mean`` gives the paper's ``mean_i L_i``; the
+    paper's ranges are 3e-4 / 4e-4). Advantages [B] (sequence-level, as GSPO defines them)."""
+    _no_dual_clip("gspo", dual_clip)
+    maskf = jnp.broadcast_to(mask, logp.shape).astype(logp.dtype)
+    log_s = masked_mean(logp - logp_old, maskf, axis=-1)
+    ratio = jnp.exp(jnp.minimum(log_s, 10.0))[:, None]  # verl caps log s at 10
+    return _clipped_ratio_loss(jnp.broadcast_to(ratio, logp.shape), _per_token(advantages, logp),
+                               logp_old, logp, mask, eps_low, eps_high)
+
+
+@POLICY_LOSSES.register("gspo_token")
+def gspo_token_loss(logp: jax.Array, logp_old: jax.Array, advantages: jax.Array,
+                    mask: jax.Array, eps_low: float = 3e-4, eps_high: float = 4e-4,
+                    dual_clip: float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """GSPO-token (arXiv:2507.18071, eq. 13-14; verl's ``compute_policy_loss_gspo``):
+    ``s_{i,t} = sg[s_i] * pi(y_t) / sg[pi(y_t)]``, equal to ``s_i`` in value, clipped per token
+    with a per-token advantage allowed. With a sequence-level advantage and
+    ``seq-mean-token-mean`` its value and gradient equal GSPO's."""
+    _no_dual_clip("gspo_token", dual_clip)
+    maskf = jnp.broadcast_to(mask, logp.shape).astype(logp.dtype)
+    log_s = jax.lax.stop_gradient(masked_mean(logp - logp_old, maskf, axis=-1))[:, None]
+    log_ratio = jnp.minimum(logp - jax.lax.stop_gradient(logp) + log_s, 10.0)
+    return _clipped_ratio_loss(jnp.exp(log_ratio), _per_token(advantages, logp), logp_old,
+                               logp, mask, eps_low, eps_high)
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo_loss(logp: jax.Array, logp_old: jax.Array, advantages: jax.Array, mask: jax.Array,
+               eps_low: float = 1.0, eps_high: float = 0.28, dual_clip: float | None = None
+               ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """CISPO (MiniMax-M1, arXiv:2506.13585, eq. 4-5): the importance weight is clipped and
+    stopped, never the token's gradient:
+    ``L_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A * logp_t``. MiniMax set no lower
+    bound (``eps_low = 1``: the weight is clipped at 0 only) and tuned the upper one (0.28 in
+    Trinity-RFT's and the MiniMax recipe ports). ``clip_frac``: tokens whose weight was clipped."""
+    _no_dual_clip("cispo", dual_clip)
+    mask = jnp.broadcast_to(mask, logp.shape).astype(bool)
+    adv = _per_token(advantages, logp)
+    ratio = jnp.exp(jnp.clip(logp - logp_old, -LOG_RATIO_CAP, LOG_RATIO_CAP))
+    weight = jax.lax.stop_gradient(jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high))
+    loss = -weight * adv * logp
+    outside = (ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)
+    stats = jax.lax.stop_gradient({
+        "clip_frac": masked_mean(outside.astype(logp.dtype), mask),
+        "dual_clip_frac": jnp.zeros((), logp.dtype),
+        "approx_kl": masked_mean(logp_old - logp, mask)})
     return jnp.where(mask, loss, 0.0), stats
 
 

@@ -6,7 +6,8 @@ prompt once), accumulating gradients over `micro_batches` slices of its groups w
 mini-batch of a rollout batch.
 
 Loss per token (only where loss_mask = 1):
-    L = PPO-clip(logp, logp_old, A) + beta * KL(logp, logp_ref) - entropy_coef * H
+    L = policy_loss(logp, logp_old, A) + beta * KL(logp, logp_ref) - entropy_coef * H
+with the policy loss named by ``algo.policy_loss`` (PPO-clip, GSPO, GSPO-token, CISPO)
 aggregated with the configured mode. With a single update per rollout batch the policy that
 sampled is the policy being updated, so logp_old = stop_gradient(logp) exactly (ratio 1, no
 extra forward pass); otherwise the batch carries logp_old from a forward before the updates.
@@ -27,13 +28,14 @@ from models.config import ModelConfig
 from models.sampler import Scoring, group_logprobs
 from models.transformer import Params
 from rl.kl import kl_penalty
-from rl.losses import agg_count, agg_loss, masked_mean, ppo_clip_loss
+from rl.losses import POLICY_LOSSES, agg_count, agg_loss, masked_mean
 
 Batch = dict[str, jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
+    policy_loss: str = "ppo"  # a name in rl.losses.POLICY_LOSSES
     eps_low: float = 0.2
     eps_high: float = 0.2
     dual_clip: float | None = None
@@ -88,9 +90,9 @@ def policy_loss(cfg: ModelConfig, lc: LossConfig, params: Params, batch: Batch,
     logp, entropy = rows(logp), rows(entropy)
     mask = rows(batch["loss_mask"]).astype(jnp.float32)
     logp_old = jax.lax.stop_gradient(logp) if lc.on_policy else rows(batch["logp_old"])
-    per_token, stats = ppo_clip_loss(logp, logp_old, batch["advantages"].reshape(-1), mask,
-                                     eps_low=lc.eps_low, eps_high=lc.eps_high,
-                                     dual_clip=lc.dual_clip)
+    per_token, stats = POLICY_LOSSES.get(lc.policy_loss)(
+        logp, logp_old, batch["advantages"].reshape(-1), mask, eps_low=lc.eps_low,
+        eps_high=lc.eps_high, dual_clip=lc.dual_clip)
     agg = functools.partial(agg_loss, mask=mask, mode=lc.loss_agg, max_len=lc.max_len_norm,
                             count=count)
     pg_loss = agg(per_token)
