@@ -29,7 +29,6 @@ import logging
 import math
 import os
 import random
-import tempfile
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from core.files import write_atomic
 from judges.base import BACKEND_STAT_KEYS, Counters, stable_digest
 from judges.types import Completion, Messages
 
@@ -129,13 +129,9 @@ class DiskCache:
         return value if isinstance(value, dict) and value.get("format") == _CACHE_FORMAT else None
 
     def put(self, key: str, value: dict[str, Any]) -> None:
-        path = self._path(key)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"format": _CACHE_FORMAT, **value}, f, ensure_ascii=False)
-            os.replace(tmp, path)
+            write_atomic(self._path(key),
+                         json.dumps({"format": _CACHE_FORMAT, **value}, ensure_ascii=False))
         except OSError as e:  # a full disk must not stop training; the entry is just not cached
             log.warning("judge cache write failed: %s", type(e).__name__)
 

@@ -27,7 +27,7 @@ from rl.search.client import make_retriever
 from rl.search.datasets import QAExample, load_qa
 from rl.search.demos import corpus_titles, oracle_demonstrations
 from rl.search.env import SearchEnv
-from rl.search.world import write_world
+from rl.search.world import WORLD_FILES, world_problem, world_settings, write_world
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +41,19 @@ def example_to_prompt(ex: QAExample) -> Prompt:
 @functools.lru_cache(maxsize=4)
 def shipped_world(cache_dir: str, seed: int, n_entities: int, n_train: int, n_dev: int,
                   n_test: int) -> dict[str, Path]:
-    """Write (once) and return the paths of the generated world for these settings."""
+    """Write (once) and return the paths of the generated world for these settings. A cached
+    world is used only when its manifest's checksums match its files (``world_problem``);
+    one a kill interrupted, or an older cache, is named in a warning and written again."""
     key = hashlib.sha1(json.dumps([seed, n_entities, n_train, n_dev, n_test]).encode())
     out = Path(cache_dir) / f"world-{key.hexdigest()[:12]}"
-    names = ("corpus", "train", "dev", "test")
-    paths = {n: out / f"{n}.jsonl" for n in names}
-    if not all(p.exists() for p in paths.values()):
-        write_world(out, seed=seed, n_entities=n_entities,
-                    sizes={"train": n_train, "dev": n_dev, "test": n_test})
-    return paths
+    sizes = {"train": n_train, "dev": n_dev, "test": n_test}
+    problem = world_problem(out, world_settings(seed, n_entities, sizes))
+    if problem is not None:
+        if out.exists():
+            log.warning("task.search_qa: world cache %s unusable (%s); writing it again",
+                        out, problem)
+        write_world(out, seed=seed, n_entities=n_entities, sizes=sizes)
+    return {n: out / f"{n}.jsonl" for n in WORLD_FILES}
 
 
 @functools.lru_cache(maxsize=4)
