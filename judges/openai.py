@@ -6,6 +6,10 @@
   the wrong shape), 408/409/425/429 and 5xx, with
   exponential backoff and jitter (``Retry-After`` honoured, capped); a request that exhausts its
   retries yields a ``Completion`` with ``error`` set — a batch never raises for one bad request;
+* a circuit breaker (``core.breaker``): after ``breaker_timeouts`` consecutive timeouts every
+  request fails fast (``error`` set, counted in ``breaker_rejected``) for
+  ``breaker_cooldown_s``, then one probe request tests the server; a hung server costs about
+  one ``timeout_s`` per cool-down instead of the full retry schedule of every request;
 * an on-disk cache keyed by the SHA-256 of the server's address (``base_url``, never the API
   key) and the full request body (model, messages, sampling params): the same model name on
   another server is another judge; identical requests inside a batch are sent once; only
@@ -36,6 +40,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from core.breaker import CircuitBreaker
 from core.files import write_atomic
 from judges.base import BACKEND_STAT_KEYS, Counters, stable_digest
 from judges.types import Completion, Messages
@@ -88,6 +93,8 @@ class OpenAIConfig:
     max_retries: int = 3
     backoff_base_s: float = 0.5
     backoff_max_s: float = 8.0
+    breaker_timeouts: int = 3
+    breaker_cooldown_s: float = 30.0
     cache_dir: str | None = None
     cache_sampled: bool = False
     top_p: float | None = None
@@ -169,6 +176,7 @@ class OpenAIBackend:
             log.info("env var %s is not set: sending no Authorization header", cfg.api_key_env)
         self._cache = DiskCache(cfg.cache_dir) if cfg.cache_dir else None
         self._c = Counters(BACKEND_STAT_KEYS)
+        self._breaker = CircuitBreaker(cfg.breaker_timeouts, cfg.breaker_cooldown_s)
         self._rng = random.Random(cfg.jitter_seed)
         self._logprobs_ok = True  # flips off once the server shows it has no logprobs
         self._url = cfg.base_url.rstrip("/") + "/chat/completions"
@@ -196,7 +204,7 @@ class OpenAIBackend:
         return run_sync(lambda: self.achoice_probs(batch, choices))
 
     def stats(self) -> dict[str, int]:
-        return self._c.snapshot()
+        return self._c.snapshot() | self._breaker.stats()
 
     def close(self) -> None:
         """Nothing persistent to release (clients live per batch); kept for the protocol."""
@@ -336,26 +344,34 @@ class OpenAIBackend:
         error = "no attempt"
         retry_after: float | None = None
         for attempt in range(c.max_retries + 1):
-            if attempt:
+            if attempt and not self._breaker.is_open():
                 self._c.inc("retries")
                 await asyncio.sleep(self._backoff(attempt, retry_after))
             retry_after = None
             async with sem:  # hold a slot only while a request is in flight, not while backing off
+                if not self._breaker.allow():  # the server hangs: fail fast (see core.breaker)
+                    error = (f"circuit breaker open after {c.breaker_timeouts} consecutive "
+                             f"timeouts (judge.breaker_cooldown_s={c.breaker_cooldown_s})")
+                    break
                 self._c.inc("http_requests")
                 try:
                     resp = await _with_deadline(client.post(self._url, json=payload), c.timeout_s)
                 except (httpx.TimeoutException, TimeoutError):
                     self._c.inc("timeouts")
+                    self._breaker.record(timed_out=True)
                     error = "timeout"
                     continue
                 except httpx.DecodingError as e:  # e.g. "content-encoding: gzip", plain body
+                    self._breaker.record(timed_out=False)
                     self._c.inc("bad_responses")
                     error = f"undecodable response body ({type(e).__name__})"
                     continue
                 except httpx.RequestError as e:  # TransportError and any other request failure
                     self._c.inc("transport_errors")
+                    self._breaker.record(timed_out=False)
                     error = f"transport error ({type(e).__name__})"
                     continue
+                self._breaker.record(timed_out=False)
             if resp.status_code >= 300:
                 self._c.inc("http_errors")
                 error = f"HTTP {resp.status_code}"
