@@ -2,6 +2,7 @@
 ended training; a hung service cost max_retries + 1 timeouts per call, every call)."""
 
 import dataclasses
+import threading
 import time
 from pathlib import Path
 
@@ -42,13 +43,15 @@ class Dead:
 
     def __init__(self, hang_s=0.0):
         self.hang_s = hang_s
+        self.released = threading.Event()  # set at the test's end: hung handlers go quietly
 
     def __len__(self):
         return 1
 
     def retrieve(self, queries, topk=3):
         if self.hang_s:
-            time.sleep(self.hang_s)
+            self.released.wait(self.hang_s)
+            return [[] for _ in queries]
         raise RuntimeError("index offline")
 
 
@@ -106,7 +109,8 @@ def test_one_malformed_answer_is_retried_not_fatal(tok):  # noqa: F811
 
 def _hung_rollout(tok, breaker_timeouts):  # noqa: F811
     s = settings(breaker_timeouts=breaker_timeouts)
-    with serve_in_thread(Dead(hang_s=30.0)) as srv:
+    dead = Dead(hang_s=30.0)
+    with serve_in_thread(dead) as srv:
         env, policy, prompts = _searching_env(tok, http(srv.url, s), RetrievalGuard(s), turns=4)
         t0 = time.monotonic()
         env.rollout(policy, prompts, group_size=1, seed=0)
@@ -115,6 +119,7 @@ def _hung_rollout(tok, breaker_timeouts):  # noqa: F811
         t0 = time.monotonic()
         env2.rollout(policy2, prompts2, group_size=1, seed=1)  # the next step
         wall2 = time.monotonic() - t0
+        dead.released.set()
     return wall, wall2, env.retrieval_stats()
 
 
