@@ -170,6 +170,9 @@ class OpenAIBackend:
             cfg = OpenAIConfig.from_dict({**_asdict(cfg), **overrides})
         if cfg.max_concurrency < 1 or cfg.max_retries < 0 or cfg.timeout_s <= 0:
             raise ValueError("need max_concurrency >= 1, max_retries >= 0, timeout_s > 0")
+        if cfg.breaker_timeouts < 0 or cfg.breaker_cooldown_s < 0:
+            raise ValueError(f"judge.breaker_timeouts and judge.breaker_cooldown_s must be >= 0, "
+                             f"got {cfg.breaker_timeouts}, {cfg.breaker_cooldown_s}")
         self.config = cfg
         self._key = _Secret(cfg.api_key_env)
         if cfg.api_key_env and not self._key:
