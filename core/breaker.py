@@ -63,17 +63,26 @@ class CircuitBreaker:
             return (self._opened_at is not None
                     and (self._probing or self._clock() - self._opened_at < self.cooldown_s))
 
-    def record(self, timed_out: bool) -> None:
-        """Report how an allowed attempt ended."""
+    def record(self, timed_out: bool) -> bool:
+        """Report how an allowed attempt ended; True when this report opened the breaker (the
+        client logs it once, instead of once per refused attempt)."""
         with self._lock:
             if not timed_out:
                 self._streak, self._opened_at, self._probing = 0, None, False
-                return
+                return False
             self._streak += 1
             if self._probing or (self._opened_at is None and self.threshold
                                  and self._streak >= self.threshold):
                 self._opened_at, self._probing = self._clock(), False
                 self._opens += 1
+                return True
+            return False
+
+    @property
+    def streak(self) -> int:
+        """Consecutive timeouts so far."""
+        with self._lock:
+            return self._streak
 
     def stats(self) -> dict[str, int]:
         with self._lock:

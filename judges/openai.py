@@ -361,7 +361,10 @@ class OpenAIBackend:
                     resp = await _with_deadline(client.post(self._url, json=payload), c.timeout_s)
                 except (httpx.TimeoutException, TimeoutError):
                     self._c.inc("timeouts")
-                    self._breaker.record(timed_out=True)
+                    if self._breaker.record(timed_out=True):
+                        log.warning("judge server %s timed out %d times in a row: requests fail "
+                                    "fast for %s s (circuit breaker)", c.base_url,
+                                    self._breaker.streak, c.breaker_cooldown_s)
                     error = "timeout"
                     continue
                 except httpx.DecodingError as e:  # e.g. "content-encoding: gzip", plain body
@@ -392,7 +395,9 @@ class OpenAIBackend:
                 continue
             return _Reply(body=body, error=None)
         self._c.inc("failed_requests")
-        log.warning("judge request failed after %d attempt(s): %s", attempt + 1, error)
+        # refused by the open breaker: logged once, when it opened
+        level = logging.DEBUG if error.startswith("circuit breaker") else logging.WARNING
+        log.log(level, "judge request failed after %d attempt(s): %s", attempt + 1, error)
         return _Reply(body=None, error=error)
 
 

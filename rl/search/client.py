@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -34,6 +35,8 @@ from core.breaker import BREAKER_STAT_KEYS, CircuitBreaker
 from core.registry import Registry
 from rl.search.corpus import Doc, parse_contents
 from rl.search.retriever import BM25Config, BM25Retriever, Retriever
+
+log = logging.getLogger(__name__)
 
 
 class RetrieverError(RuntimeError):
@@ -137,7 +140,10 @@ class HTTPRetriever:
         try:
             status, body = self._post(payload)
         except httpx.TimeoutException as e:
-            self._breaker.record(timed_out=True)
+            if self._breaker.record(timed_out=True):
+                log.warning("retrieval server %s timed out %d times in a row: calls fail fast "
+                            "for %s s (circuit breaker)", self.url, self._breaker.streak,
+                            self._breaker.cooldown_s)
             self._count("timeouts")
             self._count("errors")
             return f"{type(e).__name__}: {e}"

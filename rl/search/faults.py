@@ -28,6 +28,7 @@ run like ``judge/*``): ``calls`` and ``searches`` (queries) made, ``failed_calls
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 import typing
@@ -36,6 +37,8 @@ from typing import Any
 
 from rl.search.client import HTTP_STAT_KEYS, RetrieverError
 from rl.search.corpus import Doc
+
+log = logging.getLogger(__name__)
 
 SEARCH_FAILED = ("Search failed: the retrieval service did not answer, so no documents were "
                  "retrieved for this query.")
@@ -114,6 +117,7 @@ class RetrievalGuard:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(GUARD_STAT_KEYS, 0)
         self._outage_since: float | None = None  # first failed call since the last success
+        self._outage_calls = 0  # failed calls since then
 
     def retrieve(self, retriever: Any, queries: list[str], topk: int) -> list[list[Doc]] | None:
         """The results, or None when the call failed (within the budget)."""
@@ -126,7 +130,9 @@ class RetrievalGuard:
             self._failed(len(queries), e)
             return None
         with self._lock:
-            self._outage_since = None
+            recovered, self._outage_since = self._outage_since is not None, None
+        if recovered:
+            log.info("retrieval recovered after %d failed call(s)", self._outage_calls)
         return results
 
     def _failed(self, n: int, error: RetrieverError) -> None:
@@ -136,11 +142,16 @@ class RetrievalGuard:
             c["failed_calls"] += 1
             c["degraded"] += n
             now = self._clock()
-            if self._outage_since is None:
-                self._outage_since = now
+            starts = self._outage_since is None
+            if starts:
+                self._outage_since, self._outage_calls = now, 0
+            self._outage_calls += 1
             outage = now - self._outage_since
             fraction = c["degraded"] / c["searches"]
             searches, degraded = c["searches"], c["degraded"]
+        if starts:  # once per outage, not once per failed call
+            log.warning("retrieval failed (%s); searches get the failure observation until a "
+                        "call succeeds", error)
         if outage > s.max_outage_s:
             raise RetrievalBudgetExceeded(
                 f"retrieval fault budget exceeded: no retrieval call succeeded for {outage:.0f} s "
