@@ -336,6 +336,32 @@ class OpenAIBackend:
         cap = min(c.backoff_max_s, c.backoff_base_s * (2 ** (attempt - 1)))
         return cap / 2 + self._rng.uniform(0, cap / 2)
 
+    async def _send(self, client: httpx.AsyncClient,
+                    payload: dict) -> tuple[httpx.Response | None, str]:
+        """One attempt: (the response, "") or (None, why it failed), counted and reported to
+        the circuit breaker."""
+        c = self.config
+        self._c.inc("http_requests")
+        try:
+            resp = await _with_deadline(client.post(self._url, json=payload), c.timeout_s)
+        except (httpx.TimeoutException, TimeoutError):
+            self._c.inc("timeouts")
+            if self._breaker.record(timed_out=True):
+                log.warning("judge server %s timed out %d times in a row: requests fail fast "
+                            "for %s s (circuit breaker)", c.base_url, self._breaker.streak,
+                            c.breaker_cooldown_s)
+            return None, "timeout"
+        except httpx.DecodingError as e:  # e.g. "content-encoding: gzip", plain body
+            self._breaker.record(timed_out=False)
+            self._c.inc("bad_responses")
+            return None, f"undecodable response body ({type(e).__name__})"
+        except httpx.RequestError as e:  # TransportError and any other request failure
+            self._breaker.record(timed_out=False)
+            self._c.inc("transport_errors")
+            return None, f"transport error ({type(e).__name__})"
+        self._breaker.record(timed_out=False)
+        return resp, ""
+
     async def _request(
         self,
         client: httpx.AsyncClient,
@@ -356,28 +382,9 @@ class OpenAIBackend:
                     error = (f"circuit breaker open after {c.breaker_timeouts} consecutive "
                              f"timeouts (judge.breaker_cooldown_s={c.breaker_cooldown_s})")
                     break
-                self._c.inc("http_requests")
-                try:
-                    resp = await _with_deadline(client.post(self._url, json=payload), c.timeout_s)
-                except (httpx.TimeoutException, TimeoutError):
-                    self._c.inc("timeouts")
-                    if self._breaker.record(timed_out=True):
-                        log.warning("judge server %s timed out %d times in a row: requests fail "
-                                    "fast for %s s (circuit breaker)", c.base_url,
-                                    self._breaker.streak, c.breaker_cooldown_s)
-                    error = "timeout"
-                    continue
-                except httpx.DecodingError as e:  # e.g. "content-encoding: gzip", plain body
-                    self._breaker.record(timed_out=False)
-                    self._c.inc("bad_responses")
-                    error = f"undecodable response body ({type(e).__name__})"
-                    continue
-                except httpx.RequestError as e:  # TransportError and any other request failure
-                    self._c.inc("transport_errors")
-                    self._breaker.record(timed_out=False)
-                    error = f"transport error ({type(e).__name__})"
-                    continue
-                self._breaker.record(timed_out=False)
+                resp, error = await self._send(client, payload)
+            if resp is None:
+                continue
             if resp.status_code >= 300:
                 self._c.inc("http_errors")
                 error = f"HTTP {resp.status_code}"
