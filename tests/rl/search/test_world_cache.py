@@ -4,6 +4,7 @@ later run silently used those 19)."""
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,38 @@ def test_bm25_index_cache_whose_meta_disagrees_with_the_corpus_is_rebuilt(tmp_pa
     (entry / "meta.json").write_text(json.dumps({**meta, "num_docs": 3}))  # a stale index
     assert not BM25Retriever.build(corpus, tmp_path / "bm25").loaded_from_cache
     assert BM25Retriever.build(corpus, tmp_path / "bm25").loaded_from_cache
+
+
+KILL_SCRIPT = """
+import sys
+from rl.search.task import shipped_world
+shipped_world(sys.argv[1], 1, 2000, 1000, 100, 200)
+"""
+
+
+@pytest.mark.parametrize("after_s", [0.0, 0.15, 0.4])
+def test_kill_9_while_the_world_is_written_then_a_later_run_reads_only_complete_files(
+        tmp_path, after_s):
+    """The issue's reproduction: SIGKILL a run while it writes the shipped world (200 test
+    questions), then start again: never fewer than 200 (a later run rebuilds)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(tmp_path)],
+                            cwd=Path(__file__).resolve().parents[3])
+    deadline = time.monotonic() + 60
+    while not any(tmp_path.rglob("*.jsonl*")) and time.monotonic() < deadline:
+        time.sleep(0.005)  # the world is being written: its first file appeared
+    time.sleep(after_s)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    (out,) = tmp_path.iterdir()
+    settings = world_settings(1, 2000, {"train": 1000, "dev": 100, "test": 200})
+    if world_problem(out, settings) is None:  # the kill came after the manifest: complete
+        assert _rows(out / "test.jsonl") == 200
+    shipped_world.cache_clear()
+    paths = shipped_world(str(tmp_path), 1, 2000, 1000, 100, 200)
+    assert [_rows(paths[s]) for s in ("train", "dev", "test")] == [1000, 100, 200]
+    assert len(load_qa(paths["test"])) == 200
