@@ -57,6 +57,8 @@ BACKEND_STAT_KEYS = (
     "prompt_tokens",  # from ``usage``; cache hits cost nothing and are not counted
     "completion_tokens",
     "logprob_unsupported",  # choice_probs items answered without usable logprobs
+    "breaker_opens",  # times the circuit breaker opened (core.breaker)
+    "breaker_rejected",  # attempts refused (failed fast) while it was open
 )
 
 

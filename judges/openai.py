@@ -6,6 +6,10 @@
   the wrong shape), 408/409/425/429 and 5xx, with
   exponential backoff and jitter (``Retry-After`` honoured, capped); a request that exhausts its
   retries yields a ``Completion`` with ``error`` set — a batch never raises for one bad request;
+* a circuit breaker (``core.breaker``): after ``breaker_timeouts`` consecutive timeouts every
+  request fails fast (``error`` set, counted in ``breaker_rejected``) for
+  ``breaker_cooldown_s``, then one probe request tests the server; a hung server costs about
+  one ``timeout_s`` per cool-down instead of the full retry schedule of every request;
 * an on-disk cache keyed by the SHA-256 of the server's address (``base_url``, never the API
   key) and the full request body (model, messages, sampling params): the same model name on
   another server is another judge; identical requests inside a batch are sent once; only
@@ -29,7 +33,6 @@ import logging
 import math
 import os
 import random
-import tempfile
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -37,6 +40,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from core.breaker import CircuitBreaker
+from core.files import write_atomic
 from judges.base import BACKEND_STAT_KEYS, Counters, stable_digest
 from judges.types import Completion, Messages
 
@@ -88,6 +93,8 @@ class OpenAIConfig:
     max_retries: int = 3
     backoff_base_s: float = 0.5
     backoff_max_s: float = 8.0
+    breaker_timeouts: int = 3
+    breaker_cooldown_s: float = 30.0
     cache_dir: str | None = None
     cache_sampled: bool = False
     top_p: float | None = None
@@ -129,13 +136,9 @@ class DiskCache:
         return value if isinstance(value, dict) and value.get("format") == _CACHE_FORMAT else None
 
     def put(self, key: str, value: dict[str, Any]) -> None:
-        path = self._path(key)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"format": _CACHE_FORMAT, **value}, f, ensure_ascii=False)
-            os.replace(tmp, path)
+            write_atomic(self._path(key),
+                         json.dumps({"format": _CACHE_FORMAT, **value}, ensure_ascii=False))
         except OSError as e:  # a full disk must not stop training; the entry is just not cached
             log.warning("judge cache write failed: %s", type(e).__name__)
 
@@ -167,12 +170,16 @@ class OpenAIBackend:
             cfg = OpenAIConfig.from_dict({**_asdict(cfg), **overrides})
         if cfg.max_concurrency < 1 or cfg.max_retries < 0 or cfg.timeout_s <= 0:
             raise ValueError("need max_concurrency >= 1, max_retries >= 0, timeout_s > 0")
+        if cfg.breaker_timeouts < 0 or cfg.breaker_cooldown_s < 0:
+            raise ValueError(f"judge.breaker_timeouts and judge.breaker_cooldown_s must be >= 0, "
+                             f"got {cfg.breaker_timeouts}, {cfg.breaker_cooldown_s}")
         self.config = cfg
         self._key = _Secret(cfg.api_key_env)
         if cfg.api_key_env and not self._key:
             log.info("env var %s is not set: sending no Authorization header", cfg.api_key_env)
         self._cache = DiskCache(cfg.cache_dir) if cfg.cache_dir else None
         self._c = Counters(BACKEND_STAT_KEYS)
+        self._breaker = CircuitBreaker(cfg.breaker_timeouts, cfg.breaker_cooldown_s)
         self._rng = random.Random(cfg.jitter_seed)
         self._logprobs_ok = True  # flips off once the server shows it has no logprobs
         self._url = cfg.base_url.rstrip("/") + "/chat/completions"
@@ -200,7 +207,7 @@ class OpenAIBackend:
         return run_sync(lambda: self.achoice_probs(batch, choices))
 
     def stats(self) -> dict[str, int]:
-        return self._c.snapshot()
+        return self._c.snapshot() | self._breaker.stats()
 
     def close(self) -> None:
         """Nothing persistent to release (clients live per batch); kept for the protocol."""
@@ -329,6 +336,32 @@ class OpenAIBackend:
         cap = min(c.backoff_max_s, c.backoff_base_s * (2 ** (attempt - 1)))
         return cap / 2 + self._rng.uniform(0, cap / 2)
 
+    async def _send(self, client: httpx.AsyncClient,
+                    payload: dict) -> tuple[httpx.Response | None, str]:
+        """One attempt: (the response, "") or (None, why it failed), counted and reported to
+        the circuit breaker."""
+        c = self.config
+        self._c.inc("http_requests")
+        try:
+            resp = await _with_deadline(client.post(self._url, json=payload), c.timeout_s)
+        except (httpx.TimeoutException, TimeoutError):
+            self._c.inc("timeouts")
+            if self._breaker.record(timed_out=True):
+                log.warning("judge server %s timed out %d times in a row: requests fail fast "
+                            "for %s s (circuit breaker)", c.base_url, self._breaker.streak,
+                            c.breaker_cooldown_s)
+            return None, "timeout"
+        except httpx.DecodingError as e:  # e.g. "content-encoding: gzip", plain body
+            self._breaker.record(timed_out=False)
+            self._c.inc("bad_responses")
+            return None, f"undecodable response body ({type(e).__name__})"
+        except httpx.RequestError as e:  # TransportError and any other request failure
+            self._breaker.record(timed_out=False)
+            self._c.inc("transport_errors")
+            return None, f"transport error ({type(e).__name__})"
+        self._breaker.record(timed_out=False)
+        return resp, ""
+
     async def _request(
         self,
         client: httpx.AsyncClient,
@@ -340,26 +373,18 @@ class OpenAIBackend:
         error = "no attempt"
         retry_after: float | None = None
         for attempt in range(c.max_retries + 1):
-            if attempt:
+            if attempt and not self._breaker.is_open():
                 self._c.inc("retries")
                 await asyncio.sleep(self._backoff(attempt, retry_after))
             retry_after = None
             async with sem:  # hold a slot only while a request is in flight, not while backing off
-                self._c.inc("http_requests")
-                try:
-                    resp = await _with_deadline(client.post(self._url, json=payload), c.timeout_s)
-                except (httpx.TimeoutException, TimeoutError):
-                    self._c.inc("timeouts")
-                    error = "timeout"
-                    continue
-                except httpx.DecodingError as e:  # e.g. "content-encoding: gzip", plain body
-                    self._c.inc("bad_responses")
-                    error = f"undecodable response body ({type(e).__name__})"
-                    continue
-                except httpx.RequestError as e:  # TransportError and any other request failure
-                    self._c.inc("transport_errors")
-                    error = f"transport error ({type(e).__name__})"
-                    continue
+                if not self._breaker.allow():  # the server hangs: fail fast (see core.breaker)
+                    error = (f"circuit breaker open after {c.breaker_timeouts} consecutive "
+                             f"timeouts (judge.breaker_cooldown_s={c.breaker_cooldown_s})")
+                    break
+                resp, error = await self._send(client, payload)
+            if resp is None:
+                continue
             if resp.status_code >= 300:
                 self._c.inc("http_errors")
                 error = f"HTTP {resp.status_code}"
@@ -377,7 +402,9 @@ class OpenAIBackend:
                 continue
             return _Reply(body=body, error=None)
         self._c.inc("failed_requests")
-        log.warning("judge request failed after %d attempt(s): %s", attempt + 1, error)
+        # refused by the open breaker: logged once, when it opened
+        level = logging.DEBUG if error.startswith("circuit breaker") else logging.WARNING
+        log.log(level, "judge request failed after %d attempt(s): %s", attempt + 1, error)
         return _Reply(body=None, error=error)
 
 

@@ -39,12 +39,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from core.files import write_atomic
 from judges.types import Bundle, BundleRequest
 from rewards.rubric import (
     MAX_DIMS,
@@ -273,12 +273,6 @@ def _criteria_key(r: Rubric) -> list[tuple[str, float]]:
     return [(c.text, float(c.weight)) for c in r.criteria]
 
 
-def _write_atomic(rubrics: Sequence[Rubric], out: Path) -> None:
-    tmp = out.with_name(out.name + ".tmp")
-    save_rubrics(rubrics, tmp)
-    os.replace(tmp, out)
-
-
 @dataclasses.dataclass(frozen=True)
 class BundleOptions:
     """How ``run_bundle`` asks the judge: ``k_min <= K <= k_max`` dimensions per prompt,
@@ -338,7 +332,7 @@ def run_bundle(src: str | Path, out: str | Path, judge: Any, *, judge_name: str 
 
     def flush() -> None:
         rows = [result[r.prompt_id] for r in rubrics if r.prompt_id in result]
-        _write_atomic(rows + extra, out)
+        save_rubrics(rows + extra, out)  # atomic: a kill keeps the last batch's file
 
     out.parent.mkdir(parents=True, exist_ok=True)
     step = max(int(options.batch), 1)
@@ -360,7 +354,7 @@ def run_bundle(src: str | Path, out: str | Path, judge: Any, *, judge_name: str 
         "kept_extra": len(extra),
         "judge_stats": {k: v for k, v in stats.items() if isinstance(v, int | float) and v},
     }
-    summary_path(out).write_text(json.dumps(summary, indent=1, ensure_ascii=False))
+    write_atomic(summary_path(out), json.dumps(summary, indent=1, ensure_ascii=False))
     return summary
 
 

@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from core.files import NotUtf8Error, read_utf8
+from core.files import NotUtf8Error, read_utf8, write_atomic
 from core.registry import Registry
 
 MIN_DIMS = 2
@@ -594,10 +594,9 @@ def load_rubrics(path: str | Path, fmt: str | None = None) -> list[Rubric]:
 
 
 def save_rubrics(rubrics: Iterable[Rubric], path: str | Path) -> None:
-    """Write rubrics as JSON Lines in the ``native`` format."""
-    with Path(path).open("w", encoding="utf-8") as f:
-        for r in rubrics:
-            f.write(json.dumps(rubric_to_dict(r), ensure_ascii=False) + "\n")
+    """Write rubrics as JSON Lines in the ``native`` format, atomically (``core.files``)."""
+    write_atomic(path, "".join(json.dumps(rubric_to_dict(r), ensure_ascii=False) + "\n"
+                               for r in rubrics))
 
 
 # --------------------------------------------------------------------------------------------

@@ -252,6 +252,9 @@ def step_record(c: Components, col: Collected, rewards: np.ndarray,
     }
     if c.judge is not None:  # cumulative counters: calls, retries, fallbacks, cache hits
         record |= {f"judge/{k}": v for k, v in c.judge.stats().items()}
+    retrieval = getattr(c.env, "retrieval_stats", None)
+    if callable(retrieval):  # cumulative too: calls, failures, degraded searches, breaker
+        record |= {f"retrieval/{k}": v for k, v in retrieval().items()}
     record["rollout/tokens_per_s"] = record["rollout/generated_tokens"] / max(
         record["time/rollout_s"], 1e-9)
     return record

@@ -24,7 +24,6 @@ import json
 import math
 import re
 import threading
-import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -114,6 +113,7 @@ class FakeJudgeServer:
         self.auth_headers: list[str | None] = []
         self.prompt_tokens = 0  # usage reported on successful answers
         self.completion_tokens = 0
+        self._stopped = threading.Event()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -146,6 +146,7 @@ class FakeJudgeServer:
         return self
 
     def stop(self) -> None:
+        self._stopped.set()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -199,7 +200,7 @@ class FakeJudgeServer:
                 self.injected[fault] += 1
         try:
             if self.base_delay_s:
-                time.sleep(self.base_delay_s)
+                self._stopped.wait(self.base_delay_s)  # a stopped server stops hanging
             if self.api_key is not None and h.headers.get("Authorization") != (
                 f"Bearer {self.api_key}"
             ):
@@ -212,7 +213,7 @@ class FakeJudgeServer:
             if fault == "badbody":
                 return self._send(h, 200, None, raw=b"<html>oops, not json")
             if fault == "delay":
-                time.sleep(self.delay_s)
+                self._stopped.wait(self.delay_s)
             self._complete(h, body, msgs, fault)
         finally:
             with self.lock:

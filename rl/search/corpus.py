@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.files import write_atomic
+
 
 class CorpusError(ValueError):
     """A corpus file that cannot be used (bad row, duplicate id, empty)."""
@@ -99,10 +101,9 @@ def load_corpus(path: str | Path) -> tuple[Doc, ...]:
 
 
 def write_corpus(docs: Iterable[Doc], path: str | Path) -> Path:
-    """Write docs as wiki-18 jsonl (``id``, ``contents``)."""
+    """Write docs as wiki-18 jsonl (``id``, ``contents``), atomically (``core.files``)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for d in docs:
-            f.write(json.dumps({"id": d.id, "contents": d.contents}, ensure_ascii=False) + "\n")
+    write_atomic(path, "".join(
+        json.dumps({"id": d.id, "contents": d.contents}, ensure_ascii=False) + "\n"
+        for d in docs))
     return path

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.files import write_atomic
 from core.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -356,12 +357,10 @@ def load_qa(path: str | Path, fmt: str | None = None, skip_bad: bool = False,
 
 
 def write_flashrag_jsonl(examples: Sequence[QAExample], path: str | Path) -> Path:
-    """Write examples in FlashRAG jsonl (``metadata`` carries ``meta`` and the source)."""
+    """Write examples in FlashRAG jsonl (``metadata`` carries ``meta`` and the source),
+    atomically (``core.files``)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for ex in examples:
-            row = {"id": ex.id, "question": ex.question, "golden_answers": list(ex.golds),
-                   "metadata": {**ex.meta, "source": ex.source}}
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    rows = ({"id": ex.id, "question": ex.question, "golden_answers": list(ex.golds),
+             "metadata": {**ex.meta, "source": ex.source}} for ex in examples)
+    write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     return path

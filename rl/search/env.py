@@ -2,9 +2,10 @@
 
 Each turn the policy generates until `</search>`, `</answer>`, EOS or its budget. The action is
 the first `<(search|answer)>(.*?)</\\1>` of the turn. A search appends the retrieved documents
-as `\\n\\n<information>...</information>\\n\\n`; anything else appends the invalid-action
-message. Both are observations: their tokens get loss mask 0 (no loss, no KL). After
-`max_turns` turns, one final generation runs with search disabled. A turn that ends with EOS
+as `\\n\\n<information>...</information>\\n\\n` (a failed retrieval: the same block holding
+``rl.search.faults.SEARCH_FAILED``); anything else appends the invalid-action message. Both
+are observations: their tokens get loss mask 0 (no loss, no KL). After `max_turns` turns, one
+final generation runs with search disabled. A turn that ends with EOS
 and no action ends the trajectory (our choice: the policy chose to stop; its format is then
 invalid). Search-R1 instead appends the invalid-action message and goes on. The protocol's
 texts and rules (prompt, action, invalid-action message) are ``core.search_r1``'s.
@@ -29,7 +30,8 @@ from core.search_r1 import INVALID_ACTION, parse_action
 from core.types import Group, Policy, Prompt, Trajectory
 from models.sampler import Generation, SamplingParams
 from models.tokenizer import Tokenizer
-from rl.search.corpus import render_docs
+from rl.search.corpus import Doc, render_docs
+from rl.search.faults import SEARCH_FAILED, RetrievalGuard
 
 
 def _end_at_answer(text: str) -> str:
@@ -83,7 +85,8 @@ class SearchEnv:
     trajectory (actions + observations); `max_obs_tokens` truncates retrieved text;
     `chunk_tokens` is the decode granularity with a policy that can continue generations;
     `quote_titles` renders titles as Search-R1 does, with their double quotes (for its
-    checkpoints; see rl.search.corpus.render_docs)."""
+    checkpoints; see rl.search.corpus.render_docs); `guard` (rl.search.faults) turns a failed
+    retrieval call into the `SEARCH_FAILED` observation, counted, within a fault budget."""
 
     tokenizer: Tokenizer
     sampling: SamplingParams
@@ -94,15 +97,29 @@ class SearchEnv:
     max_obs_tokens: int = 256
     chunk_tokens: int = 16
     quote_titles: bool = False  # Search-R1 renders wiki-18 titles with their quotes
+    guard: RetrievalGuard | None = None  # None: a retrieval error ends the rollout
 
     def __post_init__(self) -> None:
         if self.chunk_tokens < 1:
             raise ValueError(f"task.chunk_tokens must be >= 1, got {self.chunk_tokens}")
 
+    def _retrieve(self, queries: list[str]) -> list[list[Doc]] | list[None]:
+        """One result list per query; with a ``guard``, a failed call (within its budget)
+        gives None for every query (rendered as ``SEARCH_FAILED``)."""
+        if not queries:
+            return []
+        if self.guard is None:
+            return self.retriever.retrieve(queries, topk=self.topk)
+        results = self.guard.retrieve(self.retriever, queries, self.topk)
+        return [None] * len(queries) if results is None else results
+
+    def retrieval_stats(self) -> dict[str, int]:
+        """The ``retrieval/*`` counters (``rl.search.faults``); empty without a guard."""
+        return {} if self.guard is None else self.guard.stats(self.retriever)
+
     def _observe(self, rows: list[_Row], queries: list[str]) -> None:
-        results = self.retriever.retrieve(queries, topk=self.topk) if queries else []
-        for row, docs in zip(rows, results):
-            text = render_docs(docs, self.quote_titles).strip()
+        for row, docs in zip(rows, self._retrieve(queries)):
+            text = SEARCH_FAILED if docs is None else render_docs(docs, self.quote_titles).strip()
             ids = self.tokenizer.encode(f"\n\n<information>{text}</information>\n\n")
             if len(ids) > self.max_obs_tokens:  # keep the closing tag so the format stays valid
                 tail = self.tokenizer.encode("...</information>\n\n")

@@ -136,6 +136,10 @@ class BM25Retriever:
         target = Path(cache_dir) / _cache_key(file_sha256(corpus_path), cfg)
         if (target / "meta.json").is_file():
             try:
+                meta = json.loads((target / "meta.json").read_text(encoding="utf-8"))
+                if meta.get("num_docs") != len(docs):
+                    raise ValueError(f"meta.json says {meta.get('num_docs')} docs, corpus has "
+                                     f"{len(docs)}")
                 model = bm25s.BM25.load(str(target), show_progress=False)
                 log.info("BM25 index loaded from %s", target)
                 return cls(docs, model, cfg, loaded_from_cache=True)

@@ -6,12 +6,20 @@ with ``return_scores`` false (Search-R1's default) each result is the bare docum
 ``GET /health`` answers ``{"status": "ok", "num_docs": N}``. Bad requests get a 400 with a JSON
 ``{"error": ...}`` body.
 
+Every request is bounded (``ServerLimits``, CLI ``--max-body-bytes``, ``--max-queries``,
+``--max-topk``): a body longer than ``max_body_bytes`` is refused with 413 before a byte of it
+is read; more than ``max_queries`` queries, or a ``topk`` above ``max_topk``, get 422. A
+response thus holds at most ``max_queries x min(max_topk, corpus size)`` documents, and the
+memory of a request is bounded by those limits, whatever a client sends (issue 22: 10^4
+queries x topk 10^9 built a 429 MB response; 10^5 queries passed 6 GB).
+
 Run: ``python -m rl.search.server --corpus X.jsonl --port 8000 --host 127.0.0.1``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -25,20 +33,38 @@ from rl.search.retriever import BM25Config, BM25Retriever, Retriever
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 16 << 20
+
+@dataclasses.dataclass(frozen=True)
+class ServerLimits:
+    """The most one request may ask: body bytes, queries, documents per query."""
+
+    max_body_bytes: int = 4 << 20
+    max_queries: int = 4096
+    max_topk: int = 100
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) < 1:
+                raise ValueError(f"server limit {f.name} must be >= 1, got "
+                                 f"{getattr(self, f.name)}")
 
 
 class BadRequest(ValueError):
     """A client error, answered with HTTP 400."""
 
 
+class TooLarge(BadRequest):
+    """A well-formed request beyond the server's limits, answered with HTTP 422."""
+
+
 def _doc_json(d: Doc) -> dict[str, str]:
     return {"id": d.id, "contents": d.contents}
 
 
-def parse_request(body: bytes, default_topk: int) -> tuple[list[str], int, bool]:
+def parse_request(body: bytes, default_topk: int,
+                  limits: ServerLimits = ServerLimits()) -> tuple[list[str], int, bool]:
     """Validate a /retrieve body -> (queries, topk, return_scores). Unknown keys are ignored,
-    as Search-R1's pydantic model does."""
+    as Search-R1's pydantic model does. ``TooLarge`` beyond ``limits``."""
     try:
         req = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -53,6 +79,12 @@ def parse_request(body: bytes, default_topk: int) -> tuple[list[str], int, bool]
         topk = default_topk
     if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
         raise BadRequest(f"'topk' must be a positive integer, got {topk!r}")
+    if len(queries) > limits.max_queries:
+        raise TooLarge(f"{len(queries)} queries exceed the server's limit of "
+                       f"{limits.max_queries} per request (--max-queries)")
+    if topk > limits.max_topk:
+        raise TooLarge(f"topk {topk} exceeds the server's limit of {limits.max_topk} "
+                       f"(--max-topk)")
     return_scores = req.get("return_scores")
     if return_scores is None:
         return_scores = False
@@ -73,9 +105,14 @@ def handle_retrieve(retriever: Retriever, queries: list[str], topk: int,
 class RetrievalHTTPServer(ThreadingHTTPServer):
     daemon_threads = True  # idle keep-alive connections must not block shutdown
 
-    def __init__(self, addr: tuple[str, int], retriever: Retriever, default_topk: int = 3):
+    def __init__(self, addr: tuple[str, int], retriever: Retriever, default_topk: int = 3,
+                 limits: ServerLimits = ServerLimits()):
+        if not 1 <= default_topk <= limits.max_topk:
+            raise ValueError(f"default topk {default_topk} must be in [1, max_topk = "
+                             f"{limits.max_topk}]")
         self.retriever = retriever
         self.default_topk = default_topk
+        self.limits = limits
         super().__init__(addr, _Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -134,15 +171,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._error(411, "Content-Length required")
             return
-        if length < 0 or length > MAX_BODY_BYTES:
+        limit = self.server.limits.max_body_bytes
+        if length < 0 or length > limit:  # refused unread: the body never enters memory
             self.close_connection = True
-            self._error(413, f"body of {length} bytes exceeds {MAX_BODY_BYTES}")
+            self._error(413, f"body of {length} bytes exceeds the server's limit of {limit} "
+                             f"(--max-body-bytes)")
             return
         body = self.rfile.read(length)
         try:
-            queries, topk, return_scores = parse_request(body, self.server.default_topk)
+            queries, topk, return_scores = parse_request(body, self.server.default_topk,
+                                                         self.server.limits)
         except BadRequest as e:
-            self._error(400, str(e))
+            self._error(422 if isinstance(e, TooLarge) else 400, str(e))
             return
         try:
             out = handle_retrieve(self.server.retriever, queries, topk, return_scores)
@@ -183,9 +223,10 @@ class RunningServer:
 
 
 def serve_in_thread(retriever: Retriever, host: str = "127.0.0.1", port: int = 0,
-                    default_topk: int = 3) -> RunningServer:
+                    default_topk: int = 3, limits: ServerLimits = ServerLimits()
+                    ) -> RunningServer:
     """Start a server (port 0: any free port, see ``.url``) in a daemon thread."""
-    return RunningServer(RetrievalHTTPServer((host, port), retriever, default_topk))
+    return RunningServer(RetrievalHTTPServer((host, port), retriever, default_topk, limits))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -198,13 +239,21 @@ def main(argv: list[str] | None = None) -> None:
                    help="BM25 index cache (keyed by the corpus content hash)")
     p.add_argument("--no-cache", action="store_true", help="index in memory only")
     p.add_argument("--stemmer", default=None, help="e.g. 'english' (needs PyStemmer)")
+    defaults = ServerLimits()
+    p.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes,
+                   help="longer request bodies get 413, unread")
+    p.add_argument("--max-queries", type=int, default=defaults.max_queries,
+                   help="more queries in one request get 422")
+    p.add_argument("--max-topk", type=int, default=defaults.max_topk,
+                   help="a larger topk gets 422")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
+    limits = ServerLimits(args.max_body_bytes, args.max_queries, args.max_topk)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(message)s")
     retriever = BM25Retriever.build(args.corpus, None if args.no_cache else args.cache_dir,
                                     BM25Config(stemmer=args.stemmer))
-    server = RetrievalHTTPServer((args.host, args.port), retriever, args.topk)
-    log.info("serving %d docs at %s", len(retriever), server.url)
+    server = RetrievalHTTPServer((args.host, args.port), retriever, args.topk, limits)
+    log.info("serving %d docs at %s (%s)", len(retriever), server.url, limits)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -27,7 +27,8 @@ from rl.search.client import make_retriever
 from rl.search.datasets import QAExample, load_qa
 from rl.search.demos import corpus_titles, oracle_demonstrations
 from rl.search.env import SearchEnv
-from rl.search.world import write_world
+from rl.search.faults import RetrievalGuard, RetrievalSettings
+from rl.search.world import WORLD_FILES, world_problem, world_settings, write_world
 
 log = logging.getLogger(__name__)
 
@@ -41,21 +42,31 @@ def example_to_prompt(ex: QAExample) -> Prompt:
 @functools.lru_cache(maxsize=4)
 def shipped_world(cache_dir: str, seed: int, n_entities: int, n_train: int, n_dev: int,
                   n_test: int) -> dict[str, Path]:
-    """Write (once) and return the paths of the generated world for these settings."""
+    """Write (once) and return the paths of the generated world for these settings. A cached
+    world is used only when its manifest's checksums match its files (``world_problem``);
+    one a kill interrupted, or an older cache, is named in a warning and written again."""
     key = hashlib.sha1(json.dumps([seed, n_entities, n_train, n_dev, n_test]).encode())
     out = Path(cache_dir) / f"world-{key.hexdigest()[:12]}"
-    names = ("corpus", "train", "dev", "test")
-    paths = {n: out / f"{n}.jsonl" for n in names}
-    if not all(p.exists() for p in paths.values()):
-        write_world(out, seed=seed, n_entities=n_entities,
-                    sizes={"train": n_train, "dev": n_dev, "test": n_test})
-    return paths
+    sizes = {"train": n_train, "dev": n_dev, "test": n_test}
+    problem = world_problem(out, world_settings(seed, n_entities, sizes))
+    if problem is not None:
+        if out.exists():
+            log.warning("task.search_qa: world cache %s unusable (%s); writing it again",
+                        out, problem)
+        write_world(out, seed=seed, n_entities=n_entities, sizes=sizes)
+    return {n: out / f"{n}.jsonl" for n in WORLD_FILES}
 
 
 @functools.lru_cache(maxsize=4)
 def _cached_retriever(cfg_json: str) -> Any:
     """One retriever per configuration per process (training and evaluation share it)."""
     return make_retriever(json.loads(cfg_json))
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_guard(cfg_json: str, settings: RetrievalSettings) -> RetrievalGuard:
+    """One fault guard (counters, budget) per retriever per process, as the retriever."""
+    return RetrievalGuard(settings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,9 +92,15 @@ class SearchQATask:
     max_obs_tokens: int = 256
     chunk_tokens: int = 16  # decode granularity: rows start their next turn between chunks
     quote_titles: bool = False  # Search-R1's rendering of wiki-18 titles (with quotes)
+    # fault handling of retrieval (rl.search.faults); None: a failed retrieval ends the run
+    retrieval: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         QA_REWARDS.get(self.reward)  # fail early on an unknown reward name
+        self.retrieval_settings()  # and on bad fault-handling settings
+
+    def retrieval_settings(self) -> RetrievalSettings | None:
+        return None if self.retrieval is None else RetrievalSettings.parse(self.retrieval)
 
     def _world(self) -> dict[str, Path]:
         return shipped_world(self.cache_dir, self.world_seed, self.n_entities, self.n_train,
@@ -112,18 +129,29 @@ class SearchQATask:
                      len(examples) - len(kept))
         return [example_to_prompt(ex) for ex in kept]
 
-    def make_retriever(self) -> Any:
+    def _retriever_json(self) -> str:
+        """The retriever's config: ``task.retriever`` (default: BM25 over the shipped world's
+        corpus); an HTTP retriever takes its fault handling from ``task.retrieval``, unless
+        ``task.retriever`` sets a key itself."""
         cfg = dict(self.retriever or {})
         if not cfg:
             cfg = {"name": "bm25", "corpus_path": str(self._world()["corpus"]),
                    "cache_dir": str(Path(self.cache_dir) / "bm25")}
-        return _cached_retriever(json.dumps(cfg, sort_keys=True))
+        settings = self.retrieval_settings()
+        if cfg.get("name") == "http" and settings is not None:
+            cfg = settings.client_options() | cfg
+        return json.dumps(cfg, sort_keys=True)
+
+    def make_retriever(self) -> Any:
+        return _cached_retriever(self._retriever_json())
 
     def make_env(self, tokenizer: Tokenizer, sampling: SamplingParams) -> SearchEnv:
+        settings = self.retrieval_settings()
+        guard = None if settings is None else _cached_guard(self._retriever_json(), settings)
         return SearchEnv(tokenizer, sampling, self.make_retriever(), topk=self.topk,
                          max_turns=self.max_turns, max_response_tokens=self.max_response_tokens,
                          max_obs_tokens=self.max_obs_tokens, chunk_tokens=self.chunk_tokens,
-                         quote_titles=self.quote_titles)
+                         quote_titles=self.quote_titles, guard=guard)
 
     def outcome(self, prompt: Prompt, traj: Trajectory) -> float:
         return float(QA_REWARDS.get(self.reward)(traj.text, list(prompt.answer)))

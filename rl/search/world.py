@@ -30,6 +30,7 @@ CLI: ``python -m rl.search.world --out DIR --seed 0`` writes ``corpus.jsonl`` an
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -38,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from core.files import write_atomic
 from core.search_r1 import normalize_answer
 from rl.search.corpus import Doc, write_corpus
 from rl.search.datasets import QAExample, write_flashrag_jsonl
@@ -605,10 +607,18 @@ def make_splits(world: World, sizes: Mapping[str, int], seed: int,
     return out
 
 
+WORLD_FORMAT = 2  # manifest layout; 2: per-file sha256 and row counts (1 had none)
+WORLD_FILES = ("corpus", "train", "dev", "test")
+
+
 def write_world(out_dir: str | Path, seed: int = 0, n_entities: int = 2000,
                 sizes: Mapping[str, int] | None = None, hops: Sequence[int] = (2, 3),
                 kinds: Sequence[str] = QUESTION_KINDS) -> dict[str, Path]:
-    """Build a world and write ``corpus.jsonl`` plus one FlashRAG jsonl per split."""
+    """Build a world and write ``corpus.jsonl`` plus one FlashRAG jsonl per split.
+
+    Every file is written atomically, and ``manifest.json`` last: it records the settings and
+    each file's row count and SHA-256, so a reader (:func:`world_problem`) can tell a complete
+    world from one a kill interrupted (or an older cache without checksums)."""
     sizes = dict(sizes or {"train": 1000, "dev": 100, "test": 200})
     world = build_world(seed, n_entities)
     # the question seed is derived from, but distinct from, the world seed
@@ -619,10 +629,46 @@ def write_world(out_dir: str | Path, seed: int = 0, n_entities: int = 2000,
     for name, qs in splits.items():
         paths[name] = write_flashrag_jsonl([q.to_example(f"world{seed}") for q in qs],
                                            out_dir / f"{name}.jsonl")
-    manifest = {"seed": seed, "n_entities": n_entities, "sizes": sizes, "hops": list(hops),
-                "kinds": list(kinds), "question_seed": qseed}
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    manifest = {"format": WORLD_FORMAT, **world_settings(seed, n_entities, sizes),
+                "hops": list(hops), "kinds": list(kinds), "question_seed": qseed,
+                "files": {name: _file_record(path) for name, path in paths.items()}}
+    write_atomic(out_dir / "manifest.json", json.dumps(manifest, indent=1))
     return paths
+
+
+def world_settings(seed: int, n_entities: int, sizes: Mapping[str, int]) -> dict[str, Any]:
+    """The settings a cached world must have been written with."""
+    return {"seed": seed, "n_entities": n_entities, "sizes": dict(sizes)}
+
+
+def _file_record(path: Path) -> dict[str, Any]:
+    data = path.read_bytes()
+    return {"rows": data.count(b"\n"), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def world_problem(out_dir: str | Path, settings: Mapping[str, Any]) -> str | None:
+    """Why the world cached in ``out_dir`` cannot be used (None: it is complete and was
+    written with ``settings``): no manifest (never finished, or killed before its last
+    write), an older format, other settings, or a file whose row count or SHA-256 differs
+    from the manifest's (truncated or changed)."""
+    out_dir = Path(out_dir)
+    try:
+        manifest = json.loads((out_dir / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return f"no readable manifest.json ({type(e).__name__})"
+    if not isinstance(manifest, dict) or manifest.get("format") != WORLD_FORMAT:
+        return f"manifest format is not {WORLD_FORMAT} (written by an older version)"
+    for key, value in settings.items():
+        if manifest.get(key) != value:
+            return f"manifest {key} is {manifest.get(key)!r}, expected {value!r}"
+    for name, want in dict(manifest.get("files") or {}).items():
+        path = out_dir / f"{name}.jsonl"
+        have = _file_record(path) if path.is_file() else None
+        if have != want:
+            return (f"{path.name} does not match the manifest (rows "
+                    f"{None if have is None else have['rows']}, expected {want.get('rows')})")
+    missing = [n for n in WORLD_FILES if n not in dict(manifest.get("files") or {})]
+    return f"manifest lists no {missing[0]}.jsonl" if missing else None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -430,3 +430,50 @@ def test_sync_api_inside_a_running_event_loop(server):
 
     sync, comps = bounded(lambda: asyncio.run(main()))
     assert sync[0].met and comps[0].error is None and comps[0].completion_tokens > 0
+
+
+# --- circuit breaker (issue 22: a hung judge cost ~8 x timeout_s per step) ----------------------
+
+
+def _hung_batch(srv: FakeJudgeServer, breaker_timeouts: int, **kw) -> tuple[float, dict]:
+    judge = make(srv, timeout_s=0.3, max_concurrency=8, breaker_timeouts=breaker_timeouts,
+                 breaker_cooldown_s=kw.pop("cooldown", 60.0), **kw)
+    reqs = [CheckRequest("q", f"resp {i}", "resp") for i in range(16)]
+    t0 = time.monotonic()
+    res = bounded(lambda: judge.check(reqs), seconds=60)
+    assert all(r.fallback for r in res)  # every item on its defined fallback
+    return time.monotonic() - t0, judge
+
+
+def test_a_hung_judge_costs_about_one_timeout_per_step_with_the_breaker():
+    with FakeJudgeServer(base_delay_s=30.0) as srv:  # answers nothing within any timeout
+        # without the breaker: 2 waves of 8, 4 attempts of 0.3 s each, >= 2.4 s
+        slow, _ = _hung_batch(srv, breaker_timeouts=0)
+        assert slow >= 8 * 0.3 - 0.05
+        fast, judge = _hung_batch(srv, breaker_timeouts=3)
+        s = judge.stats()
+        assert fast < 2 * 0.3 + 0.4  # the first wave (and at most one more attempt)
+        assert s["breaker_opens"] >= 1 and s["failed_requests"] == 16
+        assert s["breaker_rejected"] >= 8 and s["timeouts"] <= 9
+        # the next step, inside the cool-down: nothing is sent, nothing waits
+        t0 = time.monotonic()
+        bounded(lambda: judge.check([CheckRequest("q", "r", "r")] * 3))
+        assert time.monotonic() - t0 < 0.2
+        assert judge.stats()["timeouts"] == s["timeouts"]
+
+
+def test_after_the_cooldown_one_probe_tests_the_server_and_an_answer_closes_it():
+    with FakeJudgeServer(base_delay_s=30.0) as srv:
+        _, judge = _hung_batch(srv, breaker_timeouts=2, cooldown=0.5)
+        opens = judge.stats()["breaker_opens"]
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        bounded(lambda: judge.check([CheckRequest("q", f"r{i}", "r") for i in range(8)]))
+        assert time.monotonic() - t0 < 0.3 + 0.3  # one probe's timeout, the rest refused
+        assert judge.stats()["breaker_opens"] == opens + 1
+        srv.base_delay_s = 0.0  # the server recovers
+        time.sleep(0.5)
+        (r,) = bounded(lambda: judge.check([CheckRequest("q", "resp", "resp")]))
+        assert r.met and not r.fallback
+        assert all(r.met for r in bounded(lambda: judge.check(
+            [CheckRequest("q", f"resp {i}", "resp") for i in range(4)])))

@@ -334,6 +334,12 @@ def test_arbor_trains_on_tiny_model_with_search_env(tmp_path, world_dir):
     recs = _records(tmp_path / "run" / "metrics.jsonl")
     for key in MEMORY_KEYS:
         assert key in recs[-1], key
+    # retrieval counters reach the step metrics (cumulative, like judge/*); local BM25 fails never
+    for key in ("calls", "searches", "failed_calls", "degraded", "requests", "timeouts",
+                "breaker_opens"):
+        assert f"retrieval/{key}" in recs[-1], key
+    assert recs[-1]["retrieval/degraded"] == 0
+    assert recs[-1]["retrieval/searches"] >= recs[0]["retrieval/searches"]
     # Random weights: (almost) every trajectory is invalid, R = -1, memory stays consistent.
     assert recs[-1]["memory/drafts"] == len(trainer.reward_state.drafts)
     assert recs[-1]["memory/commons"] == len(trainer.reward_state.commons)

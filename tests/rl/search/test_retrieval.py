@@ -13,7 +13,13 @@ import httpx
 import numpy as np
 import pytest
 
-from rl.search.client import RETRIEVERS, HTTPRetriever, RetrieverError, make_retriever
+from rl.search.client import (
+    HTTP_STAT_KEYS,
+    RETRIEVERS,
+    HTTPRetriever,
+    RetrieverError,
+    make_retriever,
+)
 from rl.search.corpus import Doc, write_corpus
 from rl.search.retriever import BM25Config, BM25Retriever
 from rl.search.server import BadRequest, parse_request, serve_in_thread
@@ -39,6 +45,9 @@ def bm25(corpus_path):
 def server(bm25):
     with serve_in_thread(bm25, "127.0.0.1", 0) as s:
         yield s
+
+
+STATS = dict.fromkeys(HTTP_STAT_KEYS, 0)
 
 
 def free_port() -> int:
@@ -144,7 +153,7 @@ def test_client_against_real_server(server, bm25, world):
     queries = [world.docs[5].title, "film directed by", world.docs[42].title]
     with HTTPRetriever(server.url, timeout_s=5, max_retries=0) as client:
         remote = client.retrieve(queries, topk=3)
-        assert client.stats() == {"requests": 1, "retries": 0, "failures": 0, "errors": 0}
+        assert client.stats() == STATS | {"requests": 1}
     local = bm25.retrieve(queries, topk=3)
     assert [[d.id for d in r] for r in remote] == [[d.id for d in r] for r in local]
     assert [[(d.title, d.text) for d in r] for r in remote] == \
@@ -216,7 +225,7 @@ def test_unreachable_server_fails_fast_and_clearly():
         client.retrieve(["q"])
     assert time.monotonic() - t0 < 5
     assert "3 attempt(s)" in str(err.value)
-    assert client.stats() == {"requests": 3, "retries": 2, "failures": 1, "errors": 3}
+    assert client.stats() == STATS | {"requests": 3, "retries": 2, "failures": 1, "errors": 3}
 
 
 class Flaky:
@@ -248,7 +257,7 @@ def test_client_retries_http_500_then_succeeds(bm25, world):
         (res,) = client.retrieve([world.docs[1].title], topk=1)
     assert res[0].id == "1"
     assert flaky.calls == 3
-    assert client.stats() == {"requests": 3, "retries": 2, "failures": 0, "errors": 2}
+    assert client.stats() == STATS | {"requests": 3, "retries": 2, "failures": 0, "errors": 2}
 
 
 def test_client_gives_up_after_bounded_500s(bm25):
@@ -301,7 +310,9 @@ def test_a_trickling_server_cannot_hold_an_attempt_open():
         listener.close()
 
 
-def test_client_does_not_retry_4xx_or_malformed():
+def test_client_does_not_retry_4xx_but_retries_malformed():
+    """A malformed body is retried like a 5xx (issue 22: one malformed answer ended the run);
+    a 4xx is the request's fault and fails at once."""
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         if body["queries"] == ["bad"]:
@@ -313,9 +324,10 @@ def test_client_does_not_retry_4xx_or_malformed():
     assert client.url == "http://retriever.test:8000/retrieve"
     with pytest.raises(RetrieverError, match="HTTP 400"):
         client.retrieve(["bad"])
-    with pytest.raises(RetrieverError, match="malformed response"):
+    with pytest.raises(RetrieverError, match="4 attempt.*malformed response"):
         client.retrieve(["good"])
-    assert client.stats() == {"requests": 2, "retries": 0, "failures": 2, "errors": 1}
+    assert client.stats() == STATS | {"requests": 1 + 4, "retries": 3, "failures": 2,
+                                      "errors": 1 + 4, "bad_bodies": 4}
 
 
 def test_client_parses_unscored_and_flashrag_style_docs():
@@ -333,11 +345,12 @@ def test_client_parses_unscored_and_flashrag_style_docs():
                                         ({"title": None, "text": "t"}, "title"),
                                         ({"title": "T", "text": 3}, "text")])
 def test_client_rejects_documents_with_missing_text(doc, field):
-    client = HTTPRetriever("http://x.test/retrieve", max_retries=2, transport=httpx.MockTransport(
+    client = HTTPRetriever("http://x.test/retrieve", max_retries=2, backoff_s=0.01,
+                           transport=httpx.MockTransport(
         lambda request: httpx.Response(200, json={"result": [[doc]]})))
     with pytest.raises(RetrieverError, match=f"malformed response.*'{field}' must be a string"):
         client.retrieve(["q"])
-    assert client.stats()["requests"] == 1  # not retried
+    assert client.stats()["requests"] == client.stats()["bad_bodies"] == 3  # retried
 
 
 # ---------------------------------------------------------------- registry / CLI
