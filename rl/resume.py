@@ -36,7 +36,8 @@ FREE = (
     "trainer.eval_at_ends", "trainer.progress", "trainer.tensorboard",
     "task.eval_paths", "task.cache_dir", "task.retriever.url",
     "judge.base_url", "judge.api_key_env", "judge.max_concurrency", "judge.timeout_s",
-    "judge.max_retries", "judge.cache_dir",
+    "judge.max_retries", "judge.cache_dir", "judge.breaker_timeouts", "judge.breaker_cooldown_s",
+    "task.retrieval",  # the retriever's timeouts, retries, breaker and fault budget
 )
 # trainer.max_steps too, unless the learning rate follows a cosine over all the steps
 SCHEDULE_SPANS_MAX_STEPS = ("cosine",)
