@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from core.registry import Registry
@@ -159,3 +159,16 @@ def metric_set_for(split: str, default: str, by_split: Mapping[str, str]) -> Met
     split's dataset name)."""
     name = by_split.get(split, default)
     return METRIC_SETS.get(auto_metric_set(split) if name == "auto" else name)
+
+
+@dataclass(frozen=True)
+class MetricChoice:
+    """Which metric set scores each evaluated split (``eval.metrics``,
+    ``eval.metrics_by_split``) and the normaliser override (``eval.normalize``)."""
+
+    default: str = "auto"
+    by_split: Mapping[str, str] = field(default_factory=dict)
+    normalize: str | None = None
+
+    def for_split(self, split: str) -> MetricSet:
+        return metric_set_for(split, self.default, self.by_split)

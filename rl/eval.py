@@ -28,7 +28,7 @@ from core.files import write_atomic
 from core.types import Group, Prompt
 from models import load_params
 from models.sampler import SamplingParams
-from rewards.qa_metrics import METRIC_SETS, MetricSet, metric_set_for
+from rewards.qa_metrics import METRIC_SETS, MetricChoice, MetricSet
 from rl.compile_cache import use_compile_cache
 from rl.envs import SamplerPolicy
 
@@ -118,12 +118,12 @@ def greedy_rollouts(env: Any, policy: Any, prompts: Sequence[Prompt], batch_size
 
 def evaluate(task: Any, policy: SamplerPolicy, splits: Sequence[str], max_new_tokens: int,
              judge: Any = None, max_examples: int | None = None, batch_size: int = 64,
-             metrics: str = "auto", metrics_by_split: Mapping[str, str] | None = None,
-             normalize: str | None = None) -> dict[str, Any]:
+             metrics: MetricChoice | None = None) -> dict[str, Any]:
     """Greedy evaluation of `policy` on each split; returns {split: metrics, "average": ...}.
-    Search tasks score each split with its metric set (``rewards.qa_metrics.metric_set_for``:
-    `metrics_by_split`, else `metrics`, "auto" by the split's dataset name); the sets used are
-    under "_metric_sets". A metric some splits lack is averaged over those that have it."""
+    Search tasks score each split with its metric set (`metrics`, default ``MetricChoice()``:
+    "auto", each split's dataset name decides); the sets used are under "_metric_sets". A
+    metric some splits lack is averaged over those that have it."""
+    metrics = metrics or MetricChoice()
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
     env = task.make_env(policy.tokenizer, sampling)
     results: dict[str, Any] = {}
@@ -136,8 +136,8 @@ def evaluate(task: Any, policy: SamplerPolicy, splits: Sequence[str], max_new_to
         outcome = [task.outcome(g.prompt, g.trajectories[0]) for g in groups]
         row = {"n": len(groups), "outcome": float(np.mean(outcome))}
         if getattr(task, "name", "") == "search_qa":
-            chosen = metric_set_for(split, metrics, metrics_by_split or {})
-            m, records[split] = search_metrics(groups, judge, chosen, normalize)
+            chosen = metrics.for_split(split)
+            m, records[split] = search_metrics(groups, judge, chosen, metrics.normalize)
             row |= m
             metric_sets[split] = chosen.name
         row["time_s"] = time.perf_counter() - t0
@@ -179,8 +179,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     results = evaluate(task, SamplerPolicy(model_cfg, params, tok), e.splits,
                        e.max_new_tokens or int(c["trainer"]["max_new_tokens"]),
                        judge=judge, max_examples=e.max_examples, batch_size=e.batch_size,
-                       metrics=e.metrics, metrics_by_split=e.metrics_by_split,
-                       normalize=e.normalize)
+                       metrics=MetricChoice(e.metrics, e.metrics_by_split, e.normalize))
     records, metric_sets = results.pop("_records"), results.pop("_metric_sets")
     out_dir = Path(e.out_dir or e.run or c["trainer"]["run_dir"])
     write_atomic(out_dir / "eval.json", json.dumps(

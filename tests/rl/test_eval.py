@@ -11,6 +11,7 @@ import pytest
 
 from core.types import Group, Prompt, Trajectory
 from judges import make_judge
+from rewards.qa_metrics import MetricChoice
 from rl.eval import evaluate, format_table, greedy_rollouts, search_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,10 +124,11 @@ def test_evaluate_scores_each_split_with_its_datasets_metrics():
     assert "subem" not in res["test"] and res["average"]["subem"] == 1.0  # over nq alone
     assert np.isclose(res["average"]["f1"], (0 + 2 / 3 + 2 / 3) / 3)
     # the present behaviour, one override away; and a per-split choice
-    old = evaluate(_QATask(), _Policy(), ["hotpotqa"], max_new_tokens=4, metrics="reward")
+    old = evaluate(_QATask(), _Policy(), ["hotpotqa"], max_new_tokens=4,
+                   metrics=MetricChoice("reward"))
     assert np.isclose(old["hotpotqa"]["f1"], 2 / 3)
     by = evaluate(_QATask(), _Policy(), ["hotpotqa", "nq"], max_new_tokens=4,
-                  metrics_by_split={"nq": "hotpotqa"})
+                  metrics=MetricChoice(by_split={"nq": "hotpotqa"}))
     assert by["_metric_sets"] == {"hotpotqa": "hotpotqa", "nq": "hotpotqa"} and \
         by["nq"]["f1"] == 0.0
 
