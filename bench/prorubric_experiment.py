@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--algos", default=",".join(DEFAULT_ALGOS),
-                   help="comma-separated algo configs (rubric_rl, prorubric, raw_and, implicit)")
+                   help="comma-separated algo configs (rubric_rl, prorubric, raw_and, implicit, "
+                        "pass_rate)")
     p.add_argument("--seeds", default="0", help="comma-separated trainer seeds")
     p.add_argument("--out", default="runs/prorubric_exp", type=Path)
     p.add_argument("--steps", type=int, help=f"training steps (default {Budget.steps})")

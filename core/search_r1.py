@@ -256,3 +256,14 @@ def normalize_answer(s: str) -> str:
     s = "".join(ch for ch in s if not _is_punct(ch))
     s = _ARTICLES_RE.sub(" ", s)
     return " ".join(s.split())
+
+
+def official_normalize_answer(s: str) -> str:
+    """``normalize_answer`` exactly as the official scripts write it: SQuAD v1.1
+    ``evaluate-v1.1.py``, HotpotQA ``hotpot_evaluate_v1.py`` and Search-R1
+    ``verl/utils/reward_score/qa_em.py`` all apply, in this order, ``lower``, removal of the
+    ASCII punctuation ``string.punctuation`` only, the articles a/an/the replaced by a space,
+    and whitespace collapsed. No Unicode normalisation: curly quotes, dashes and CJK marks
+    stay, unlike :func:`normalize_answer`."""
+    s = "".join(ch for ch in s.lower() if ch not in _ASCII_PUNCT)
+    return " ".join(_ARTICLES_RE.sub(" ", s).split())

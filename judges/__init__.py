@@ -1,6 +1,7 @@
-"""Batched judges: criterion checks, pairwise comparison, rubric induction / consolidation,
-ProRubric bundling and answer equivalence, with rule, OpenAI-compatible HTTP and (added by the
-models package) in-process backends. See ``judges.base`` for the protocol."""
+"""Batched judges: criterion checks, holistic checklist ratings, pairwise comparison, rubric
+induction / consolidation, ProRubric bundling and answer equivalence, with rule,
+OpenAI-compatible HTTP and (added by the models package) in-process backends. See
+``judges.base`` for the protocol."""
 
 from judges.base import BACKEND_STAT_KEYS, JUDGE_STAT_KEYS, OPS, Backend, Counters, Judge
 from judges.llm import LLM_OPTIONS, LLMJudge, split_llm_options
@@ -34,6 +35,8 @@ from judges.types import (
     Messages,
     PairRequest,
     PairResult,
+    RateRequest,
+    RateResult,
     as_draft,
 )
 
@@ -72,6 +75,8 @@ __all__ = [
     "PairResult",
     "ParseError",
     "PromptTemplate",
+    "RateRequest",
+    "RateResult",
     "RuleJudge",
     "as_draft",
     "compile_rule",

@@ -1,6 +1,6 @@
 """The judge protocol, the backend seam, and shared counters.
 
-A *judge* answers six batched operations (lists in, lists out, same order) and exposes
+A *judge* answers seven batched operations (lists in, lists out, same order) and exposes
 ``stats()``: a flat ``dict[str, int]`` of counters for metrics. Two judge classes implement it:
 ``RuleJudge`` (deterministic predicates) and ``LLMJudge`` (prompts + parsing + re-ask +
 fallback on top of any *backend*). A backend only turns chat message lists into completions;
@@ -29,9 +29,11 @@ from judges.types import (
     Messages,
     PairRequest,
     PairResult,
+    RateRequest,
+    RateResult,
 )
 
-OPS = ("check", "compare", "induce", "consolidate", "bundle", "equivalent")
+OPS = ("check", "compare", "induce", "consolidate", "bundle", "equivalent", "rate")
 
 # Counters every judge reports (zeros included), so metrics keep a fixed set of keys.
 JUDGE_STAT_KEYS = (
@@ -89,6 +91,11 @@ class Judge(Protocol):
 
     def check(self, reqs: Sequence[CheckRequest]) -> list[CheckResult]:
         """Criterion met / not met (with a probability where the backend has one)."""
+        ...
+
+    def rate(self, reqs: Sequence[RateRequest]) -> list[RateResult]:
+        """One holistic 1..10 rating of each response against its whole checklist (RaR
+        implicit aggregation)."""
         ...
 
     def compare(self, reqs: Sequence[PairRequest]) -> list[PairResult]:

@@ -12,7 +12,8 @@ Failure handling, per item of a batch:
    re-ask carrying the parser's complaint; all such items of the batch are re-asked together,
    at most ``max_reasks`` rounds (``reasks`` counts each item of each round);
 3. still unparseable -> the operation's defined fallback (``fallbacks`` and ``fallbacks_<op>``):
-   check: not met, prob 0.5, ``fallback=True``; compare: a tie with ``fallback=True``;
+   check: not met, prob 0.5, ``fallback=True``; rate: rating 1, ``fallback=True``;
+   compare: a tie with ``fallback=True``;
    induce / consolidate: ``FallbackDrafts()`` (no drafts, marked as a failure, not an answer);
    bundle: an empty ``Bundle`` with ``error``; equivalent: cover-exact-match, ``fallback=True``.
    Consumers must not treat a fallback as evidence (the rubric memory does not).
@@ -39,9 +40,11 @@ from judges.parsing import (
     parse_compare,
     parse_drafts,
     parse_equiv,
+    parse_rating,
 )
 from judges.rule import cover_match, normalize_answer
 from judges.types import (
+    RATING_MIN,
     TIE,
     Bundle,
     BundleRequest,
@@ -57,6 +60,8 @@ from judges.types import (
     Messages,
     PairRequest,
     PairResult,
+    RateRequest,
+    RateResult,
     as_draft,
 )
 
@@ -232,6 +237,22 @@ class LLMJudge:
             for i, r in zip(todo, self._run(convs, parse, P.CHECK.shape)):
                 results[i] = r
         return self._finish("check", results, lambda i, f: CheckResult(False, 0.5, True))
+
+    def rate(self, reqs: Sequence[RateRequest]) -> list[RateResult]:
+        """One call per response (prompt ``RATE``: the whole weighted checklist and the
+        response) for an integer rating 1..10 (``parse_rating``: JSON ``rating`` or the bare
+        number); unparseable answers are re-asked and counted like every operation, and end on
+        the fallback ``RateResult(1, fallback=True)``."""
+        reqs = list(reqs)
+        self._c.inc("requests_rate", len(reqs))
+        for i, r in enumerate(reqs):
+            if len(r.criteria) != len(r.weights):
+                raise ValueError(f"rate request {i}: {len(r.criteria)} criteria but "
+                                 f"{len(r.weights)} weights")
+        convs = [P.render_rate(r.context, r.response, tuple(r.criteria), tuple(r.weights))
+                 for r in reqs]
+        raw = self._run(convs, lambda t, _: RateResult(parse_rating(t)), P.RATE.shape)
+        return self._finish("rate", raw, lambda i, f: RateResult(RATING_MIN, fallback=True))
 
     def compare(self, reqs: Sequence[PairRequest]) -> list[PairResult]:
         reqs = list(reqs)

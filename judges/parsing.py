@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from judges.types import Dimension, Draft
+from judges.types import RATING_MAX, RATING_MIN, Dimension, Draft
 
 
 class ParseError(ValueError):
@@ -301,3 +301,30 @@ def parse_equiv(text: str) -> bool:
     """``{"explanation", "equivalent"}`` -> equivalent."""
     obj = extract_json(text)
     return as_bool(_get(obj, ("equivalent", "is_equivalent", "correct", "match")), "equivalent")
+
+
+_BARE_RATING = re.compile(r"^\W*(\d+(?:\.0+)?)\s*(?:/\s*10)?\W*$")
+
+
+def _rating_value(value: Any) -> int:
+    """An integer in RATING_MIN..RATING_MAX from an int, an integral float or a numeric string."""
+    if isinstance(value, str) and (m := _BARE_RATING.match(value)):
+        value = float(m.group(1))
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+            RATING_MIN <= value <= RATING_MAX):
+        raise ParseError(f"'rating' must be an integer from {RATING_MIN} to {RATING_MAX}, "
+                         f"got {value!r}")
+    return value
+
+
+def parse_rating(text: str) -> int:
+    """A holistic rating: ``{"explanation", "rating": 1..10}``, or the bare integer alone
+    (``"7"``, ``"7/10"``, reasoning blocks stripped). Anything else, and any number outside
+    1..10 or not whole, is a ``ParseError``."""
+    bare = _BARE_RATING.match(strip_reasoning(text or "").strip())
+    if bare:
+        return _rating_value(bare.group(1))
+    obj = extract_json(text)
+    return _rating_value(_get(obj, ("rating", "score", "grade")))

@@ -52,6 +52,30 @@ CHECK = PromptTemplate(
     shape='{"explanation": "<one or two sentences>", "criteria_met": true or false}',
 )
 
+# RaR's implicit aggregation: the judge sees the whole checklist and the response and gives one
+# 1-10 rating (our wording; the reward is (rating - 1) / 9).
+RATE = PromptTemplate(
+    name="rate",
+    version="rate-v1",
+    system=(
+        "You are a strict grader. You rate a response as a whole against a checklist of "
+        "criteria. Criteria with a positive weight describe what a good response does; a "
+        "larger weight matters more. Criteria with a negative weight are pitfalls: behaviour a "
+        "good response avoids. Weigh all criteria together and give one integer rating from 1 "
+        "(meets none of what matters, or falls into the pitfalls) to 10 (meets every important "
+        "criterion and avoids every pitfall). Reply with only a JSON object of this shape: "
+        "{shape}"
+    ),
+    user=(
+        "# Conversation\n{context}\n\n"
+        "# Response to grade\n{response}\n\n"
+        "# Checklist (weight; negative weight = pitfall to avoid)\n{checklist}\n\n"
+        "Rate the response against the whole checklist. Reply with only the JSON object: "
+        "{shape}"
+    ),
+    shape='{"explanation": "<one or two sentences>", "rating": <integer from 1 to 10>}',
+)
+
 # Used with backends that expose next-token probabilities: the answer is one word.
 CHECK_YESNO = PromptTemplate(
     name="check_yesno",
@@ -209,7 +233,7 @@ REASK = PromptTemplate(
 
 TEMPLATES: dict[str, PromptTemplate] = {
     t.name: t
-    for t in (CHECK, CHECK_YESNO, COMPARE, COMPARE_12, INDUCE, CONSOLIDATE, BUNDLE, EQUIV,
+    for t in (CHECK, CHECK_YESNO, RATE, COMPARE, COMPARE_12, INDUCE, CONSOLIDATE, BUNDLE, EQUIV,
               REASK)
 }
 
@@ -232,3 +256,11 @@ def render_bundle(prompt: str, criteria: tuple[str, ...], weights: tuple[float, 
 def render_drafts(drafts: tuple[Draft, ...]) -> str:
     """Numbered draft listing for the consolidation prompt."""
     return "\n".join(f"{i + 1}. {d.title}: {d.description}" for i, d in enumerate(drafts))
+
+
+def render_rate(context: str, response: str, criteria: tuple[str, ...],
+                weights: tuple[float, ...]) -> Messages:
+    """The rating prompt with the checklist listed one criterion a line, with its weight."""
+    listing = "\n".join(f"{i + 1}. (weight {w:g}) {c}"
+                        for i, (c, w) in enumerate(zip(criteria, weights)))
+    return RATE.render(context=context, response=response, checklist=listing)

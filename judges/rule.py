@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from core.search_r1 import ParsedTrajectory, normalize_answer, parse_trajectory
 from judges.base import JUDGE_STAT_KEYS, Counters, order_coin, tie_coin
 from judges.types import (
+    RATING_MIN,
     TIE,
     Bundle,
     BundleRequest,
@@ -49,6 +50,8 @@ from judges.types import (
     InduceRequest,
     PairRequest,
     PairResult,
+    RateRequest,
+    RateResult,
     as_draft,
 )
 
@@ -596,6 +599,29 @@ class RuleJudge:
                 met = bool(pred(r.context, r.response))
                 out.append(CheckResult(met=met, prob=1.0 if met else 0.0))
         return out
+
+    def rate(self, reqs: Sequence[RateRequest]) -> list[RateResult]:
+        """A deterministic holistic rating from the checklist's rules::
+
+            pass_i = met_i (w_i >= 0) or not met_i (w_i < 0, a pitfall)
+            f      = sum_i |w_i| pass_i / sum_i |w_i|        (weighted pass fraction)
+            rating = 1 + floor(9 f + 1/2)                      (nearest of 1..10, halves up)
+
+        so the implicit reward (rating - 1) / 9 is f rounded to ninths. A checklist with a
+        criterion the rule language cannot read, or without weight, is not guessed at: the
+        fallback rating 1 with ``fallback=True``, counted."""
+        self._c.inc("requests_rate", len(reqs))
+        return [self._rate_one(r) for r in reqs]
+
+    def _rate_one(self, r: RateRequest) -> RateResult:
+        preds = [compile_rule(c, self.predicates) for c in r.criteria]
+        total = sum(abs(float(w)) for w in r.weights)
+        if len(preds) != len(r.weights) or any(p is None for p in preds) or total <= 0:
+            self._fallback("rate")
+            return RateResult(RATING_MIN, fallback=True)
+        passed = sum(abs(float(w)) for p, w in zip(preds, r.weights)
+                     if bool(p(r.context, r.response)) == (w >= 0))
+        return RateResult(RATING_MIN + math.floor(9 * passed / total + 0.5))
 
     def compare(self, reqs: Sequence[PairRequest]) -> list[PairResult]:
         self._c.inc("requests_compare", len(reqs))

@@ -60,6 +60,33 @@ class CheckResult:
     fallback: bool = False
 
 
+# --- holistic rating (RaR implicit) ---------------------------------------------------------
+
+RATING_MIN, RATING_MAX = 1, 10
+
+
+@dataclass(frozen=True)
+class RateRequest:
+    """Rate ``response`` (to ``context``) against the whole checklist at once, on
+    ``RATING_MIN..RATING_MAX`` (RaR's implicit aggregation: one judgment per response).
+    ``weights[i]`` belongs to ``criteria[i]``; a negative weight marks a pitfall (behaviour
+    that should be absent)."""
+
+    context: str
+    response: str
+    criteria: tuple[str, ...]
+    weights: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class RateResult:
+    """An integer rating in 1..10. ``fallback`` marks the defined fallback (rating 1, the
+    lowest: no credit, as a check that fell back is "not met") after unreadable output."""
+
+    rating: int
+    fallback: bool = False
+
+
 # --- pairwise comparison --------------------------------------------------------------------
 
 

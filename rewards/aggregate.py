@@ -1,4 +1,5 @@
-"""Rubric reward aggregators: additive Rubric-RL, implicit, ProRubric AND-product, raw-AND.
+"""Rubric reward aggregators: additive Rubric-RL, pass rate, ProRubric AND-product, raw-AND;
+and the RaR implicit reward of a judge's 1..10 rating (``rating_reward``).
 
 Every registered aggregator has the signature::
 
@@ -140,15 +141,17 @@ def healthbench_dataset_score(rewards: Array) -> Array:
 
 
 def rating_reward(rating: Array) -> Array:
-    """Implicit rubric reward: the judge rates the whole checklist at once on 1..10;
+    """RaR implicit reward (Gunjal et al. 2025, "Rubrics as Rewards"): a judge rates the whole
+    response against the whole checklist on 1..10 (``judges.base.Judge.rate``);
     ``R = (rating - 1) / 9``.  Ratings are clipped to [1, 10] first (out-of-range judge
-    output maps to 0 or 1)."""
+    output maps to 0 or 1).  Not an aggregator over checks: ``algo=implicit`` calls the judge
+    (``rewards.rubric_rewarder``)."""
     r = jnp.asarray(rating)
     r = r.astype(_float(r))
     return (jnp.clip(r, 1.0, 10.0) - 1.0) / 9.0
 
 
-def implicit_from_checks(
+def pass_rate(
     q: Array,
     weights: Array,
     dim_index: Array | None = None,
@@ -157,18 +160,19 @@ def implicit_from_checks(
     mask: Array | None = None,
     num_dims: int | None = None,
 ) -> Array:
-    """Implicit reward from per-criterion checks (no judge here rates a whole checklist).
+    """Unweighted pass rate of the per-criterion checks (``algo=pass_rate``)::
 
-    ``f = sum_{i valid} q'_i / #valid`` (``q'_i = 1 - q_i`` for pitfalls), ``rating = 1 + 9 f``,
-    ``R = (rating - 1) / 9 = f``.  Common aggregator signature; ``dim_index``/``fail`` ignored.
+        R = sum_{i valid} q'_i / #valid,   q'_i = q_i (w_i >= 0), 1 - q_i (pitfall)
+
+    Weights only give the sign.  This was the library's ``implicit`` before the judge could
+    rate a whole checklist; RaR's implicit reward is ``rating_reward`` of a judge rating.
+    Common aggregator signature; ``dim_index``/``fail`` ignored.
     """
     del dim_index, fail, num_dims
     q, w, valid, squeeze = _prep(q, weights, mask)
     x = jnp.where(w < 0, 1 - q, q)
     n = jnp.sum(valid, axis=-1).astype(q.dtype)
-    f = _safe_div(jnp.sum(jnp.where(valid, x, 0), axis=-1), n)
-    r = rating_reward(1.0 + 9.0 * f)
-    return r[0] if squeeze else r
+    return _out(_safe_div(jnp.sum(jnp.where(valid, x, 0), axis=-1), n), squeeze)
 
 
 # --------------------------------------------------------------------------------------------
@@ -251,7 +255,7 @@ AGGREGATORS.register("additive", "rubric_rl")(additive)
 AGGREGATORS.register("additive_abs")(additive_abs)
 AGGREGATORS.register("prorubric")(prorubric)
 AGGREGATORS.register("raw_and")(raw_and)
-AGGREGATORS.register("implicit")(implicit_from_checks)
+AGGREGATORS.register("pass_rate")(pass_rate)
 
 
 def get_aggregator(agg: str | Callable[..., Array]) -> Callable[..., Array]:

@@ -17,6 +17,7 @@ from core.registry import Registry
 from core.search_r1 import extract_answer, is_valid_format, normalize_answer
 
 Golds = str | Sequence[str]
+Normalizer = Callable[[str], str]
 
 
 def _as_golds(golds: Golds) -> list[str]:
@@ -25,19 +26,20 @@ def _as_golds(golds: Golds) -> list[str]:
     return [str(g) for g in golds]
 
 
-def _normalized_golds(golds: Golds) -> list[str]:
+def _normalized_golds(golds: Golds, normalize: Normalizer = normalize_answer) -> list[str]:
     """Normalised gold aliases, without those that normalise to nothing ("The", ".") when
     another alias has content: such an alias would match any empty-ish prediction ("?")."""
-    forms = [normalize_answer(g) for g in _as_golds(golds)]
+    forms = [normalize(g) for g in _as_golds(golds)]
     return [f for f in forms if f] or forms
 
 
-def exact_match(pred: str | None, golds: Golds) -> float:
+def exact_match(pred: str | None, golds: Golds,
+                normalize: Normalizer = normalize_answer) -> float:
     """1.0 if the normalised prediction equals a normalised gold alias, else 0.0."""
     if pred is None:
         return 0.0
-    p = normalize_answer(pred)
-    return float(any(p == g for g in _normalized_golds(golds)))
+    p = normalize(pred)
+    return float(any(p == g for g in _normalized_golds(golds, normalize)))
 
 
 def substring_exact_match(pred: str | None, golds: Golds) -> float:
@@ -66,13 +68,15 @@ def _f1_single(pred_tokens: list[str], gold_tokens: list[str]) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def f1_score(pred: str | None, golds: Golds) -> float:
+def f1_score(pred: str | None, golds: Golds, normalize: Normalizer = normalize_answer) -> float:
     """Token-level F1 after ``normalize_answer``, max over gold aliases. An empty prediction or
-    gold scores 0 unless both are empty (then 1)."""
+    gold scores 0 unless both are empty (then 1; SQuAD v1.1 and HotpotQA give 0, see
+    ``rewards.qa_metrics``)."""
     if pred is None:
         return 0.0
-    p = normalize_answer(pred).split()
-    return max((_f1_single(p, g.split()) for g in _normalized_golds(golds)), default=0.0)
+    p = normalize(pred).split()
+    return max((_f1_single(p, g.split()) for g in _normalized_golds(golds, normalize)),
+               default=0.0)
 
 
 def arbor_base_reward(response_text: str, golds: Golds) -> float:

@@ -1,17 +1,25 @@
-"""Rubric rewarders for the GRPO loop: judge every criterion, aggregate with a jitted aggregator.
+"""Rubric rewarders for the GRPO loop: judge every criterion, aggregate with a jitted aggregator
+(or, for ``implicit``, have the judge rate the whole checklist).
 
 ``algo.rewarder=rubric`` with ``algo.rewarder_options.aggregator`` a name in
-``rewards.aggregate.AGGREGATORS``:
+``rewards.aggregate.AGGREGATORS`` or ``implicit``:
 
 * ``additive`` (Rubric-RL, HealthBench): ``R = sum_i w_i q_i / sum_{w_i>0} w_i``;
 * ``additive_abs`` (RaR): ``R = sum_i w_i q_i / sum_i |w_i|``;
 * ``prorubric``: ``R~ = sum_k w~_k s~_k / sum_k w~_k``, ``s~_k = prod_{i in I_k} q'_i (1 -
   fail_k)``, ``q'_i = 1 - q_i`` for pitfalls, ``fail_k`` = the dimension's failure clause fired;
 * ``raw_and``: the same bundling without failure clauses;
-* ``implicit``: SPEC's implicit reward ``(rating - 1) / 9`` on a 1..10 rating.  No judge in this
-  library has a "rate the whole checklist" operation, so the rating is *defined from the checks*:
-  ``rating = 1 + 9 * f`` with ``f = mean_i q'_i`` (the fraction of criteria satisfied, pitfalls
-  counted as satisfied when absent), i.e. ``R = f``: an unweighted pass rate.
+* ``pass_rate``: ``R = mean_i q'_i``, the unweighted fraction of criteria satisfied (pitfalls
+  counted as satisfied when absent);
+* ``implicit`` (RaR's implicit aggregation, Gunjal et al. 2025): ONE ``judge.rate`` call per
+  response, in which the judge sees the whole weighted checklist and the response and gives an
+  integer rating 1..10; ``R = (rating - 1) / 9`` (``rewards.aggregate.rating_reward``).  The
+  LLM judges ask with prompt ``rate``; the rule judge computes ``1 + round(9 f)`` from its
+  rules, ``f`` the ``|w|``-weighted pass fraction (``judges.rule.RuleJudge.rate``).  A rating
+  that ended on the judge's fallback is 1 (reward 0, no credit, as a check that fell back is
+  "not met"), counted in ``rubric/rating_fallbacks``.  The criteria are still checked one by
+  one, for the coverage / fitness metrics (the same measurement for every arm), not for the
+  reward.
 
 One step = one batched ``judge.check`` call holding, for every trajectory of every group, the
 prompt's training criteria, the failure clauses of its dimensions ("met" = the clause fired) and
@@ -34,14 +42,15 @@ that ended on the judge's defined fallback (the judge could not read its own ans
   (a pitfall the judge could not read is not a pass), with the denominator unchanged, so judge
   failures can never raise the fitness ``c``.
 
-Fallbacks are counted in ``rubric/check_fallbacks`` (all checks) and
-``rubric/fitness_fallbacks`` (held-out checks).
+Fallbacks are counted in ``rubric/check_fallbacks`` (all checks),
+``rubric/fitness_fallbacks`` (held-out checks) and ``rubric/rating_fallbacks`` (implicit).
 
 Metrics (per step): ``rubric/reward`` (the aggregator's mean), ``rubric/coverage`` (``g``: the
 training rubric's additive score, positive normalisation, whatever the training aggregator),
 ``rubric/fitness`` (``c``: mean pass rate of the held-out criteria), ``rubric/length_words``,
 ``rubric/fail_rate`` (fired clauses / clauses checked), ``rubric/pitfall_rate`` (pitfalls present /
-pitfalls checked), ``rubric/check_fallbacks``, ``rubric/fitness_fallbacks`` and cumulative
+pitfalls checked), ``rubric/check_fallbacks``, ``rubric/fitness_fallbacks``,
+``rubric/rating_fallbacks`` and cumulative
 ``judge/*`` counters.
 ``RewardOutput.outcome`` is the coverage ``g``.
 
@@ -66,8 +75,8 @@ import numpy as np
 
 from core.types import Group, Prompt, RewardOutput, Task
 from judges.base import Judge
-from judges.types import CheckRequest, CheckResult
-from rewards.aggregate import AGGREGATORS, get_aggregator
+from judges.types import CheckRequest, CheckResult, RateRequest
+from rewards.aggregate import AGGREGATORS, get_aggregator, rating_reward
 from rewards.rubric import (
     MAX_DIMS,
     Criterion,
@@ -82,9 +91,23 @@ from rewards.rubric import (
 log = logging.getLogger(__name__)
 
 AND_AGGREGATORS = ("prorubric", "raw_and")
+JUDGE_RATED = "implicit"  # the reward is the judge's holistic rating, not an aggregate of checks
 #: Judge counters copied into the step metrics as ``judge/<key>`` (cumulative).
-JUDGE_METRIC_KEYS = ("requests_check", "fallbacks_check", "parse_errors", "reasks",
-                     "backend_errors", "cache_hits", "prompt_tokens", "completion_tokens")
+JUDGE_METRIC_KEYS = ("requests_check", "fallbacks_check", "requests_rate", "fallbacks_rate",
+                     "parse_errors", "reasks", "backend_errors", "cache_hits", "prompt_tokens",
+                     "completion_tokens")
+
+
+def reward_names() -> list[str]:
+    """Every rubric reward a config may name: the aggregators and ``implicit``."""
+    return sorted([*AGGREGATORS.names(), JUDGE_RATED])
+
+
+def check_reward_name(name: str, key: str) -> None:
+    """A ``ValueError`` naming config `key` unless `name` is a rubric reward."""
+    if name not in reward_names():
+        raise ValueError(f"{key}: unknown aggregator {name!r}; known: "
+                         f"{', '.join(reward_names())}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -289,25 +312,45 @@ def word_count(text: str) -> int:
 @dataclasses.dataclass(frozen=True)
 class Scores:
     """Per-response scores: the aggregator's ``reward``, coverage ``g``, fitness ``c`` (NaN
-    without held-out criteria), ``length`` in words, and the raw ``checks``."""
+    without held-out criteria), ``length`` in words, the raw ``checks``, and the ratings that
+    ended on the judge's fallback (``implicit`` only)."""
 
     reward: np.ndarray
     coverage: np.ndarray
     fitness: np.ndarray
     length: np.ndarray
     checks: tuple[Checks, ...]
+    rating_fallbacks: int = 0
+
+
+def rated_rewards(judge: Judge, items: Sequence[ScoreItem]) -> tuple[np.ndarray, int]:
+    """RaR implicit rewards ``(rating - 1) / 9`` from ONE batched ``judge.rate`` call (one
+    rating per item, the whole training checklist shown), and how many ratings fell back."""
+    reqs = [RateRequest(it.context, it.response, tuple(c.text for c in it.rubric.criteria),
+                        tuple(float(c.weight) for c in it.rubric.criteria)) for it in items]
+    results = judge.rate(reqs) if reqs else []
+    if len(results) != len(reqs):
+        raise RuntimeError(f"judge.rate returned {len(results)} results for {len(reqs)} requests")
+    ratings = np.asarray([r.rating for r in results], np.float64)
+    return (np.asarray(rating_reward(ratings), np.float64),
+            sum(bool(r.fallback) for r in results))
 
 
 def score_items(judge: Judge, items: Sequence[ScoreItem], aggregator: str = "prorubric",
                 use_probs: bool = False, criteria_bucket: int = 8) -> Scores:
-    """Judge (one batched call) and aggregate: reward, coverage g, fitness c, length."""
+    """Judge (one batched check call) and aggregate: reward, coverage g, fitness c, length.
+    ``implicit``: the reward is the judge's rating (one more batched call, ``rated_rewards``)."""
     checks = judge_checks(judge, items, use_probs)
     rubrics = [it.rubric for it in items]
-    reward = aggregate_checks(aggregator, rubrics, checks, criteria_bucket)
+    fallbacks = 0
+    if aggregator == JUDGE_RATED:
+        reward, fallbacks = rated_rewards(judge, items)
+    else:
+        reward = aggregate_checks(aggregator, rubrics, checks, criteria_bucket)
     coverage = aggregate_checks("additive", rubrics, checks, criteria_bucket)
     return Scores(reward=reward, coverage=coverage, fitness=fitness_rate(checks),
                   length=np.asarray([word_count(it.response) for it in items], np.float64),
-                  checks=tuple(checks))
+                  checks=tuple(checks), rating_fallbacks=fallbacks)
 
 
 def _nanmean(x: np.ndarray) -> float:
@@ -354,7 +397,8 @@ def resolve_judge(judge: Judge | None, task: Any, who: str = "rubric rewarder") 
 class RubricRewarder:
     """Rewards = a rubric aggregator over judge checks (module docstring).
 
-    Options (``algo.rewarder_options``): ``aggregator`` (a name in ``AGGREGATORS``), ``use_probs``
+    Options (``algo.rewarder_options``): ``aggregator`` (a name in ``AGGREGATORS``, or
+    ``implicit``: the judge's holistic rating), ``use_probs``
     (aggregate the judge's probabilities instead of booleans), ``fitness`` (also check the
     held-out criteria for the ``rubric/fitness`` metric), ``criteria_bucket`` (padding multiple).
     """
@@ -367,9 +411,7 @@ class RubricRewarder:
     criteria_bucket: int = 8
 
     def __post_init__(self) -> None:
-        if self.aggregator not in AGGREGATORS:
-            raise ValueError(f"algo.rewarder_options.aggregator: unknown aggregator "
-                             f"{self.aggregator!r}; known: {', '.join(AGGREGATORS.names())}")
+        check_reward_name(self.aggregator, "algo.rewarder_options.aggregator")
         object.__setattr__(self, "judge", resolve_judge(self.judge, self.task))
 
     def init_state(self) -> None:
@@ -401,6 +443,7 @@ class RubricRewarder:
             "rubric/pitfall_rate": pitfall_rate,
             "rubric/check_fallbacks": float(sum(ch.fallbacks for ch in s.checks)),
             "rubric/fitness_fallbacks": float(sum(ch.fitness_fallbacks for ch in s.checks)),
+            "rubric/rating_fallbacks": float(s.rating_fallbacks),
             **{f"judge/{k}": float(stats[k]) for k in JUDGE_METRIC_KEYS if k in stats},
         }
         per_traj = []

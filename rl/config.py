@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from models.sampler import SamplingParams
+from rewards.qa_metrics import METRIC_SETS, NORMALIZERS
 from rl.advantages import ADVANTAGES
 from rl.kl import KL_ESTIMATORS
 from rl.losses import LOSS_AGG, POLICY_LOSSES
@@ -119,6 +120,22 @@ class OptimSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class EvalSection:
+    """``python -m rl.eval``'s ``eval`` section (``conf/eval/default.yaml``)."""
+
+    run: str | None
+    step: int | None
+    splits: tuple[str, ...]
+    max_examples: int | None
+    batch_size: int
+    max_new_tokens: int | None
+    out_dir: str | None
+    metrics: str  # a rewards.qa_metrics.METRIC_SETS name, or "auto" (by dataset name)
+    metrics_by_split: Mapping[str, str]  # split -> metric set, overriding `metrics`
+    normalize: str | None  # a NORMALIZERS name overriding each set's own; null: the set's
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     """The whole ``rl.train`` configuration (``conf/config.yaml`` and its groups)."""
 
@@ -170,6 +187,22 @@ def optim_config(optim: Mapping[str, Any], total_steps: int) -> OptimConfig:
                            total_steps=total_steps, min_lr_ratio=o.min_lr_ratio)
     except ValueError as e:  # OptimConfig checks its own values; name them as config errors
         raise ConfigError(str(e)) from None
+
+
+def eval_config(data: Mapping[str, Any]) -> EvalSection:
+    """The checked ``eval`` section of an ``rl.eval`` config."""
+    e = section(EvalSection, data, "eval")
+    _require(e.batch_size >= 1, "eval.batch_size", f"must be >= 1, got {e.batch_size}")
+    _require(len(e.splits) >= 1, "eval.splits", "name at least one split")
+    _require(e.metrics == "auto" or e.metrics in METRIC_SETS, "eval.metrics",
+             f"must be auto or one of {METRIC_SETS.names()}, got {e.metrics!r}")
+    for split, name in e.metrics_by_split.items():
+        key = f"eval.metrics_by_split.{split}"
+        _require(split in e.splits, key, f"not an evaluated split (eval.splits: {e.splits})")
+        _require(name in METRIC_SETS, key, f"must be one of {METRIC_SETS.names()}, got {name!r}")
+    _require(e.normalize is None or e.normalize in NORMALIZERS, "eval.normalize",
+             f"must be null or one of {NORMALIZERS.names()}, got {e.normalize!r}")
+    return e
 
 
 # ------------------------------------------------------------------------------ conversion

@@ -24,9 +24,11 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from core.files import write_atomic
 from core.types import Group, Prompt
 from models import load_params
 from models.sampler import SamplingParams
+from rewards.qa_metrics import METRIC_SETS, MetricChoice, MetricSet
 from rl.compile_cache import use_compile_cache
 from rl.envs import SamplerPolicy
 
@@ -70,10 +72,15 @@ def load_run_params(run_dir: str | Path, step: int | None = None) -> tuple[Any, 
     return model_cfg, params, tok, step
 
 
-def search_metrics(groups: Sequence[Group], judge: Any = None) -> tuple[dict, list[dict]]:
+def search_metrics(groups: Sequence[Group], judge: Any = None,
+                   metrics: MetricSet | None = None,
+                   normalize: str | None = None) -> tuple[dict, list[dict]]:
+    """Means over the groups' first trajectories of the metric set's EM/F1 (default: the
+    ``reward`` set; `normalize` overrides its normalisation), format validity, turns, searches
+    and the judge's accuracy; and one record per question."""
+    metrics = metrics or METRIC_SETS.get("reward")
     from judges.types import EquivRequest
-    from rewards.qa import exact_match as em
-    from rewards.qa import extract_answer, f1_score, is_valid_format
+    from rewards.qa import extract_answer, is_valid_format
 
     rows = []
     for g in groups:
@@ -81,7 +88,7 @@ def search_metrics(groups: Sequence[Group], judge: Any = None) -> tuple[dict, li
         pred = extract_answer(t.text)
         golds = list(g.prompt.answer)
         rows.append({"id": g.prompt.id, "question": g.prompt.question, "golds": golds,
-                     "prediction": pred, "em": em(pred, golds), "f1": f1_score(pred, golds),
+                     "prediction": pred, **metrics.score(pred, golds, normalize),
                      "valid": float(is_valid_format(t.text)), "turns": t.info.get("turns", 1),
                      "searches": t.info.get("searches", 0), "response": t.text})
     if judge is not None:  # no answer is wrong without asking the judge
@@ -92,7 +99,7 @@ def search_metrics(groups: Sequence[Group], judge: Any = None) -> tuple[dict, li
                              golds=tuple(r["golds"])) for r in answered]
         for r, res in zip(answered, judge.equivalent(reqs) if reqs else ()):
             r["judge_acc"] = float(res.equivalent)
-    keys = ["em", "f1", "valid", "turns", "searches"] + (["judge_acc"] if judge else [])
+    keys = [*metrics.metrics, "valid", "turns", "searches"] + (["judge_acc"] if judge else [])
     return {k: float(np.mean([r[k] for r in rows])) for k in keys}, rows
 
 
@@ -110,27 +117,36 @@ def greedy_rollouts(env: Any, policy: Any, prompts: Sequence[Prompt], batch_size
 
 
 def evaluate(task: Any, policy: SamplerPolicy, splits: Sequence[str], max_new_tokens: int,
-             judge: Any = None, max_examples: int | None = None,
-             batch_size: int = 64) -> dict[str, Any]:
-    """Greedy evaluation of `policy` on each split; returns {split: metrics, "average": ...}."""
+             judge: Any = None, max_examples: int | None = None, batch_size: int = 64,
+             metrics: MetricChoice | None = None) -> dict[str, Any]:
+    """Greedy evaluation of `policy` on each split; returns {split: metrics, "average": ...}.
+    Search tasks score each split with its metric set (`metrics`, default ``MetricChoice()``:
+    "auto", each split's dataset name decides); the sets used are under "_metric_sets". A
+    metric some splits lack is averaged over those that have it."""
+    metrics = metrics or MetricChoice()
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
     env = task.make_env(policy.tokenizer, sampling)
     results: dict[str, Any] = {}
     records: dict[str, list] = {}
+    metric_sets: dict[str, str] = {}
     for split in splits:
         prompts = task.prompts(split)[:max_examples]
         t0 = time.perf_counter()
         groups = greedy_rollouts(env, policy, prompts, batch_size, desc=f"eval {split}")
         outcome = [task.outcome(g.prompt, g.trajectories[0]) for g in groups]
-        metrics = {"n": len(groups), "outcome": float(np.mean(outcome))}
+        row = {"n": len(groups), "outcome": float(np.mean(outcome))}
         if getattr(task, "name", "") == "search_qa":
-            m, records[split] = search_metrics(groups, judge)
-            metrics |= m
-        metrics["time_s"] = time.perf_counter() - t0
-        results[split] = metrics
-    keys = [k for k in results[splits[0]] if k not in ("n", "time_s")]
-    results["average"] = {k: float(np.mean([results[s][k] for s in splits])) for k in keys}
+            chosen = metrics.for_split(split)
+            m, records[split] = search_metrics(groups, judge, chosen, metrics.normalize)
+            row |= m
+            metric_sets[split] = chosen.name
+        row["time_s"] = time.perf_counter() - t0
+        results[split] = row
+    keys = list(dict.fromkeys(k for s in splits for k in results[s] if k not in ("n", "time_s")))
+    results["average"] = {k: float(np.mean([results[s][k] for s in splits if k in results[s]]))
+                          for k in keys}
     results["_records"] = records
+    results["_metric_sets"] = metric_sets
     return results
 
 
@@ -147,35 +163,37 @@ def format_table(results: Mapping[str, Any]) -> str:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    from rl.config import eval_config
     from rl.wiring import make_judge, make_task
 
     c = OmegaConf.to_container(cfg, resolve=True)
-    e = c["eval"]
+    e = eval_config(c["eval"])
     task = make_task(c["task"])
-    if e.get("run"):
-        model_cfg, params, tok, step = load_run_params(e["run"], e.get("step"))
-        source = f"{e['run']} (step {step})"
+    if e.run:
+        model_cfg, params, tok, step = load_run_params(e.run, e.step)
+        source = f"{e.run} (step {step})"
     else:
         model_cfg, params, tok = load_params(str(c["model"]["path"]))
         source = f"base model {c['model']['path']}"
     judge = make_judge(c["judge"])
-    splits = list(e["splits"]) if e.get("splits") else ["test"]
-    results = evaluate(task, SamplerPolicy(model_cfg, params, tok), splits,
-                       int(e.get("max_new_tokens") or c["trainer"]["max_new_tokens"]),
-                       judge=judge, max_examples=e.get("max_examples"),
-                       batch_size=int(e.get("batch_size", 64)))
-    records = results.pop("_records")
-    out_dir = Path(e.get("out_dir") or e.get("run") or c["trainer"]["run_dir"])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "eval.json").write_text(json.dumps({"source": source, "results": results},
-                                                  indent=1))
+    results = evaluate(task, SamplerPolicy(model_cfg, params, tok), e.splits,
+                       e.max_new_tokens or int(c["trainer"]["max_new_tokens"]),
+                       judge=judge, max_examples=e.max_examples, batch_size=e.batch_size,
+                       metrics=MetricChoice(e.metrics, e.metrics_by_split, e.normalize))
+    records, metric_sets = results.pop("_records"), results.pop("_metric_sets")
+    out_dir = Path(e.out_dir or e.run or c["trainer"]["run_dir"])
+    write_atomic(out_dir / "eval.json", json.dumps(
+        {"source": source, "metric_sets": metric_sets, "normalize": e.normalize,
+         "results": results}, indent=1))
     if records:
-        with (out_dir / "eval_samples.jsonl").open("w") as f:
-            for split, rows in records.items():
-                for r in rows:
-                    f.write(json.dumps({"split": split, **r}) + "\n")
+        write_atomic(out_dir / "eval_samples.jsonl", "".join(
+            json.dumps({"split": split, **r}) + "\n"
+            for split, rows in records.items() for r in rows))
     print(f"evaluation of {source} on task {task.name}")
     print(format_table(results))
+    if metric_sets:
+        print("EM/F1: " + ", ".join(f"{s} {m}" for s, m in metric_sets.items())
+              + f" (rewards/qa_metrics.py; normalize={e.normalize or 'each set its own'})")
     print(f"written: {out_dir / 'eval.json'}")
     return results
 

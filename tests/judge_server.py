@@ -4,6 +4,8 @@ It answers every judge prompt of ``judges.prompts`` with a valid JSON answer, de
 
 * check: met iff the criterion text occurs (case-insensitively) in the response;
   with ``logprobs`` requested it answers one token with P(Yes) = 0.9 or 0.1;
+* rate: ``RATE[text]`` in the response -> exactly ``text`` (e.g. ``RATE[7]``: the bare "7");
+  otherwise ``{"rating": 1 + number of checklist criteria occurring in the response}``;
 * compare: a response containing ``GOOD`` wins; both or neither -> "tie";
 * induce: two fixed process rubrics; consolidate: one rubric named after the first draft;
 * bundle: the numbered criteria split into two halves, the first with a failure clause;
@@ -29,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 _FAULT = re.compile(r"FAULT\[(\w+)(?:\*(\d+|all))?\]")
+_RATE = re.compile(r"RATE\[([^\]]*)\]")
 
 
 def _sections(text: str) -> dict[str, str]:
@@ -47,6 +50,14 @@ def _sections(text: str) -> dict[str, str]:
 def _answer(system: str, user: str) -> tuple[str, float | None]:
     """(content, P(Yes) for check prompts) for one judge prompt."""
     s = _sections(user)
+    checklist = next((v for h, v in s.items() if h.startswith("Checklist")), None)
+    if checklist is not None:
+        response = s.get("Response to grade", "")
+        if m := _RATE.search(response):
+            return m.group(1), None
+        texts = [ln.split(") ", 1)[-1].strip().lower() for ln in checklist.splitlines()]
+        rating = 1 + sum(bool(t) and t in response.lower() for t in texts)
+        return json.dumps({"explanation": "fake", "rating": min(rating, 10)}), None
     if "Criterion" in s:
         met = s["Criterion"].strip().lower() in s.get("Response to grade", "").lower()
         if "Answer Yes or No" in user:

@@ -447,7 +447,7 @@ class RubricChatTask:
     """``size`` train prompts; dev/test from other seeds (``1000 * seed + split``).
 
     ``aggregator``: the reward ``outcome()`` reports (any of
-    ``rewards.aggregate.AGGREGATORS``); ``max_words``: the held-out concision limit.
+    ``rewards.rubric_rewarder.reward_names()``); ``max_words``: the held-out concision limit.
     """
 
     size: int = 256
@@ -461,11 +461,9 @@ class RubricChatTask:
     rule_checkable: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        from rewards.aggregate import AGGREGATORS
+        from rewards.rubric_rewarder import check_reward_name
 
-        if self.aggregator not in AGGREGATORS:
-            raise ValueError(f"task.aggregator: unknown aggregator {self.aggregator!r}; known: "
-                             f"{', '.join(AGGREGATORS.names())}")
+        check_reward_name(self.aggregator, "task.aggregator")
         if int(self.max_words) < 1:
             raise ValueError(f"task.max_words must be >= 1, got {self.max_words}")
 

@@ -24,6 +24,7 @@ from judges import (
     OpenAIBackend,
     OpenAIConfig,
     PairRequest,
+    RateRequest,
 )
 from judges.base import order_coin
 from judges.llamacpp_server import serve_llamacpp
@@ -105,20 +106,23 @@ def test_every_operation_against_llamacpp(llama_server, tmp_path):
     else:
         assert b.error and b.dimensions == ()
     assert len(equiv) == 2
+    rated = judge.rate([RateRequest(q, TRAJ_GOOD, crit, (3, 2, 1, -2))])
+    assert len(rated) == 1 and 1 <= rated[0].rating <= 10
 
     # counters add up
     s = judge.stats()
-    assert [s[f"requests_{op}"] for op in OPS] == [2, 2, 1, 1, 1, 2]
+    assert [s[f"requests_{op}"] for op in OPS] == [2, 2, 1, 1, 1, 2, 1]
     assert s["fallbacks_check"] == sum(r.fallback for r in checks)
     assert s["fallbacks_compare"] == sum(r.fallback for r in pairs)
     assert s["fallbacks_bundle"] == sum(not x.ok for x in bundles)
     assert s["fallbacks_equivalent"] == sum(r.fallback for r in equiv)
+    assert s["fallbacks_rate"] == sum(r.fallback for r in rated)
     assert s["fallbacks_induce"] <= sum(not d for d in induced)
     assert s["fallbacks_consolidate"] <= sum(not d for d in common)
     assert s["fallbacks"] == sum(s[f"fallbacks_{op}"] for op in OPS)
     # max_reasks=1: first-round parse failures are re-asked; second-round ones fall back
     assert s["parse_errors"] == s["reasks"] + s["fallbacks"] - s["backend_errors"]
-    first_round = 2 + 2 + 1 + 1 + 1 + 2
+    first_round = 2 + 2 + 1 + 1 + 1 + 2 + 1
     assert s["backend_calls"] == first_round + s["reasks"]
     assert s["http_requests"] == s["backend_calls"] - s["cache_hits"] + s["retries"]
     assert s["prompt_tokens"] > 0 and s["completion_tokens"] > 0

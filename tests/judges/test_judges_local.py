@@ -156,8 +156,8 @@ def test_every_text_operation_completes_with_fallbacks(tiny):
     assert equiv[1].equivalent and not equiv[1].fallback
 
     s, t = judge.stats(), once.stats()  # judge counters apart, backend counters shared
-    assert [s[f"requests_{op}"] for op in OPS] == [2, 0, 0, 0, 0, 0]
-    assert [t[f"requests_{op}"] for op in OPS] == [0, 2, 1, 2, 2, 2]
+    assert [s[f"requests_{op}"] for op in OPS] == [2, 0, 0, 0, 0, 0, 0]
+    assert [t[f"requests_{op}"] for op in OPS] == [0, 2, 1, 2, 2, 2, 0]
     assert s["fallbacks"] == 2 and s["reasks"] == 2 and s["parse_errors"] == 4
     assert t["fallbacks"] == 6 and t["reasks"] == 0 and t["parse_errors"] == 6
     assert s["backend_errors"] == t["backend_errors"] == 0

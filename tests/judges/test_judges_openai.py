@@ -29,9 +29,12 @@ from judges import (
     OpenAIBackend,
     OpenAIConfig,
     PairRequest,
+    RateRequest,
+    RateResult,
     make_judge,
 )
 from judges.openai import _Secret
+from judges.prompts import PROMPT_VERSIONS
 from tests.judge_server import FakeJudgeServer
 
 SECRET = "sk-test-DO-NOT-LEAK-8c1f2e"
@@ -136,6 +139,40 @@ def test_logprob_checks_and_servers_without_logprobs():
         assert srv.requests == 4 and judge.stats()["logprob_unsupported"] == 2
         res = bounded(lambda: judge.check(reqs))  # remembered: no wasted logprob requests
         assert srv.requests == 6 and judge.stats()["logprob_unsupported"] == 4
+
+
+# --- holistic rating (RaR implicit) --------------------------------------------------------------
+
+
+def test_rate_one_request_per_response_with_the_whole_checklist(server):
+    judge = make(server)
+    crit, w = ("paris", "france", "sorry"), (2.0, 1.0, -1.0)
+    res = bounded(lambda: judge.rate([
+        RateRequest("q", "RATE[7]", crit, w),               # the server answers the bare "7"
+        RateRequest("q", "Paris, France", crit, w),         # JSON: 1 + 2 criteria found
+    ]))
+    assert res == [RateResult(7), RateResult(3)]
+    assert server.requests == 2  # one request per response, whole checklist in it
+    s = judge.stats()
+    assert (s["requests_rate"], s["parse_errors"], s["fallbacks"]) == (2, 0, 0)
+    assert PROMPT_VERSIONS["rate"] == "rate-v1"
+
+
+def test_rate_garbage_is_reasked_counted_and_falls_back(server):
+    judge = make(server, {"max_reasks": 1})
+    crit, w = ("paris",), (1.0,)
+    res = bounded(lambda: judge.rate([
+        RateRequest("q", "FAULT[garbage*1] RATE[7]", crit, w),   # garbage, re-ask -> 7
+        RateRequest("q", "FAULT[garbage*all] RATE[7]", crit, w),  # garbage twice -> fallback
+        RateRequest("q", "RATE[11]", crit, w),                    # out of range twice
+        RateRequest("q", "FAULT[500*all] RATE[7]", crit, w),      # backend gives up: no re-ask
+    ]), 20)
+    assert res == [RateResult(7), RateResult(1, fallback=True), RateResult(1, fallback=True),
+                   RateResult(1, fallback=True)]
+    s = judge.stats()
+    expect = {"requests_rate": 4, "parse_errors": 5, "reasks": 3, "fallbacks": 3,
+              "fallbacks_rate": 3, "backend_errors": 1}
+    assert {k: s[k] for k in expect} == expect
 
 
 # --- faults ---------------------------------------------------------------------------------------

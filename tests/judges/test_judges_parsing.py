@@ -416,3 +416,26 @@ def test_llm_judge_rejects_bad_options():
         LLMJudge(ScriptedBackend(lambda m: Completion("")), check_mode="vibes")
     with pytest.raises(ValueError):
         LLMJudge(ScriptedBackend(lambda m: Completion("")), k_min=3, k_max=2)
+
+
+# --- holistic rating ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, rating", [
+    ("7", 7), (" 7.\n", 7), ("10/10", 10), ("<think>hmm, 3?</think>4", 4),
+    ('{"explanation": "ok", "rating": 7}', 7), ('{"Rating": "9"}', 9), ('{"score": 1.0}', 1),
+    ('Sure. ```json\n{"rating": 2}\n``` done', 2),
+])
+def test_parse_rating(text, rating):
+    from judges.parsing import parse_rating
+
+    assert parse_rating(text) == rating
+
+
+@pytest.mark.parametrize("text", ["0", "11", "7.5", "seven", "", '{"rating": true}',
+                                  '{"rating": 12}', '{"explanation": "no number"}'])
+def test_parse_rating_refuses(text):
+    from judges.parsing import parse_rating
+
+    with pytest.raises(ParseError):
+        parse_rating(text)

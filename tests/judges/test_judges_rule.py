@@ -18,6 +18,8 @@ from judges import (
     InduceRequest,
     Judge,
     PairRequest,
+    RateRequest,
+    RateResult,
     RuleJudge,
     cover_match,
     make_judge,
@@ -235,6 +237,36 @@ def test_unreadable_criteria_fall_back(criterion):
     assert (r.met, r.prob, r.fallback) == (False, 0.5, True)
     s = judge.stats()
     assert (s["fallbacks"], s["fallbacks_check"], s["requests_check"]) == (1, 1, 1)
+
+
+# --- rate (RaR implicit) -----------------------------------------------------------------------
+
+RATE_CRITERIA = ("contains:paris", "min_words:3", "contains:sorry")
+RATE_WEIGHTS = (3.0, 1.0, -2.0)  # the last a pitfall: passes when absent
+
+
+@pytest.mark.parametrize("response, rating", [
+    ("Paris is nice", 10),      # 3 + 1 + 2 of 6 pass: f = 1, 1 + 9
+    ("Paris", 9),               # 3 + 2 of 6: 9 * 5/6 = 7.5 -> 8 (halves up), 1 + 8
+    ("sorry, Paris here", 7),   # 3 + 1 of 6: 9 * 4/6 = 6, 1 + 6
+    ("sorry", 1),               # nothing passes: f = 0
+])
+def test_rule_rating_by_hand(response, rating):
+    judge = RuleJudge()
+    (r,) = judge.rate([RateRequest("q", response, RATE_CRITERIA, RATE_WEIGHTS)])
+    assert r == RateResult(rating)
+
+
+def test_rule_rating_rounds_halves_up_and_unreadable_checklists_fall_back():
+    judge = RuleJudge()
+    half, bad, none = judge.rate([
+        RateRequest("q", "x", ("contains:x", "contains:y"), (1.0, 1.0)),  # 9 * 1/2 = 4.5 -> 5
+        RateRequest("q", "x", ("contains:x", "Mentions the diagnosis"), (1.0, 1.0)),
+        RateRequest("q", "x", (), ()),
+    ])
+    assert half == RateResult(6) and bad == none == RateResult(1, fallback=True)
+    s = judge.stats()
+    assert (s["requests_rate"], s["fallbacks_rate"], s["fallbacks"]) == (3, 2, 2)
 
 
 # --- compare ----------------------------------------------------------------------------------

@@ -185,13 +185,13 @@ def test_fully_padded_rows_are_zero_and_nan_free(name):
 
 
 def test_registry_names_and_common_signature():
-    assert AGGREGATORS.names() == ["additive", "additive_abs", "implicit", "prorubric", "raw_and",
+    assert AGGREGATORS.names() == ["additive", "additive_abs", "pass_rate", "prorubric", "raw_and",
                                    "rubric_rl"]
     assert AGGREGATORS.get("rubric_rl") is additive
     q = f32([[1, 1, 0, 1]])
     for name in AGGREGATORS:
         r = AGGREGATORS.get(name)(q, W, D, f32([[0, 0, 0]]), mask=np.ones(4, bool))
-        # abs normaliser counts |-8|; implicit: all four satisfied (the pitfall is absent)
+        # abs normaliser counts |-8|; pass_rate: all four satisfied (the pitfall is absent)
         expected = 17 / 25 if name == "additive_abs" else 1.0
         np.testing.assert_allclose(np.asarray(r), [expected], rtol=1e-6)
     with pytest.raises(KeyError, match="unknown aggregator"):

@@ -10,14 +10,16 @@ follow from DAPO's rule applied in the test to the prompt stream's batches."""
 import dataclasses
 import json
 
-import numpy as np
 import pytest
 
 from core.types import Prompt
 from rl.trainer import build_trainer
 from rl.wiring import TASKS
-from tests.rl.test_arbor_e2e import compose_cfg, tiny_overrides
-from tests.rl.test_arbor_e2e import world_dir  # noqa: F401  (a fixture)
+from tests.rl.test_arbor_e2e import (
+    compose_cfg,
+    tiny_overrides,
+    world_dir,  # noqa: F401  (a fixture)
+)
 from tests.rl.test_trainer import make_cfg
 
 

@@ -1,14 +1,20 @@
 """rl.eval: search metrics on hand-built groups, and the CLI on a run folder's checkpoint."""
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from core.types import Group, Prompt, Trajectory
 from judges import make_judge
-from rl.eval import format_table, greedy_rollouts, search_metrics
+from rewards.qa_metrics import MetricChoice
+from rl.eval import evaluate, format_table, greedy_rollouts, search_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _group(answer_text, golds, turns=2, searches=1):
@@ -84,3 +90,71 @@ def test_eval_cli_on_run_checkpoint(tmp_path):
     assert "(step 1)" in res.stdout and "dev" in res.stdout
     out = json.loads((run / "eval.json").read_text())
     assert out["results"]["dev"]["n"] == 4 and "outcome" in out["results"]["average"]
+
+
+class _QATask:
+    """A search_qa stand-in: each split's one question is answered "yes sir" (gold "yes")."""
+
+    name = "search_qa"
+
+    def prompts(self, split):
+        return [_group("yes sir", ["yes"]).prompt]
+
+    def make_env(self, tokenizer, sampling):
+        class Env:
+            def rollout(self, policy, prompts, group_size, seed):
+                return [_group("yes sir", list(p.answer)) for p in prompts]
+        return Env()
+
+    def outcome(self, prompt, traj):
+        return 0.0
+
+
+class _Policy:
+    tokenizer = None
+
+
+def test_evaluate_scores_each_split_with_its_datasets_metrics():
+    res = evaluate(_QATask(), _Policy(), ["hotpotqa", "nq", "test"], max_new_tokens=4)
+    # hotpot_evaluate_v1.py: F1 0 for "yes sir" vs "yes"; SQuAD's token F1 (search_r1's f1 and
+    # the reward's): P 1/2, R 1 -> 2/3; only search_r1 reports subem (gold "yes" in "yes sir")
+    assert res["_metric_sets"] == {"hotpotqa": "hotpotqa", "nq": "search_r1", "test": "reward"}
+    assert res["hotpotqa"]["f1"] == 0.0 and np.isclose(res["nq"]["f1"], 2 / 3)
+    assert np.isclose(res["test"]["f1"], 2 / 3) and res["nq"]["subem"] == 1.0
+    assert "subem" not in res["test"] and res["average"]["subem"] == 1.0  # over nq alone
+    assert np.isclose(res["average"]["f1"], (0 + 2 / 3 + 2 / 3) / 3)
+    # the present behaviour, one override away; and a per-split choice
+    old = evaluate(_QATask(), _Policy(), ["hotpotqa"], max_new_tokens=4,
+                   metrics=MetricChoice("reward"))
+    assert np.isclose(old["hotpotqa"]["f1"], 2 / 3)
+    by = evaluate(_QATask(), _Policy(), ["hotpotqa", "nq"], max_new_tokens=4,
+                  metrics=MetricChoice(by_split={"nq": "hotpotqa"}))
+    assert by["_metric_sets"] == {"hotpotqa": "hotpotqa", "nq": "hotpotqa"} and \
+        by["nq"]["f1"] == 0.0
+
+
+def _eval_section(**changes):
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/eval/default.yaml"))
+    return {**data, **changes}
+
+
+def test_eval_config_reads_the_yaml_and_refuses_bad_values():
+    from rl.config import ConfigError, eval_config
+
+    e = eval_config(_eval_section())
+    assert (e.metrics, e.metrics_by_split, e.normalize, e.splits) == ("auto", {}, None, ("test",))
+    assert eval_config(_eval_section(splits=["hotpotqa"], metrics_by_split={
+        "hotpotqa": "search_r1"}, normalize="official")).metrics_by_split == {
+        "hotpotqa": "search_r1"}
+    for changes, message in [
+        ({"metrics": "hotpot"}, "eval.metrics: must be auto or one of"),
+        ({"metrics_by_split": {"nq": "squad"}}, "eval.metrics_by_split.nq: not an evaluated"),
+        ({"metrics_by_split": {"test": "auto"}}, "eval.metrics_by_split.test: must be one of"),
+        ({"normalize": "ascii"}, "eval.normalize: must be null or one of"),
+        ({"splits": "dev"}, "eval.splits: expected a list"),
+        ({"metric": "squad"}, "eval.metric: unknown key"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            eval_config(_eval_section(**changes))

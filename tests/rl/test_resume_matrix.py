@@ -12,8 +12,11 @@ import numpy as np
 import pytest
 
 from rl.trainer import build_trainer
-from tests.rl.test_arbor_e2e import compose_cfg, tiny_overrides
-from tests.rl.test_arbor_e2e import world_dir  # noqa: F401  (a fixture)
+from tests.rl.test_arbor_e2e import (
+    compose_cfg,
+    tiny_overrides,
+    world_dir,  # noqa: F401  (a fixture)
+)
 from tests.rl.test_trainer import LEARN, make_cfg
 
 TIMINGS = ("time/", "tokens_per_s", "rollout/tokens_per_s")

@@ -131,12 +131,64 @@ def test_rewarder_one_batched_check_per_step_and_metrics():
     assert m["rubric/fail_rate"] > 0  # the refusal clause fired on "As an AI I cannot"
     assert len(out.per_traj) == 3 and out.per_traj[0][0]["coverage"] == pytest.approx(1.0)
     assert rw.state_to_json(None) is None and rw.state_from_json(None) is None
-    # implicit: R = fraction of criteria satisfied (rating 1 + 9 f)
-    imp = make_rewarder("rubric", task, {"aggregator": "implicit"}, RuleJudge())
+    # pass_rate (what `implicit` computed before #18): R = fraction of criteria satisfied
+    imp = make_rewarder("rubric", task, {"aggregator": "pass_rate"}, RuleJudge())
     r = imp(groups[:1], None, 0).rewards[0]
     rub = prompts[0].meta["rubric"]
     n_pit = sum(c.weight < 0 for c in rub.criteria)
     assert r[0] == pytest.approx(1.0) and r[2] == pytest.approx(n_pit / rub.num_criteria)
+
+
+RATED = Rubric("rated", "q", (Criterion("contains:paris", 3.0), Criterion("min_words:3", 1.0),
+                              Criterion("contains:sorry", -2.0)))
+
+
+def rated_groups(*texts: str) -> list[Group]:
+    return [Group(Prompt("rated", ({"role": "user", "content": "q"},), answer=RATED),
+                  tuple(traj(t) for t in texts))]
+
+
+def test_implicit_is_one_rating_per_response_from_the_rule_judge():
+    class Counting(RuleJudge):
+        rate_calls = 0
+
+        def rate(self, reqs):
+            Counting.rate_calls += 1
+            assert all(r.criteria == tuple(c.text for c in RATED.criteria) for r in reqs)
+            return super().rate(reqs)
+
+    task = RubricChatTask(size=1)
+    rw = make_rewarder("rubric", task, {"aggregator": "implicit", "fitness": False}, Counting())
+    out = rw(rated_groups("Paris is nice", "Paris", "sorry, Paris here", "sorry"), None, 0)
+    # weighted pass fractions 6/6, 5/6, 4/6, 0 -> ratings 10, 9 (7.5 -> 8), 7, 1 -> (r - 1) / 9
+    np.testing.assert_allclose(out.rewards[0], [1.0, 8 / 9, 6 / 9, 0.0])
+    assert Counting.rate_calls == 1 and out.metrics["judge/requests_rate"] == 4
+    assert out.metrics["rubric/rating_fallbacks"] == 0
+    # the old arm by its name: the unweighted pass rate 3/3, 2/3, 2/3, 0
+    old = make_rewarder("rubric", task, {"aggregator": "pass_rate", "fitness": False}, RuleJudge())
+    np.testing.assert_allclose(old(rated_groups("Paris is nice", "Paris", "sorry, Paris here",
+                                                "sorry"), None, 0).rewards[0],
+                               [1.0, 2 / 3, 2 / 3, 0.0], rtol=1e-6)
+
+
+def test_implicit_with_an_llm_judge_on_the_test_server():
+    from judges import LLMJudge, OpenAIBackend, OpenAIConfig
+    from tests.judge_server import FakeJudgeServer
+
+    with FakeJudgeServer() as srv:
+        judge = LLMJudge(OpenAIBackend(OpenAIConfig(
+            base_url=srv.base_url, model="fake", api_key_env=None, timeout_s=5.0, max_retries=1,
+            backoff_base_s=0.01, backoff_max_s=0.05, jitter_seed=0)), max_reasks=1)
+        rw = make_rewarder("rubric", RubricChatTask(size=1),
+                           {"aggregator": "implicit", "fitness": False}, judge)
+        out = rw(rated_groups("RATE[7]", "FAULT[garbage*all] RATE[7]"), None, 0)
+    # "7" -> (7 - 1) / 9; unreadable twice -> the fallback rating 1 -> 0, counted
+    np.testing.assert_allclose(out.rewards[0], [6 / 9, 0.0])
+    m = out.metrics
+    assert (m["rubric/rating_fallbacks"], m["judge/fallbacks_rate"]) == (1, 1)
+    # the marker also spoils that response's 3 criterion checks (coverage): 3 + 1 re-asks
+    assert (m["rubric/check_fallbacks"], m["judge/reasks"]) == (3, 4)
+    assert m["judge/requests_rate"] == 2
 
 
 def test_rewarder_judge_resolution_and_errors():
