@@ -83,7 +83,8 @@ class Trainer:
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # rl.resume
     # judge counters of the steps before this process started (restored from a checkpoint):
     # the judge/* metrics continue the run's totals across resumes
-    judge_base: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # the services' counters (judge/*, retrieval/*) of the steps before a resume
+    counter_base: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     # read-only views for callers and tests
     @property
@@ -111,15 +112,20 @@ class Trainer:
         if result.samples:
             self.runlog.samples(step, result.samples)
         record = dict(result.record)
-        for k, v in self.judge_base.items():
-            record[f"judge/{k}"] = record.get(f"judge/{k}", 0) + v
+        for k, v in self.counter_base.items():
+            record[k] = record.get(k, 0) + v
         return self.runlog.metrics(step, record)
 
-    def judge_totals(self) -> dict[str, float]:
-        """The judge's counters over the whole run, across resumes."""
-        now = self.parts.judge.stats() if self.parts.judge is not None else {}
-        keys = set(now) | set(self.judge_base)
-        return {k: self.judge_base.get(k, 0) + now.get(k, 0) for k in sorted(keys)
+    def counter_totals(self) -> dict[str, float]:
+        """The judge's and the retriever's counters (``judge/*``, ``retrieval/*``) over the
+        whole run, across resumes."""
+        now = {f"judge/{k}": v for k, v in
+               (self.parts.judge.stats() if self.parts.judge is not None else {}).items()}
+        retrieval = getattr(self.parts.env, "retrieval_stats", None)
+        if callable(retrieval):
+            now |= {f"retrieval/{k}": v for k, v in retrieval().items()}
+        keys = set(now) | set(self.counter_base)
+        return {k: self.counter_base.get(k, 0) + now.get(k, 0) for k in sorted(keys)
                 if isinstance(now.get(k, 0), int | float)}
 
     def checkpoint(self) -> None:
@@ -129,7 +135,7 @@ class Trainer:
                 "reward_state": self.parts.rewarder.state_to_json(lp.reward),
                 "fingerprint": fingerprint(self.parts.run, self.parts.model_cfg),
                 "seed": self.parts.run.trainer.seed, SETTINGS: dict(self.settings),
-                "judge_totals": self.judge_totals()}
+                "counter_totals": self.counter_totals()}
         self.ckpt.save(lp.step, {"state": lp.train._asdict()}, meta)
 
     def evaluate(self, step: int) -> dict[str, Any]:
@@ -345,7 +351,7 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
         loop = resumed.loop
         log.info("resumed %s at step %d", t.run_dir, loop.step)
     trainer = Trainer(parts=parts, loop=loop, ckpt=ckpt, start_step=loop.step, settings=now,
-                      judge_base=resumed.judge_totals if resumed else {},
+                      counter_base=resumed.counter_totals if resumed else {},
                       runlog=RunLog(Path(t.run_dir), resume_step=loop.step if resumed else None,
                                     tensorboard=t.tensorboard))
     _record_config(trainer, config_text, resumed)
@@ -358,7 +364,7 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
 class Resumed(NamedTuple):
     loop: L.LoopState
     changes: dict[str, tuple[Any, Any]]  # the settings changed with resume_allow_changes
-    judge_totals: dict[str, float]
+    counter_totals: dict[str, float]  # judge/* and retrieval/* before the resume
 
 
 def _resume(parts: L.Components, ckpt: Checkpointer, fresh: L.LoopState,
@@ -383,7 +389,15 @@ def _resume(parts: L.Components, ckpt: Checkpointer, fresh: L.LoopState,
     loop = L.LoopState(train=TrainState(**restored["state"]),
                        reward=parts.rewarder.state_from_json(meta.get("reward_state")),
                        data_position=int(meta["data_position"]), step=int(meta["step"]))
-    return Resumed(loop, dict(changed), dict(meta.get("judge_totals", {})))
+    return Resumed(loop, dict(changed), _counter_totals(meta))
+
+
+def _counter_totals(meta: Mapping[str, Any]) -> dict[str, float]:
+    """The saved service counters; checkpoints of the previous format kept the judge's only,
+    without their prefix."""
+    if "counter_totals" in meta:
+        return dict(meta["counter_totals"])
+    return {f"judge/{k}": v for k, v in dict(meta.get("judge_totals", {})).items()}
 
 
 def _record_config(trainer: Trainer, config_text: str, resumed: Resumed | None) -> None:

@@ -202,6 +202,38 @@ def test_judge_counters_are_cumulative_across_resume(tmp_path):
     assert got == [1, 2, 3 + 1, 3 + 2]
 
 
+class CountingRetrievalEnv:
+    """The task's environment plus retrieval counters that grow by one search per call."""
+
+    def __init__(self, env):
+        self.env, self.n = env, 0
+
+    def rollout(self, *args, **kwargs):
+        return self.env.rollout(*args, **kwargs)
+
+    def retrieval_stats(self):
+        self.n += 1
+        return {"searches": self.n}
+
+
+def test_retrieval_counters_are_cumulative_across_resume(tmp_path):
+    def with_env(trainer):
+        trainer.parts = dataclasses.replace(trainer.parts,
+                                            env=CountingRetrievalEnv(trainer.parts.env))
+        return trainer
+
+    run = tmp_path / "r"
+    first = with_env(build_trainer(make_cfg(run, "trainer.max_steps=4", "trainer.save_every=2")))
+    first.run(until=2)  # records 1, 2; the checkpoint at step 2 reads 3
+    first.close()
+    resumed = with_env(build_trainer(make_cfg(run, "trainer.max_steps=4",
+                                              "trainer.resume=true")))
+    resumed.run()
+    resumed.close()
+    got = [r["retrieval/searches"] for r in records(run / "metrics.jsonl")]
+    assert got == [1, 2, 3 + 1, 3 + 2]
+
+
 def test_a_failure_while_rewriting_the_logs_on_resume_leaves_them_whole(tmp_path, monkeypatch):
     """Resume rewrites metrics.jsonl without the steps it redoes; a kill in the middle of the
     rewrite (here: the rename failing) leaves the old file as it was, not empty."""
