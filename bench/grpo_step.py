@@ -143,7 +143,7 @@ def ours_grpo(n_prompts: int, group: int, completion: int, steps: int,
             "~task.max_operand", "~task.ops", "~task.seed", "~task.format_reward",
             f"trainer.batch_prompts={n_prompts}", f"algo.group_size={group}",
             f"trainer.max_new_tokens={completion}", f"trainer.max_steps={steps + 1}",
-            f"algo.beta={beta}", "trainer.progress=false", "trainer.tensorboard=false",
+            f"algo.beta={beta}", "trainer.progress=false", "trainer.loggers=[]",
             "trainer.save_every=0", "trainer.ignore_eos=true", f"trainer.run_dir={d}"])
         t = tr.build_trainer(OmegaConf.to_container(cfg, resolve=True))
         hist = [t.step(s) for s in range(steps + 1)][1:]  # step 0 includes compilation

@@ -24,6 +24,7 @@ from models.sampler import SamplingParams
 from rewards.qa_metrics import METRIC_SETS, NORMALIZERS
 from rl.advantages import ADVANTAGES
 from rl.kl import KL_ESTIMATORS
+from rl.loggers import LOGGERS, WandbOptions, wandb_problem
 from rl.losses import LOSS_AGG, POLICY_LOSSES
 from rl.optim import OptimConfig
 from rl.train_step import LossConfig
@@ -63,7 +64,8 @@ class TrainerConfig:
     eval_at_ends: bool
     progress: bool
     ignore_eos: bool
-    tensorboard: bool
+    loggers: tuple[str, ...]  # rl.loggers.LOGGERS names: tensorboard, wandb
+    wandb: WandbOptions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,6 +351,13 @@ def check(run: RunConfig) -> None:
     _require(t.keep_checkpoints == "all" or t.keep_checkpoints >= 1, "trainer.keep_checkpoints",
              f"must be >= 1, or all to keep every checkpoint, got {t.keep_checkpoints}")
     _require(t.temperature > 0, "trainer.temperature", "must be > 0 for RL sampling")
+    for i, name in enumerate(t.loggers):
+        _require(name in LOGGERS, f"trainer.loggers[{i}]",
+                 f"must be one of {LOGGERS.names()}, got {name!r}")
+    if "wandb" in t.loggers:
+        problem = wandb_problem(t.wandb)
+        _require(problem is None, "trainer.wandb.mode" if problem and "mode" in problem
+                 else "trainer.loggers", str(problem))
     _require(0 < t.top_p <= 1, "trainer.top_p", "must be in (0, 1]")
     _require(t.rollout_dtype in ROLLOUT_DTYPES, "trainer.rollout_dtype",
              f"must be one of {', '.join(ROLLOUT_DTYPES)}, got {t.rollout_dtype}")

@@ -33,7 +33,7 @@ FREE = (
     "trainer.run_dir", "trainer.resume", "trainer.resume_allow_changes",
     "trainer.save_every", "trainer.keep_checkpoints", "trainer.sample_every",
     "trainer.eval_split", "trainer.eval_batch_size", "trainer.eval_every",
-    "trainer.eval_at_ends", "trainer.progress", "trainer.tensorboard",
+    "trainer.eval_at_ends", "trainer.progress", "trainer.loggers", "trainer.wandb",
     "task.eval_paths", "task.cache_dir", "task.retriever.url",
     "judge.base_url", "judge.api_key_env", "judge.max_concurrency", "judge.timeout_s",
     "judge.max_retries", "judge.cache_dir", "judge.breaker_timeouts", "judge.breaker_cooldown_s",

@@ -5,7 +5,8 @@
       config_history.jsonl one record per start and resume: its step, the changes it was
                            allowed (trainer.resume_allow_changes) and its resolved config
       metrics.jsonl        one JSON object per step
-      tb/                  TensorBoard event files (same scalars)
+      tb/                  TensorBoard event files (same scalars; trainer.loggers, rl.loggers)
+      wandb/, wandb_id     the W&B run (trainer.loggers=[tensorboard,wandb])
       samples.jsonl        sample trajectories with their rewards
       memory_events.jsonl  rubric memory events (ARBOR)
       checkpoints/         orbax checkpoints
@@ -17,11 +18,12 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from core.files import write_atomic
+from rl.loggers import LoggerContext, WandbOptions, open_loggers
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,8 @@ def _before(step: int) -> Callable[[dict], bool]:
 
 class RunLog:
     def __init__(self, run_dir: str | Path, resume_step: int | None = None,
-                 tensorboard: bool = True):
+                 loggers: Sequence[str] = ("tensorboard",), wandb: WandbOptions | None = None,
+                 config: Mapping[str, Any] | None = None):
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
@@ -85,14 +88,11 @@ class RunLog:
         else:
             for p in (self.metrics_path, self.samples_path, self.events_path):
                 p.unlink(missing_ok=True)
-        self._tb = None
-        if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            self._tb = SummaryWriter(str(self.dir / "tb"), purge_step=resume_step)
-            for record in kept:  # the purge also took the kept evaluation's scalars
-                if record.get("step") == resume_step:
-                    self._scalars(record)
+        self._loggers = open_loggers(loggers, LoggerContext(self.dir, resume_step, wandb,
+                                                            dict(config or {})))
+        for record in kept:  # TensorBoard's purge also took the kept evaluation's scalars
+            if record.get("step") == resume_step:
+                self._scalars(record)
 
     def write_config(self, text: str, name: str = "config.yaml") -> None:
         write_atomic(self.dir / name, text)
@@ -112,10 +112,10 @@ class RunLog:
         return record
 
     def _scalars(self, record: Mapping[str, Any]) -> None:
-        if self._tb is not None:
-            for k, v in record.items():
-                if k != "step" and isinstance(v, int | float) and not isinstance(v, bool):
-                    self._tb.add_scalar(k, v, record["step"])
+        values = {k: v for k, v in record.items()
+                  if k != "step" and isinstance(v, int | float) and not isinstance(v, bool)}
+        for logger in self._loggers:
+            logger.scalars(record["step"], values)
 
     def _append(self, path: Path, step: int, records: Iterable[Mapping[str, Any]]) -> None:
         with path.open("a") as f:
@@ -129,5 +129,6 @@ class RunLog:
         self._append(self.events_path, step, records)
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        for logger in self._loggers:
+            logger.close()
+        self._loggers = []

@@ -195,7 +195,7 @@ def run(cfg: Mapping[str, Any], config_text: str = "") -> dict[str, Any]:
     step_fn = make_sft_step(model_cfg, optimizer, lr_schedule(oc), t.remat, model.dtype)
     state = init_train_state(params, optimizer)
 
-    runlog = RunLog(run_dir, tensorboard=t.tensorboard)
+    runlog = RunLog(run_dir, loggers=t.loggers, wandb=t.wandb, config=cfg)
     if config_text:
         runlog.write_config(config_text)
     runlog.samples(0, [{"prompt_id": g.prompt.id, "response": g.trajectories[0].text,

@@ -353,7 +353,7 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
     trainer = Trainer(parts=parts, loop=loop, ckpt=ckpt, start_step=loop.step, settings=now,
                       counter_base=resumed.counter_totals if resumed else {},
                       runlog=RunLog(Path(t.run_dir), resume_step=loop.step if resumed else None,
-                                    tensorboard=t.tensorboard))
+                                    loggers=t.loggers, wandb=t.wandb, config=run.raw))
     _record_config(trainer, config_text, resumed)
     if inp.judge is not None:  # which prompt templates produced this run's judgments
         trainer.runlog.write_config(json.dumps(inp.judge.versions(), indent=1),

@@ -45,7 +45,7 @@ def fake_run(run_dir: Path, algo: str, rewarder: str, options: dict) -> None:
     """A run folder in the trainer's formats, from the real rewarder (no model)."""
     task = SearchQATask()
     rw = make_rewarder(rewarder, task, options, None if rewarder == "outcome" else RuleJudge())
-    log = RunLog(run_dir, tensorboard=False)
+    log = RunLog(run_dir, loggers=())
     log.write_config(yaml.safe_dump({"algo": {"name": algo, "rewarder": rewarder, **options},
                                      "task": {"name": "search_qa"}}))
     ps = hand_prompts()

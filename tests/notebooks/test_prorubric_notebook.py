@@ -19,7 +19,7 @@ def _short_run(run_dir: Path, model: Path) -> None:
             "model=hf", f"model.path={model}", "task=rubric_chat", "algo=prorubric", "judge=rule",
             f"trainer.run_dir={run_dir}", "trainer.max_steps=2", "trainer.batch_prompts=1",
             "algo.group_size=2", "trainer.max_new_tokens=8", "trainer.progress=false",
-            "trainer.tensorboard=false", "trainer.save_every=0", "trainer.eval_at_ends=false"])
+            "trainer.loggers=[]", "trainer.save_every=0", "trainer.eval_at_ends=false"])
     cfg = OmegaConf.to_container(cfg, resolve=True)
     trainer = build_trainer(cfg, OmegaConf.to_yaml(cfg))
     trainer.run()

@@ -164,7 +164,7 @@ def tiny_overrides(run_dir: Path, cache: Path, *extra: str) -> list[str]:
             "task.n_test=4", f"task.cache_dir={cache}", "task.max_turns=1",
             "task.max_response_tokens=64", "task.max_obs_tokens=40", "trainer.batch_prompts=2",
             "algo.group_size=4", "trainer.max_new_tokens=16", "trainer.eval_at_ends=false",
-            "trainer.progress=false", "trainer.tensorboard=false", "trainer.sample_every=1",
+            "trainer.progress=false", "trainer.loggers=[]", "trainer.sample_every=1",
             f"trainer.run_dir={run_dir}", *extra]
 
 

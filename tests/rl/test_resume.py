@@ -20,7 +20,7 @@ from tests.paths import CONF
 
 TINY = ["model=tiny", "task=arith", "task.size=16", "task.eval_size=4", "trainer.batch_prompts=2",
         "algo.group_size=2", "trainer.max_new_tokens=4", "trainer.eval_at_ends=false",
-        "trainer.progress=false", "trainer.tensorboard=false", "optim.lr=1e-3"]
+        "trainer.progress=false", "trainer.loggers=[]", "optim.lr=1e-3"]
 
 
 def make_cfg(run_dir, *overrides):
@@ -248,9 +248,9 @@ def test_a_failure_while_rewriting_the_logs_on_resume_leaves_them_whole(tmp_path
 
     monkeypatch.setattr(core.files.os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
-        RunLog(tmp_path, resume_step=2, tensorboard=False)
+        RunLog(tmp_path, resume_step=2, loggers=())
     assert (tmp_path / "metrics.jsonl").read_text() == lines
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]  # no temp file left
     monkeypatch.undo()
-    RunLog(tmp_path, resume_step=2, tensorboard=False).close()
+    RunLog(tmp_path, resume_step=2, loggers=()).close()
     assert [r["step"] for r in records(tmp_path / "metrics.jsonl")] == [0, 1]

@@ -275,7 +275,7 @@ def test_two_step_prorubric_run_on_tiny(tmp_path):
             "task=rubric_chat", "algo=prorubric", "judge=rule", "model=tiny",
             f"trainer.run_dir={tmp_path / 'run'}", "trainer.max_steps=2",
             "trainer.batch_prompts=2", "algo.group_size=2", "trainer.max_new_tokens=8",
-            "task.eval_size=2", "trainer.progress=false", "trainer.tensorboard=false",
+            "task.eval_size=2", "trainer.progress=false", "trainer.loggers=[]",
             "trainer.save_every=0", "trainer.eval_at_ends=false"])
     cfg = OmegaConf.to_container(cfg, resolve=True)
     assert cfg["task"]["aggregator"] == "prorubric"

@@ -110,7 +110,7 @@ def test_sft_steps_lower_the_loss(demos, tiny):
 def test_sft_cli_then_rl_starts_from_it(tmp_path):
     cache = tmp_path / "world"
     common = ["model=tiny", "task=search_qa", *SMALL_WORLD_ARGS, f"task.cache_dir={cache}",
-              "trainer.max_new_tokens=48", "trainer.progress=false", "trainer.tensorboard=false"]
+              "trainer.max_new_tokens=48", "trainer.progress=false", "trainer.loggers=[]"]
     sft_dir = tmp_path / "sft"
     res = subprocess.run([sys.executable, "-m", "rl.sft", *common, "sft.examples=4",
                           "sft.eval_examples=2", "sft.batch_size=2", f"trainer.run_dir={sft_dir}",

@@ -46,7 +46,7 @@ def _trainer(run_dir, *overrides):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[
             "model=hf", f"model.path={os.environ['CHAR_MODEL']}", f"trainer.run_dir={run_dir}",
-            "trainer.progress=false", "trainer.tensorboard=false", "task=arith",
+            "trainer.progress=false", "trainer.loggers=[]", "task=arith",
             "task.name=constant_reward", "~task.size", "~task.eval_size", "~task.max_operand",
             "~task.ops", "~task.seed", "~task.format_reward", "trainer.batch_prompts=2",
             "algo.group_size=2", "trainer.max_new_tokens=4", "trainer.eval_at_ends=false",

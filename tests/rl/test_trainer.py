@@ -58,7 +58,7 @@ def make_cfg(run_dir, *overrides):
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose("config", overrides=["model=hf", f"model.path={os.environ['CHAR_MODEL']}",
                                            f"trainer.run_dir={run_dir}",
-                                           "trainer.progress=false", "trainer.tensorboard=false",
+                                           "trainer.progress=false", "trainer.loggers=[]",
                                            *overrides])
     return OmegaConf.to_container(cfg, resolve=True)
 
