@@ -104,9 +104,9 @@ def shard_names(n: int) -> list[str]:
 def fit_llama3_scaling(cfg: ModelConfig) -> dict[str, Any]:
     """Llama 3 ``rope_scaling`` whose divisors (``llama3_freq_factors``) are cfg's.
 
-    A GGUF stores only the divisors (``rope_freqs.weight``); the factor is the largest divisor
-    and the original context the one (a power of two, with Llama 3's low/high frequency
-    factors 1 and 4) that reproduces every divisor."""
+    A GGUF stores only the divisors (``rope_freqs.weight``); the factor is the largest divisor,
+    and the original context (a power of two) and low/high frequency factors (Llama 3's 1
+    and 4 tried first) those that reproduce every divisor."""
     want = np.asarray(cfg.rope_freq_factors)
     for low, high in ((1.0, 4.0), (1.0, 2.0), (2.0, 4.0)):
         for log2 in range(4, 22):
@@ -150,13 +150,22 @@ def hf_config(cfg: ModelConfig, dtype: str, source: dict[str, Any] | None) -> di
         out["rope_theta"] = cfg.rope_theta
     if "torch_dtype" in out:
         out["torch_dtype"] = dtype
-    back = from_hf_config(out, "the exported config.json")
-    if back != cfg:
-        diff = [f.name for f in dataclasses.fields(cfg)
-                if getattr(back, f.name) != getattr(cfg, f.name)]
+    if diff := config_differences(from_hf_config(out, "the exported config.json"), cfg):
         raise ExportError(f"the exported config.json would load as a different model "
                           f"(fields {', '.join(diff)} differ)")
     return out
+
+
+def config_differences(a: ModelConfig, b: ModelConfig) -> list[str]:
+    """Fields where a and b differ; RoPE divisors compared to float32 precision (a GGUF
+    stores them as float32, config.json's rope_scaling recomputes them in float64)."""
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, tuple) and isinstance(y, tuple) and len(x) == len(y):
+            return bool(np.allclose(x, y, rtol=1e-6, atol=0))
+        return x == y
+
+    return [f.name for f in dataclasses.fields(a)
+            if not same(getattr(a, f.name), getattr(b, f.name))]
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -204,6 +213,8 @@ def _write_weights(tmp: Path, tensors: dict[str, np.ndarray], dtype: str,
     for name, group in zip(names, groups):
         arrays = {k: np.ascontiguousarray(v, dtype=np_dtype) for k, v in group.items()}
         save_file(arrays, str(tmp / name), metadata={"format": "pt"})
+        with open(tmp / name, "rb") as f:
+            os.fsync(f.fileno())
         weight_map |= {k: name for k in arrays}
         total += sum(a.nbytes for a in arrays.values())
     if len(names) > 1:
@@ -238,6 +249,16 @@ def source_dtype(source: Path | None) -> str:
     cfg = source_config(source) or {}
     name = cfg.get("dtype") or cfg.get("torch_dtype")
     return name if name in DTYPES else "float32"
+
+
+def _usual_modes(folder: Path) -> None:
+    """The folder and its files get the modes a plain mkdir/open would give (mkdtemp and
+    safetensors make them private)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for f in folder.iterdir():
+        f.chmod(0o666 & ~umask)
 
 
 def _replace_dir(tmp: Path, out_dir: Path) -> None:
@@ -277,6 +298,7 @@ def export_hf(cfg: ModelConfig, params: Params, tok: Tokenizer | None, source: s
         _fsync_write(tmp / "config.json", json.dumps(config, indent=2).encode())
         for name, data in files.items():
             _fsync_write(tmp / name, data)
+        _usual_modes(tmp)
         _replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

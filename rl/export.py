@@ -82,7 +82,7 @@ def _source(model_path: str) -> Path | None:
 def export(args: argparse.Namespace) -> str:
     """Do the export; the line to print."""
     from models import load_params
-    from rl.eval import run_config, restore_run_params
+    from rl.eval import restore_run_params, run_config
 
     run_dir = None if args.model else Path(args.paths[0])
     out_dir = Path(args.paths[-1])

@@ -12,7 +12,8 @@ import torch
 import transformers
 
 from models import load_params
-from models.export import ExportError, ExportOptions, export_hf, fit_llama3_scaling
+from models.config import llama3_freq_factors
+from models.export import ExportError, ExportOptions, export_hf, fit_llama3_scaling, hf_config
 from models.loaders import load_hf_folder
 from models.tokenizer import load_hf_tokenizer
 from models.transformer import forward
@@ -56,6 +57,9 @@ def test_tiny_hf_round_trip_has_our_logits(arch, tmp_path_factory, tmp_path):
         with safe_open(str(out / f), "np") as h:
             written |= set(h.keys())
     assert ("lm_head.weight" in written) == (not cfg.tie_embeddings)
+    if (folder / "generation_config.json").exists():  # copied from the source
+        gen = (folder / "generation_config.json").read_text()
+        assert (out / "generation_config.json").read_text() == gen
     cfg2, params2 = load_hf_folder(out)  # and our own loader reads it back exactly
     assert cfg2 == cfg
     jax.tree.map(np.testing.assert_array_equal, params2, params)
@@ -87,6 +91,13 @@ def test_llama3_rope_scaling_rebuilt_from_divisors(tmp_path_factory, tmp_path, c
     ids = _ids(cfg.vocab_size, length=64)  # past the original context, where scaling matters
     ours = np.asarray(forward(cfg, params, jnp.asarray(ids)))
     assert np.abs(_hf_logits(tmp_path / "o", ids) - ours).max() <= 1e-4
+    # Llama 3.2's settings, divisors stored as float32 as in a GGUF's rope_freqs.weight
+    llama32 = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    f32 = np.float32(llama3_freq_factors(64, 500000.0, llama32)).tolist()
+    big = cfg.replace(head_dim=64, rope_theta=500000.0, rope_freq_factors=tuple(f32))
+    assert fit_llama3_scaling(big) == llama32
+    assert hf_config(big, "float32", None)["rope_scaling"] == llama32  # round trip accepted
     bad = cfg.replace(rope_freq_factors=tuple([1.0, 3.0] * (cfg.head_dim // 4)))
     with pytest.raises(ExportError, match="rope_freq_factors"):
         export_hf(bad, params, tok, None, tmp_path / "o2")
@@ -161,7 +172,10 @@ def test_run_export_refuses_bad_input(trained_run, tmp_path, capsys):
     assert not out.exists() and not (empty_run / "checkpoints").exists()
 
     assert main([str(tmp_path / "nowhere"), str(out)]) == 2
-    assert "nowhere/config.yaml: not a run folder (no config.yaml or config_history.jsonl)" in capsys.readouterr().err
+    assert ("nowhere/config.yaml: not a run folder (no config.yaml or config_history.jsonl)"
+            in capsys.readouterr().err)
+    assert main(["--model", str(tmp_path / "nope"), str(out)]) == 2
+    assert "nope: no such file or folder, and not a preset" in capsys.readouterr().err
 
     out.mkdir()
     (out / "keep.txt").write_text("mine")
