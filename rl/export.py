@@ -40,9 +40,11 @@ def parse_size(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m rl.export", description=__doc__,
+    usage = ("python -m rl.export RUN_DIR OUT_DIR [--step N] [options]\n"
+             "       python -m rl.export --model PATH_OR_PRESET OUT_DIR [options]")
+    ap = argparse.ArgumentParser(prog="python -m rl.export", usage=usage, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("paths", nargs="+", metavar="RUN_DIR OUT_DIR",
+    ap.add_argument("paths", nargs="+", metavar="PATH",
                     help="RUN_DIR OUT_DIR, or only OUT_DIR with --model")
     ap.add_argument("--model", help="export this base model (preset, HF folder, GGUF) instead")
     ap.add_argument("--step", type=int, help="the checkpoint step (default: the latest)")
