@@ -58,11 +58,21 @@ def restore_run_params(run_dir: str | Path, params: Any,
 
 
 def run_config(run_dir: str | Path) -> dict[str, Any]:
-    """The resolved config a run folder was written with."""
+    """The resolved config a run folder was written with: config.yaml (written by the
+    command line), else the latest record of config_history.jsonl (a run built in Python with
+    ``build_trainer`` has only that)."""
     cfg_path = Path(run_dir) / "config.yaml"
-    if not cfg_path.exists():
-        raise FileNotFoundError(f"{cfg_path}: not a run folder (no config.yaml)")
-    return OmegaConf.to_container(OmegaConf.load(cfg_path), resolve=True)
+    history = Path(run_dir) / "config_history.jsonl"
+    if cfg_path.exists():
+        return OmegaConf.to_container(OmegaConf.load(cfg_path), resolve=True)
+    if history.exists():
+        lines = [x for x in history.read_text().splitlines() if x.strip()]
+        try:
+            return dict(json.loads(lines[-1])["config"])
+        except (IndexError, KeyError, TypeError, json.JSONDecodeError) as e:
+            raise FileNotFoundError(f"{history}: no readable config record ({e!r})") from None
+    raise FileNotFoundError(f"{cfg_path}: not a run folder (no config.yaml or "
+                            f"config_history.jsonl)")
 
 
 def load_run_params(run_dir: str | Path, step: int | None = None) -> tuple[Any, Any, Any, int]:
