@@ -119,7 +119,7 @@ def _train_one_step(run_dir, char_model):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[
             "model=hf", f"model.path={char_model}", f"trainer.run_dir={run_dir}",
-            "trainer.progress=false", "trainer.tensorboard=false", *LEARN,
+            "trainer.progress=false", "trainer.loggers=[]", *LEARN,
             "trainer.max_steps=1", "trainer.save_every=1", "trainer.batch_prompts=2",
             "algo.group_size=4", "trainer.max_new_tokens=6", "optim.lr=1e-2",
             "trainer.eval_at_ends=false"])
