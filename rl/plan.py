@@ -299,6 +299,7 @@ class Program:
     flops: float
     min_bytes: float  # HBM traffic per chip the program cannot avoid
     runs: bool        # whether this config runs the program each step
+    refused: str = ""  # the compiler's out-of-memory message when it would not compile it
 
     @property
     def total(self) -> int:
@@ -309,13 +310,49 @@ class Program:
         return self.total + self.resident
 
 
-def compiled_program(name: str, lowered: Any, *, resident: int, flops: float,
+UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# the TPU compiler refuses a program larger than HBM; its message carries the size
+USED = re.compile(r"Used ([\d.]+)([KMGT]) of ([\d.]+)([KMGT]) hbm")
+TEMPS = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """memory_analysis()'s fields that a plan reads (bytes per device)."""
+
+    argument_size_in_bytes: int
+    temp_size_in_bytes: int
+    output_size_in_bytes: int
+    alias_size_in_bytes: int
+
+
+def refused_sizes(message: str, arguments: int) -> Sizes | None:
+    """The sizes in a TPU out-of-memory refusal: 'Used X of Y hbm' (everything) or 'HLO
+    temporaries (X) exceeds' (temporaries only); None when the message is neither."""
+    if m := USED.search(message):
+        used = float(m.group(1)) * UNITS[m.group(2)]
+        return Sizes(arguments, max(0, int(used) - arguments), 0, 0)
+    if m := TEMPS.search(message):
+        return Sizes(arguments, int(float(m.group(1)) * UNITS[m.group(2)]), 0, 0)
+    return None
+
+
+def compiled_program(name: str, lowered: Any, args: Any, *, resident: int, flops: float,
                      min_bytes: Callable[[Any], float], runs: bool = True) -> Program:
-    """Compile `lowered` and read its memory analysis (per device)."""
-    mem = lowered.compile().memory_analysis()
+    """Compile `lowered` (its abstract arguments `args`) and read its memory analysis (per
+    device); a program the TPU compiler refuses for lack of HBM is reported with the sizes
+    its message states."""
+    refused = ""
+    try:
+        mem = lowered.compile().memory_analysis()
+    except jax.errors.JaxRuntimeError as e:
+        sizes = refused_sizes(str(e), bytes_per_chip(args))
+        if "RESOURCE_EXHAUSTED" not in str(e) or sizes is None:
+            raise
+        mem, refused = sizes, str(e).split("\n")[0]
     return Program(name, int(mem.argument_size_in_bytes), int(mem.temp_size_in_bytes),
                    int(mem.output_size_in_bytes), int(mem.alias_size_in_bytes),
-                   resident, flops, min_bytes(mem), runs)
+                   resident, flops, min_bytes(mem), runs, refused)
 
 
 def _stopping(cfg: ModelConfig, rows: int, mesh: Mesh) -> Stopping:
@@ -340,7 +377,7 @@ def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, 
     pre = jax.jit(prefill, static_argnames=("cfg", "cache_len")).lower(
         cfg, dparams, prompts, cache_len=lay.cache_len)
     programs = [compiled_program(
-        "prefill", pre, resident=resident, flops=prefill_flops(cfg, lay),
+        "prefill", pre, (dparams, prompts), resident=resident, flops=prefill_flops(cfg, lay),
         min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes)]
     front = jax.eval_shape(lambda p, b: prefill(cfg, p, b, lay.cache_len), dparams, prompts)
     start = Frontier(_abstract(front.cache, cache_shardings(front.cache, mesh)),
@@ -349,11 +386,15 @@ def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, 
                      _rows(front.stop_state.shape, jnp.int32, mesh))
     key = _replicated(jax.eval_shape(lambda: jax.random.key(0)), mesh)
     settings = DecodeSettings(lay.response, run.trainer.temperature, run.trainer.top_p)
-    dec = jax.jit(decode_loop, static_argnames=("cfg", "first_slot", "settings")).lower(
-        cfg, dparams, start, lay.prompt, key, _stopping(cfg, lay.rows, mesh),
-        settings)
+    stopping = _stopping(cfg, lay.rows, mesh)
+    # the frontier donated: in the sampler's one program the decode loop takes over the
+    # prefilled cache instead of holding two copies
+    dec = jax.jit(decode_loop, static_argnames=("cfg", "first_slot", "settings"),
+                  donate_argnames="start").lower(
+        cfg, dparams, start, lay.prompt, key, stopping, settings)
     programs.append(compiled_program(
-        "decode", dec, resident=resident, flops=decode_flops(cfg, lay),
+        "decode", dec, (dparams, start, key, stopping), resident=resident,
+        flops=decode_flops(cfg, lay),
         min_bytes=lambda m: lay.response * m.argument_size_in_bytes))
     return programs
 
@@ -366,12 +407,13 @@ def reference_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
     weights = _abstract(shapes, param_shardings(shapes, mesh))
     n, g, p, r = lay.groups, lay.size, lay.prompt, lay.response
     scoring = Scoring(remat=run.trainer.remat, temperature=run.trainer.temperature)
-    lowered = group_logprobs.lower(
-        cfg, weights, _rows((n, p), jnp.int32, mesh), _rows((n, p), jnp.bool_, mesh),
-        _rows((n, g, r), jnp.int32, mesh), _rows((n, g, r), jnp.bool_, mesh), scoring=scoring)
+    batch = (_rows((n, p), jnp.int32, mesh), _rows((n, p), jnp.bool_, mesh),
+             _rows((n, g, r), jnp.int32, mesh), _rows((n, g, r), jnp.bool_, mesh))
+    lowered = group_logprobs.lower(cfg, weights, *batch, scoring=scoring)
     runs = run.algo.beta > 0 or run.updates_per_batch > 1
     return compiled_program(
-        "reference", lowered, resident=resident, flops=sum(scoring_flops(cfg, n, g, p, r)),
+        "reference", lowered, (weights, batch), resident=resident,
+        flops=sum(scoring_flops(cfg, n, g, p, r)),
         min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes, runs=runs)
 
 
@@ -381,11 +423,12 @@ def update_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, st
     oc = run.optim_config()
     step = make_train_step(cfg, run.loss_config(lay.response), make_optimizer(oc),
                            lr_schedule(oc))
-    lowered = step.lower(state, update_batch(run, lay, mesh))
+    batch = update_batch(run, lay, mesh)
+    lowered = step.lower(state, batch)
     flops = update_flops(cfg, lay.update_groups, lay.size, lay.prompt, lay.response,
                          run.trainer.remat)
     return compiled_program(
-        "update", lowered, resident=resident, flops=flops,
+        "update", lowered, (state, batch), resident=resident, flops=flops,
         min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes)
 
 
@@ -444,23 +487,43 @@ def time_bound(plan: Plan, prog: Program) -> float | None:
                prog.min_bytes / plan.chip.hbm_bandwidth)
 
 
+def splits(groups: int, size: int, slices: int) -> bool:
+    """Whether `groups` groups of `size` cut into `slices` equal parts (``rl.batch``)."""
+    try:
+        split_groups([[0] * size] * groups, slices)
+    except ValueError:
+        return False
+    return True
+
+
 def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
-    """The keys that lower a program's memory, as the user would type them."""
-    t, fsdp = run.trainer, plan.mesh["fsdp"]
-    more_fsdp = f"mesh.shape={{data:1,fsdp:{plan.chips},tensor:1}} (weights, gradients and " \
-                f"Adam state over all {plan.chips} chips)" if fsdp < plan.chips else None
-    fewer = f"trainer.batch_prompts={max(1, t.batch_prompts // 2)} (fewer rows)"
+    """The keys that lower a program's memory, as the user would type them: only values the
+    batch layout accepts (mini x micro x data-parallel shards must cut it evenly)."""
+    t, g = run.trainer, run.algo.group_size
+    shards = plan.mesh["data"] * plan.mesh["fsdp"]
+    ok = lambda prompts, mini, micro: splits(prompts, g, mini * micro * shards)  # noqa: E731
+    micro = next((m for m in range(t.micro_batches + 1, 8 * t.micro_batches + 1)
+                  if ok(t.batch_prompts, t.mini_batches, m)), None)
+    mini = next((m for m in range(t.mini_batches + 1, 8 * t.mini_batches + 1)
+                 if ok(t.batch_prompts, m, t.micro_batches)), None)
+    fewer = next((b for b in range(t.batch_prompts // 2, 0, -1)
+                  if ok(b, t.mini_batches, t.micro_batches)), None)
+    more_fsdp = (f"mesh.shape={{data:1,fsdp:{plan.chips},tensor:1}} (weights, gradients and "
+                 f"Adam state over all {plan.chips} chips)" if plan.mesh["fsdp"] < plan.chips
+                 else None)
+    rows = f"trainer.batch_prompts={fewer} (fewer rows)" if fewer else None
+    logits = "chunked logits (not implemented yet: #17 item 7)"
     if name == "update":
-        keys = [f"trainer.micro_batches={2 * t.micro_batches}",
+        keys = [micro and f"trainer.micro_batches={micro}",
                 None if t.remat else "trainer.remat=true", more_fsdp,
-                f"trainer.mini_batches={2 * t.mini_batches} (smaller updates)", fewer]
+                mini and f"trainer.mini_batches={mini} (smaller updates)", rows, logits]
     elif name == "reference":
-        keys = [fewer, more_fsdp, None if t.remat else "trainer.remat=true",
-                "(this pass is not micro-batched yet: #17 item 2)"]
+        keys = [rows, more_fsdp, None if t.remat else "trainer.remat=true",
+                "a micro-batched reference pass (not implemented yet: #17 item 2)", logits]
     else:
-        keys = [fewer, None if t.rollout_dtype == "bfloat16" else "trainer.rollout_dtype="
+        keys = [rows, None if t.rollout_dtype == "bfloat16" else "trainer.rollout_dtype="
                 "bfloat16", more_fsdp, "a smaller response budget (plan.response_budget, the "
-                "task's)"]
+                "task's)", "a bfloat16 KV cache (not configurable yet: #17 item 7)"]
     return [k for k in keys if k]
 
 
@@ -499,20 +562,22 @@ def report(run: RunConfig, plan: Plan) -> str:
     lines = header(run, plan)
     lines.append(f"  {'program':<10}{'args':>8}{'temp':>8}{'out':>8}{'total':>8}"
                  f"{'+resid.':>9}  {'of HBM':>7}{'TFLOP':>10}  {'time >=':>10}   (GiB per chip)")
-    hbm = plan.chip.hbm_bytes
-    for p in plan.programs:
-        share = f"{100 * p.peak / hbm:6.0f}%"
-        lines.append(f"  {p.name:<10}{_gib(p.arguments)} {_gib(p.temporaries)} "
-                     f"{_gib(p.outputs)} {_gib(p.total)}  {_gib(p.peak)}  {share}"
-                     f"{p.flops / 1e12:10.2f}  {_seconds(time_bound(plan, p))}"
-                     f"{'' if p.runs else '   (not run by this config)'}")
+    lines += [_row(plan, p) for p in plan.programs]
     lines.append(verdict(run, plan))
     return "\n".join(lines)
 
 
+def _row(plan: Plan, p: Program) -> str:
+    notes = ("" if p.runs else "   (not run by this config)") + (
+        "   (refused by the compiler: sizes from its message)" if p.refused else "")
+    return (f"  {p.name:<10}{_gib(p.arguments)} {_gib(p.temporaries)} {_gib(p.outputs)} "
+            f"{_gib(p.total)}  {_gib(p.peak)}  {100 * p.peak / plan.chip.hbm_bytes:6.0f}%"
+            f"{p.flops / 1e12:10.2f}  {_seconds(time_bound(plan, p))}{notes}")
+
+
 def verdict(run: RunConfig, plan: Plan) -> str:
     hbm = plan.chip.hbm_bytes
-    over = [p for p in plan.programs if p.peak > hbm]
+    over = [p for p in plan.programs if p.peak > hbm or p.refused]
     if not over:
         return f"verdict: fits: every program within {hbm / GiB:.1f} GiB per chip"
     out = []
@@ -520,6 +585,8 @@ def verdict(run: RunConfig, plan: Plan) -> str:
         out.append(f"verdict: {p.name} does NOT fit: {p.peak / GiB:.2f} GiB per chip "
                    f"(program {p.total / GiB:.2f} + resident {p.resident / GiB:.2f}) > "
                    f"{hbm / GiB:.1f} GiB per chip; try " + "; ".join(remedies(run, plan, p.name)))
+        if p.refused:
+            out.append(f"  the compiler: {p.refused}")
     return "\n".join(out)
 
 
@@ -528,9 +595,11 @@ def main(argv: list[str] | None = None) -> None:
     import hydra
     from omegaconf import OmegaConf
 
-    # compile for the topology without a TPU: JAX itself on the CPU, and libtpu loaded even
-    # while another process on this host holds its lock (/tmp/libtpu_lockfile)
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # compile for the topology without a TPU: JAX itself on the CPU (unless JAX_PLATFORMS
+    # says otherwise), and libtpu loaded even while another process on this host holds its
+    # lock (/tmp/libtpu_lockfile)
+    if not os.environ.get("JAX_PLATFORMS"):
+        jax.config.update("jax_platforms", "cpu")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
     @hydra.main(config_path="../conf", config_name="plan", version_base="1.3")

@@ -28,6 +28,7 @@ from rl.plan import (
     forward_flops,
     make_plan,
     prefill_flops,
+    refused_sizes,
     remedies,
     update_flops,
     verdict,
@@ -180,24 +181,45 @@ def test_forward_flops_agree_with_xla_on_an_unscanned_model():
 
 
 def _fake_plan(run, update_gib: float) -> Plan:
+    """A plan of 16 v5e chips meshed data=2 x fsdp=2 (4 data-parallel shards) whose update
+    needs 1 GiB of arguments and `update_gib` of temporaries."""
     g = 2**30
     progs = tuple(Program(n, g, int(update_gib * g) if n == "update" else 0, 0, 0, 0, 1e12,
                           1e9, True) for n in PROGRAMS)
-    lay = Layout(prompts=4, rows=16, groups=4, size=4, prompt=32, response=32, mini_batches=1)
+    lay = Layout(prompts=8, rows=32, groups=8, size=4, prompt=32, response=32, mini_batches=1)
     return Plan("tiny", tiny_config(), "v5e:4x4", CHIPS["v5e"], 16,
-                {"data": 16, "fsdp": 1, "tensor": 1}, lay, 0, 0, progs)
+                {"data": 2, "fsdp": 2, "tensor": 1}, lay, 0, 0, progs)
 
 
 def test_verdict_names_what_does_not_fit_and_the_keys_that_help():
-    run, _ = _config("trainer.micro_batches=2")
+    # 8 prompts x 4 over 4 shards: micro_batches=3 would need 12 equal slices of 8 groups
+    # (sub-groups of 4, 2 or 1: 8, 16 or 32 of them, none a multiple of 12), 4 needs 16
+    # (sub-groups of 2); 4 prompts still split into 2 x 4 = 8 slices; 2 mini-batches: 16
+    run, _ = _config("trainer.batch_prompts=8", "trainer.micro_batches=2")
     text = verdict(run, _fake_plan(run, update_gib=20.0))
     assert text.startswith("verdict: update does NOT fit: 21.00 GiB per chip"), text
     assert "> 16.0 GiB per chip" in text
-    for key in ("trainer.micro_batches=4", "trainer.remat=true",
-                "mesh.shape={data:1,fsdp:16,tensor:1}", "trainer.batch_prompts=2"):
+    for key in ("trainer.micro_batches=4", "trainer.remat=true", "trainer.mini_batches=2",
+                "mesh.shape={data:1,fsdp:16,tensor:1}", "trainer.batch_prompts=4"):
         assert key in text, (key, text)
-    assert "prefill" not in text
+    assert "trainer.micro_batches=3" not in text and "prefill" not in text
     assert verdict(run, _fake_plan(run, update_gib=1.0)).startswith("verdict: fits")
+
+
+def test_the_sizes_of_a_tpu_out_of_memory_refusal_are_read_from_its_message():
+    """The TPU compiler refuses a program larger than HBM instead of compiling it; the plan
+    reports the sizes its message states (both forms libtpu 0.0.42 prints)."""
+    g = 2**30
+    temps = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+             "temporaries (197.53G) exceeds available HBM (15.75G).")
+    sizes = refused_sizes(temps, arguments=2 * g)
+    assert sizes.argument_size_in_bytes == 2 * g
+    assert sizes.temp_size_in_bytes == int(197.53 * g)
+    used = ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory "
+            "space hbm. Used 39.70G of 15.75G hbm. Exceeded hbm capacity by 23.95G.")
+    sizes = refused_sizes(used, arguments=3 * g)
+    assert sizes.argument_size_in_bytes + sizes.temp_size_in_bytes == int(39.70 * g)
+    assert refused_sizes("RESOURCE_EXHAUSTED: something else", 0) is None
 
 
 def test_rollout_remedies_offer_bfloat16_weights_only_when_float32():
