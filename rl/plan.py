@@ -561,7 +561,7 @@ def report(run: RunConfig, plan: Plan) -> str:
     """The plan as text: a table per program, then the verdicts."""
     lines = header(run, plan)
     lines.append(f"  {'program':<10}{'args':>8}{'temp':>8}{'out':>8}{'total':>8}"
-                 f"{'+resid.':>9}  {'of HBM':>7}{'TFLOP':>10}  {'time >=':>10}   (GiB per chip)")
+                 f"{'+resid.':>9}  {'of HBM':>7}{'FLOPs':>11}  {'time >=':>10}   (GiB per chip)")
     lines += [_row(plan, p) for p in plan.programs]
     lines.append(verdict(run, plan))
     return "\n".join(lines)
@@ -572,19 +572,24 @@ def _row(plan: Plan, p: Program) -> str:
         "   (refused by the compiler: sizes from its message)" if p.refused else "")
     return (f"  {p.name:<10}{_gib(p.arguments)} {_gib(p.temporaries)} {_gib(p.outputs)} "
             f"{_gib(p.total)}  {_gib(p.peak)}  {100 * p.peak / plan.chip.hbm_bytes:6.0f}%"
-            f"{p.flops / 1e12:10.2f}  {_seconds(time_bound(plan, p))}{notes}")
+            f"{p.flops:11.3e}  {_seconds(time_bound(plan, p))}{notes}")
 
 
 def verdict(run: RunConfig, plan: Plan) -> str:
+    """'fits' when every program the config runs fits, and a line per program that does
+    not (or would not, for a pass this config skips) with the keys that help."""
     hbm = plan.chip.hbm_bytes
     over = [p for p in plan.programs if p.peak > hbm or p.refused]
-    if not over:
-        return f"verdict: fits: every program within {hbm / GiB:.1f} GiB per chip"
     out = []
+    if not any(p.runs for p in over):
+        out.append(f"verdict: fits: every program this config runs is within "
+                   f"{hbm / GiB:.1f} GiB per chip")
     for p in over:
-        out.append(f"verdict: {p.name} does NOT fit: {p.peak / GiB:.2f} GiB per chip "
-                   f"(program {p.total / GiB:.2f} + resident {p.resident / GiB:.2f}) > "
-                   f"{hbm / GiB:.1f} GiB per chip; try " + "; ".join(remedies(run, plan, p.name)))
+        status = "does NOT fit" if p.runs else ("would NOT fit if run (algo.beta > 0 or "
+                                                "several updates per batch)")
+        out.append(f"verdict: {p.name} {status}: {p.peak / GiB:.2f} GiB per chip (program "
+                   f"{p.total / GiB:.2f} + resident {p.resident / GiB:.2f}) > "
+                   f"{hbm / GiB:.1f} GiB; try " + "; ".join(remedies(run, plan, p.name)))
         if p.refused:
             out.append(f"  the compiler: {p.refused}")
     return "\n".join(out)
