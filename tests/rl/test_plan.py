@@ -281,3 +281,10 @@ def test_presets_and_unknown_shapes(tmp_path):
     assert model_shapes("smollm2_135m").num_params == 134_515_008  # SmolLM2-135M
     with pytest.raises(ValueError, match="neither a shape preset"):
         model_shapes(str(tmp_path / "nope"))
+
+
+def test_a_mesh_that_does_not_divide_the_topology_is_refused_naming_the_key(monkeypatch):
+    monkeypatch.setattr("rl.plan.topology_devices", lambda name: jax.devices() * 16)
+    run, plan = _config("plan.topology=cpu", "mesh.shape={data: 3, fsdp: 1, tensor: 1}")
+    with pytest.raises(ConfigError, match=r"^mesh\.shape: .*needs 3 devices, have 16"):
+        make_plan(run, plan)
