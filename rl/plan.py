@@ -144,7 +144,9 @@ class Layout:
     """The step's shapes as ``rl.batch`` lays them out: `groups` (sub-)groups of `size`
     trajectories after a prompt of `prompt` tokens (rounded up to 32), `response` tokens
     each (rounded up to 16), cut into `mini_batches` updates; the rollout samples `rows`
-    trajectories from `prompts` distinct prompts."""
+    trajectories from `prompts` distinct prompts. `filler`: copies of a group with loss mask
+    0 that ``rl.batch.build_batch`` adds when the trajectories do not cut into equal slices
+    (counted in `groups` after the split)."""
 
     prompts: int
     rows: int
@@ -153,6 +155,7 @@ class Layout:
     prompt: int
     response: int
     mini_batches: int
+    filler: int = 0
 
     @property
     def update_groups(self) -> int:
@@ -163,21 +166,25 @@ class Layout:
         return self.prompt + self.response
 
 
+def batch_groups(prompts: int, size: int, slices: int) -> tuple[int, int, int]:
+    """(groups, trajectories per group, filler groups) of the update batch of `prompts`
+    groups of `size` cut into `slices` equal parts, as ``rl.batch.build_batch`` lays it out:
+    filler copies of a group first when the trajectories do not divide, then sub-groups."""
+    filler = -prompts % slices if (prompts * size) % slices else 0
+    groups = split_groups([[0] * size] * (prompts + filler), slices)
+    return len(groups), len(groups[0]), filler
+
+
 def layout(run: RunConfig, plan: PlanConfig, mesh: Mesh) -> Layout:
-    """The layout of the configured batch, or a ConfigError naming the key to change."""
+    """The layout of the configured batch (``rl.batch``: mini-batches x micro-batches x the
+    mesh's data-parallel shards equal slices)."""
     t, g = run.trainer, run.algo.group_size
     slices = t.mini_batches * t.micro_batches * batch_shards(mesh)
-    try:
-        groups = split_groups([[0] * g] * t.batch_prompts, slices)
-    except ValueError:
-        raise ConfigError(
-            f"trainer.batch_prompts: {t.batch_prompts} prompts x {g} do not split into "
-            f"mini_batches x micro_batches x data-parallel shards = {t.mini_batches} x "
-            f"{t.micro_batches} x {batch_shards(mesh)} equal slices; change "
-            "trainer.batch_prompts, trainer.micro_batches or mesh.shape") from None
-    return Layout(prompts=t.batch_prompts, rows=t.batch_prompts * g, groups=len(groups),
-                  size=len(groups[0]), prompt=round_up(plan.prompt_len, 32),
-                  response=round_up(plan.response_budget, 16), mini_batches=t.mini_batches)
+    groups, size, filler = batch_groups(t.batch_prompts, g, slices)
+    return Layout(prompts=t.batch_prompts, rows=t.batch_prompts * g, groups=groups,
+                  size=size, prompt=round_up(plan.prompt_len, 32),
+                  response=round_up(plan.response_budget, 16), mini_batches=t.mini_batches,
+                  filler=filler)
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -488,12 +495,8 @@ def time_bound(plan: Plan, prog: Program) -> float | None:
 
 
 def splits(groups: int, size: int, slices: int) -> bool:
-    """Whether `groups` groups of `size` cut into `slices` equal parts (``rl.batch``)."""
-    try:
-        split_groups([[0] * size] * groups, slices)
-    except ValueError:
-        return False
-    return True
+    """Whether `groups` groups of `size` cut into `slices` equal parts without filler."""
+    return batch_groups(groups, size, slices)[2] == 0
 
 
 def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
@@ -552,6 +555,11 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
         f"{lay.mini_batches} mini-batch(es) of {lay.update_groups} groups x {lay.size}, "
         f"{t.micro_batches} micro-batches, remat {str(t.remat).lower()}, compute "
         f"{run.model.dtype}; rollout {t.rollout_dtype} weights, float32 KV cache",
+        *([f"  filler: rl.batch adds {lay.filler} copies of a group (loss mask 0) so that "
+           f"{lay.rows} trajectories cut into {t.mini_batches} x {t.micro_batches} x "
+           f"{plan.mesh['data'] * plan.mesh['fsdp']} equal slices: the update computes "
+           f"{lay.filler * run.algo.group_size} trajectories for nothing"] if lay.filler
+          else []),
         f"  resident per chip: train state (float32 weights + optimizer) "
         f"{plan.state_bytes / GiB:.2f} GiB, reference weights {plan.ref_bytes / GiB:.2f} GiB",
     ]

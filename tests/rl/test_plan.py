@@ -11,13 +11,16 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from core.types import Group, Trajectory
 from models.presets import tiny_config
 from models.shapes import SHAPE_PRESETS, model_shapes
 from models.transformer import forward, init_params
+from rl.batch import build_batch
 from rl.config import ConfigError, parse_plan
 from rl.plan import (
     CHIPS,
@@ -25,6 +28,7 @@ from rl.plan import (
     Layout,
     Plan,
     Program,
+    batch_groups,
     decode_flops,
     forward_flops,
     make_plan,
@@ -124,14 +128,20 @@ def test_plan_keys_are_checked():
         _config("+plan.colour=red")
 
 
-def test_a_batch_that_does_not_split_over_the_mesh_names_the_keys(monkeypatch):
-    monkeypatch.setattr("rl.plan.topology_devices", lambda name: jax.devices() * 16)
-    # 64 x 5 trajectories, 8 micro-batches, 16 data-parallel shards: 128 slices of 320 rows
-    run, plan = _config("plan.topology=cpu", "algo.group_size=5", "trainer.batch_prompts=64",
-                        "trainer.micro_batches=8")
-    with pytest.raises(ConfigError, match=r"trainer\.batch_prompts: 64 prompts x 5 do not "
-                                          r"split into .* 1 x 8 x 16"):
-        make_plan(run, plan)
+def test_the_layout_is_rl_batchs_filler_groups_included():
+    """64 x 5 trajectories, 8 micro-batches, 16 data-parallel shards: 128 slices. 320 is not
+    a multiple of 128, so rl.batch.build_batch adds -64 % 128 = 64 filler groups of 5, and 128
+    groups of 5 cut into 128 slices (a test of the real build_batch checks the same)."""
+    assert batch_groups(64, 5, 128) == (128, 5, 64)
+    # 4 micro-batches: 64 slices of 64 groups of 5, no filler; 8 prompts x 4 over 32 slices:
+    # sub-groups of 1 (32 of them)
+    assert batch_groups(64, 5, 64) == (64, 5, 0)
+    assert batch_groups(8, 4, 32) == (32, 1, 0)
+    traj = Trajectory(prompt_tokens=(1, 2, 3), tokens=(4, 5), loss_mask=(1, 1),
+                      logprobs=(0.0, 0.0), text="", finish="eos")
+    groups = [Group(prompt=None, trajectories=(traj,) * 5) for _ in range(64)]
+    built = build_batch(groups, np.zeros((64, 5)), pad_id=0, resp_len=16, slices=128)
+    assert built["tokens"].shape[:2] == (128, 5)
 
 
 # ------------------------------------------------------------------------------ FLOPs by hand
