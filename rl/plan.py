@@ -555,7 +555,7 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
         f"{lay.mini_batches} mini-batch(es) of {lay.update_groups} groups x {lay.size}, "
         f"{t.micro_batches} micro-batches, remat {str(t.remat).lower()}, compute "
         f"{run.model.dtype}; rollout {t.rollout_dtype} weights, float32 KV cache",
-        *([f"  filler: rl.batch adds {lay.filler} copies of a group (loss mask 0) so that "
+        *([f"  filler: rl.batch adds {lay.filler} filler group(s) (loss mask 0) so that "
            f"{lay.rows} trajectories cut into {t.mini_batches} x {t.micro_batches} x "
            f"{plan.mesh['data'] * plan.mesh['fsdp']} equal slices: the update computes "
            f"{lay.filler * run.algo.group_size} trajectories for nothing"] if lay.filler

@@ -31,6 +31,7 @@ from rl.plan import (
     batch_groups,
     decode_flops,
     forward_flops,
+    header,
     make_plan,
     prefill_flops,
     refused_sizes,
@@ -298,3 +299,17 @@ def test_a_mesh_that_does_not_divide_the_topology_is_refused_naming_the_key(monk
     run, plan = _config("plan.topology=cpu", "mesh.shape={data: 3, fsdp: 1, tensor: 1}")
     with pytest.raises(ConfigError, match=r"^mesh\.shape: .*needs 3 devices, have 16"):
         make_plan(run, plan)
+
+
+def test_the_header_says_how_many_filler_trajectories_the_update_computes():
+    # 3 prompts x 2 = 6 trajectories over the fake plan's 2 x 2 = 4 shards: build_batch adds
+    # -3 % 4 = 1 filler group of 2 (4 groups, one per slice)
+    run, _ = _config("trainer.batch_prompts=3", "algo.group_size=2")
+    plan = _fake_plan(run, update_gib=1.0)
+    plan = dataclasses.replace(plan, lay=dataclasses.replace(plan.lay, filler=1, groups=4,
+                                                             rows=6, prompts=3, size=2))
+    text = "\n".join(header(run, plan))
+    assert "filler: rl.batch adds 1 filler group(s) (loss mask 0) so that 6 trajectories " \
+           "cut into 1 x 1 x 4 equal slices: the update computes 2 trajectories for " \
+           "nothing" in text, text
+    assert "filler" not in "\n".join(header(run, _fake_plan(run, 1.0)))
