@@ -176,7 +176,7 @@ def _decode_params_jit(params: Params, dtype: Any) -> Params:
 # ----------------------------------------------------------------------------- jitted kernels
 #
 # A fresh generation (_generate: prefill, then decode) and a continued one (_continue: compact
-# the cache, read the appended tokens, then decode) share one decode loop (_decode). What jit
+# the cache, read the appended tokens, then decode) share one decode loop (decode_loop). What jit
 # specialises on travels as DecodeSettings (static); everything else as named pytrees.
 
 
@@ -259,7 +259,7 @@ class ContinuePlan(NamedTuple):
     resume: jax.Array      # [B] keep the row's stop-string state (else matching starts afresh)
 
 
-def _decode(cfg: ModelConfig, params: Params, start: Frontier, first_slot: int,
+def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: int,
             key: jax.Array, stopping: Stopping, settings: DecodeSettings) -> Decoded:
     """The decode loop shared by a fresh generation and a continued one.
 
@@ -319,19 +319,26 @@ _STATIC = ("cfg", "settings")
 @functools.partial(jax.jit, static_argnames=(*_STATIC, "cache_len"))
 def _generate(cfg: ModelConfig, params: Params, prompts: PromptBatch, key: jax.Array,
               stopping: Stopping, *, settings: DecodeSettings, cache_len: int) -> Decoded:
-    # Prefill each distinct prompt once (GRPO samples a group per prompt), then give every
-    # row a copy of its prompt's cache.
     params = unstack_layers(params)  # a no-op for decode_params
+    start = prefill(cfg, params, prompts, cache_len)
+    return decode_loop(cfg, params, start, prompts.tokens.shape[1], key, stopping, settings)
+
+
+def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: int) -> Frontier:
+    """Prefill each distinct prompt once (GRPO samples a group per prompt) into a cache of
+    `cache_len` slots, then give every row a copy of its prompt's cache: the frontier the
+    decode loop starts from (the first half of a fresh generation; ``rl.plan`` compiles the
+    two halves apart)."""
+    params = unstack_layers(params)
     rows = prompts.rows
     cache = KVCache.zeros(cfg, prompts.tokens.shape[0], cache_len)
     hidden, cache = forward_with_cache(cfg, params, prompts.tokens, prompts.mask, cache=cache,
                                        cache_index=0)
     cache = KVCache(tuple(k[rows] for k in cache.k), tuple(v[rows] for v in cache.v),
                     cache.valid[rows])
-    start = Frontier(cache, logits=unembed(cfg, params, hidden[rows, -1]),
-                     n_tokens=jnp.sum(prompts.mask, axis=1).astype(jnp.int32)[rows],
-                     stop_state=jnp.zeros(rows.shape, jnp.int32))
-    return _decode(cfg, params, start, prompts.tokens.shape[1], key, stopping, settings)
+    return Frontier(cache, logits=unembed(cfg, params, hidden[rows, -1]),
+                    n_tokens=jnp.sum(prompts.mask, axis=1).astype(jnp.int32)[rows],
+                    stop_state=jnp.zeros(rows.shape, jnp.int32))
 
 
 @functools.partial(jax.jit, static_argnames=(*_STATIC, "keep"))
@@ -349,7 +356,7 @@ def _continue(cfg: ModelConfig, params: Params, previous: Frontier, plan: Contin
                      jnp.where(plan.resume, previous.stop_state[rows], 0))
     if plan.chunk.shape[1]:
         start = _read_chunk(cfg, params, start, plan, keep)
-    return _decode(cfg, params, start, keep + plan.chunk.shape[1], key, stopping, settings)
+    return decode_loop(cfg, params, start, keep + plan.chunk.shape[1], key, stopping, settings)
 
 
 def _compact(cache: KVCache, rows: jax.Array, keep: int, grow: int) -> KVCache:

@@ -152,3 +152,34 @@ def batch_shards(mesh: Mesh, rules: Mapping[str, Any] = DEFAULT_RULES) -> int:
 
 def shard(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(jax.device_put, tree, shardings)
+
+
+def decode_param_shardings(params: Params, mesh: Mesh,
+                           rules: Mapping[str, Any] = DEFAULT_RULES) -> Params:
+    """NamedSharding for the sampler's form of the weights (``models.sampler.decode_params``:
+    "layers" a tuple of per-layer dicts, and an "unembed" [D,V] in a narrower decode dtype):
+    each layer's weights by the rules of the stacked ones without their layers axis."""
+    def spec(x: Any, names: tuple) -> NamedSharding:
+        return NamedSharding(mesh, _spec(x.shape, names, mesh, rules))
+
+    out: Params = {"embed": spec(params["embed"], ("vocab", "embed")),
+                   "final_norm": spec(params["final_norm"], ("norm",)),
+                   "layers": tuple({k: spec(a, LAYER_AXES[k][1:]) for k, a in layer.items()}
+                                   for layer in params["layers"])}
+    for name in ("lm_head", "unembed"):
+        if name in params:
+            out[name] = spec(params[name], ("embed", "vocab"))
+    return out
+
+
+def cache_shardings(cache: Any, mesh: Mesh, rules: Mapping[str, Any] = DEFAULT_RULES) -> Any:
+    """NamedSharding for a KV cache (``models.transformer.KVCache``: keys [B,KV,hd,S], values
+    [B,KV,S,hd] per layer, valid [B,S]): rows over the data-parallel axes, KV heads by the
+    rules."""
+    def spec(x: Any, names: tuple) -> NamedSharding:
+        return NamedSharding(mesh, _spec(x.shape, names, mesh, rules))
+
+    per_layer = ("batch", "kv_heads", None, None)
+    return type(cache)(tuple(spec(k, per_layer) for k in cache.k),
+                       tuple(spec(v, per_layer) for v in cache.v),
+                       spec(cache.valid, ("batch", None)))

@@ -390,3 +390,27 @@ def overlong_buffer(run: RunConfig, budget: int) -> int:
     _require(0 <= buffer < budget, "algo.overlong.buffer_len",
              f"must be in [0, {budget}) (the response budget), got {buffer}")
     return buffer
+
+
+# ------------------------------------------------------------------------------ rl.plan
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanConfig:
+    """``python -m rl.plan``'s own section (``conf/plan.yaml``): what to compile for."""
+
+    topology: str        # a TPU slice (v5e:4x4, v5p:2x2x4, ...) or cpu (this host's devices)
+    model_shapes: str    # a shape preset (models.shapes) or a config.json path / HF folder
+    prompt_len: int      # prompt tokens per group (the batch's prefix length)
+    response_budget: int  # most tokens a trajectory holds after its prompt
+
+
+def parse_plan(cfg: Mapping[str, Any]) -> tuple[RunConfig, PlanConfig]:
+    """An ``rl.plan`` config: the ``rl.train`` config (:func:`parse`) and its ``plan``
+    section, each key checked."""
+    rest = {k: v for k, v in cfg.items() if k != "plan"}
+    plan = section(PlanConfig, cfg.get("plan"), "plan")
+    for key in ("prompt_len", "response_budget"):
+        _require(getattr(plan, key) >= 1, f"plan.{key}", f"must be >= 1, got "
+                 f"{getattr(plan, key)}")
+    return parse(rest), plan

@@ -1,0 +1,632 @@
+"""Ahead-of-time plan: ``python -m rl.plan [rl.train overrides] plan.topology=v5e:4x4``.
+
+Compiles, for a TPU topology and with abstract weights (``jax.ShapeDtypeStruct`` with a
+``NamedSharding`` for every argument, optimizer state included; shapes from a ``config.json``,
+nothing downloaded or allocated), the programs of one RL step as ``rl.train`` would run them:
+
+    prefill    the rollout's prompts into a KV cache of prompt + response budget slots
+    decode     the rollout's decode loop over the response budget (``models.sampler``)
+    reference  the reference / old-policy log-prob pass (``models.sampler.group_logprobs``)
+    update     one optimizer update (``rl.train_step.make_train_step``) on a mini-batch
+
+and prints per program the per-chip memory (arguments, temporaries, outputs: XLA's
+``memory_analysis``) against the chip's HBM, the FLOPs and a lower bound of its time, and
+which keys help when it does not fit. The same approach as MaxText's ``train_compile.py``
+(``jax.experimental.topologies.get_topology_desc``). libtpu compiles for the topology on a
+CPU-only host (``pip install -e '.[tpu-plan]'``); ``plan.topology=cpu`` plans for this
+host's devices instead (what the tests do).
+
+FLOPs are derived, not read from ``cost_analysis`` (which counts a ``lax.scan`` body, the
+layer stack and the micro-batch loop, once). Per token of a forward pass, with the layers'
+matmul parameters M = L (d hd (h + 2 kv) + h hd d + 3 d f):
+    2 M  +  4 L h hd K  (attention: scores and weighted values over the K keys it scores)
+    + 2 d V for each token whose logits are computed
+(the implementation scores every cache slot or key, masked, so K is the full key length).
+The update is forward + backward = 3 forwards (Kaplan et al. 2020, "6 N per token"), plus the
+recomputed attention (remat=false keeps only the weight matmuls' outputs) or the recomputed
+layer stack (remat=true). The time bound is max(FLOPs / (chips x peak FLOP/s),
+bytes / HBM bandwidth) with bytes per chip the program's arguments and outputs (read and
+written once) or, for the decode loop, its arguments read at every step; interconnect time
+is not counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from models.config import ModelConfig, ModelLoadError
+from models.sampler import (
+    DecodeSettings,
+    Frontier,
+    PromptBatch,
+    Scoring,
+    Stopping,
+    decode_loop,
+    decode_params,
+    group_logprobs,
+    prefill,
+    round_up,
+)
+from models.shapes import model_shapes
+from models.sharding import (
+    batch_sharding,
+    batch_shards,
+    cache_shardings,
+    decode_param_shardings,
+    make_mesh,
+    param_shardings,
+)
+from models.transformer import init_params
+from rl.batch import split_groups
+from rl.config import ConfigError, PlanConfig, RunConfig, parse_plan
+from rl.optim import lr_schedule, make_optimizer
+from rl.train_step import in_compute_dtype, init_train_state, make_train_step
+
+GiB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """A TPU chip's peak dense bfloat16 FLOP/s, HBM capacity and HBM bandwidth."""
+
+    name: str
+    peak_flops: float | None   # FLOP/s, bfloat16 (None: unknown, no time bound)
+    hbm_bytes: float
+    hbm_bandwidth: float | None  # bytes/s
+
+
+# Per chip, from the Google Cloud TPU documentation's system-architecture pages
+# (cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e: "Peak compute per chip (bf16)", "HBM
+# capacity", "HBM bandwidth"); the one table rl.plan reads.
+CHIPS: dict[str, Chip] = {
+    "v4": Chip("TPU v4", 275e12, 32 * GiB, 1200e9),
+    "v5e": Chip("TPU v5e", 197e12, 16 * GiB, 819e9),
+    "v5p": Chip("TPU v5p", 459e12, 95 * GiB, 2765e9),
+    "v6e": Chip("TPU v6e", 918e12, 32 * GiB, 1640e9),
+}
+TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):\d+x\d+(x\d+)?$")
+
+
+# ------------------------------------------------------------------------------ topology
+
+
+def host_chip(devices: int) -> Chip:
+    """This host's devices (plan.topology=cpu): an equal share of its RAM each, no peak
+    figures."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return Chip(f"host CPU device (1/{devices} of {ram / GiB:.0f} GiB RAM)", None,
+                ram / devices, None)
+
+
+def check_topology(name: str) -> Chip | None:
+    """The chip of a topology name (None for ``cpu``: see :func:`host_chip`), or a
+    ConfigError naming plan.topology; checked before anything compiles."""
+    if name == "cpu":
+        return None
+    if not TOPOLOGY.match(name):
+        raise ConfigError(f"plan.topology: unknown topology {name!r}; expected cpu or "
+                          f"<{'|'.join(CHIPS)}>:<AxB[xC]>, e.g. v5e:4x4 or v5p:2x2x4")
+    if importlib.util.find_spec("libtpu") is None:
+        raise ConfigError(f"plan.topology: {name} needs libtpu to compile for TPU: "
+                          "pip install -e '.[tpu-plan]' (or plan.topology=cpu)")
+    return CHIPS[name.split(":")[0]]
+
+
+def topology_devices(name: str) -> list:
+    """The devices of a topology: a TPU slice described by libtpu, or this host's."""
+    if name == "cpu":
+        return jax.devices()
+    from jax.experimental import topologies
+
+    try:
+        return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
+    except Exception as e:  # libtpu refuses the shape: name the key
+        raise ConfigError(f"plan.topology: libtpu cannot describe {name!r}: {e}") from None
+
+
+# ------------------------------------------------------------------------------ shapes
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The step's shapes as ``rl.batch`` lays them out: `groups` (sub-)groups of `size`
+    trajectories after a prompt of `prompt` tokens (rounded up to 32), `response` tokens
+    each (rounded up to 16), cut into `mini_batches` updates; the rollout samples `rows`
+    trajectories from `prompts` distinct prompts. `filler`: copies of a group with loss mask
+    0 that ``rl.batch.build_batch`` adds when the trajectories do not cut into equal slices
+    (counted in `groups` after the split)."""
+
+    prompts: int
+    rows: int
+    groups: int
+    size: int
+    prompt: int
+    response: int
+    mini_batches: int
+    filler: int = 0
+
+    @property
+    def update_groups(self) -> int:
+        return self.groups // self.mini_batches
+
+    @property
+    def cache_len(self) -> int:
+        return self.prompt + self.response
+
+
+def batch_groups(prompts: int, size: int, slices: int) -> tuple[int, int, int]:
+    """(groups, trajectories per group, filler groups) of the update batch of `prompts`
+    groups of `size` cut into `slices` equal parts, as ``rl.batch.build_batch`` lays it out:
+    filler copies of a group first when the trajectories do not divide, then sub-groups."""
+    filler = -prompts % slices if (prompts * size) % slices else 0
+    groups = split_groups([[0] * size] * (prompts + filler), slices)
+    return len(groups), len(groups[0]), filler
+
+
+def layout(run: RunConfig, plan: PlanConfig, mesh: Mesh) -> Layout:
+    """The layout of the configured batch (``rl.batch``: mini-batches x micro-batches x the
+    mesh's data-parallel shards equal slices)."""
+    t, g = run.trainer, run.algo.group_size
+    slices = t.mini_batches * t.micro_batches * batch_shards(mesh)
+    groups, size, filler = batch_groups(t.batch_prompts, g, slices)
+    return Layout(prompts=t.batch_prompts, rows=t.batch_prompts * g, groups=groups,
+                  size=size, prompt=round_up(plan.prompt_len, 32),
+                  response=round_up(plan.response_budget, 16), mini_batches=t.mini_batches,
+                  filler=filler)
+
+
+def _abstract(tree: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
+
+
+def _replicated(tree: Any, mesh: Mesh) -> Any:
+    return _abstract(tree, jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), tree))
+
+
+def _rows(shape: tuple[int, ...], dtype: Any, mesh: Mesh) -> jax.ShapeDtypeStruct:
+    """An abstract array sharded along its leading (batch) axis when the shards divide it."""
+    return jax.ShapeDtypeStruct(shape, dtype,
+                                sharding=batch_sharding(mesh, len(shape), shape[0]))
+
+
+def abstract_params(cfg: ModelConfig, mesh: Mesh) -> Any:
+    """The float32 master weights as sharded shapes (``jax.eval_shape``: nothing allocated)."""
+    shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0), jnp.float32))
+    return _abstract(shapes, param_shardings(shapes, mesh))
+
+
+def abstract_state(params: Any, optimizer: optax.GradientTransformation, mesh: Mesh) -> Any:
+    """The train state (step, weights, optimizer state) as sharded shapes: the optimizer's
+    per-parameter leaves (Adam's moments) sharded like their parameters, the rest replicated
+    (``optax.tree_map_params``)."""
+    state = jax.eval_shape(lambda p: init_train_state(p, optimizer), params)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    opt_shardings = optax.tree_map_params(
+        optimizer, lambda _, p: p.sharding, state.opt_state, params,
+        transform_non_params=lambda _: replicated)
+    return type(state)(_replicated(state.step, mesh), params,
+                       _abstract(state.opt_state, opt_shardings))
+
+
+def bytes_per_chip(tree: Any) -> int:
+    """Bytes one device holds of a tree of sharded abstract arrays."""
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(tree))
+
+
+def update_batch(run: RunConfig, lay: Layout, mesh: Mesh) -> dict[str, Any]:
+    """One mini-batch of the update (``rl.batch``'s arrays), as sharded shapes."""
+    n, g, p, r = lay.update_groups, lay.size, lay.prompt, lay.response
+    batch = {"prefix": _rows((n, p), jnp.int32, mesh),
+             "prefix_mask": _rows((n, p), jnp.bool_, mesh),
+             "tokens": _rows((n, g, r), jnp.int32, mesh),
+             "attn_mask": _rows((n, g, r), jnp.bool_, mesh),
+             "loss_mask": _rows((n, g, r), jnp.float32, mesh),
+             "advantages": _rows((n, g), jnp.float32, mesh)}
+    if run.updates_per_batch > 1:
+        batch["logp_old"] = _rows((n, g, r), jnp.float32, mesh)
+    if run.algo.beta > 0:
+        batch["logp_ref"] = _rows((n, g, r), jnp.float32, mesh)
+    return batch
+
+
+# ------------------------------------------------------------------------------ FLOPs
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """M: the layer stack's weight-matmul parameters (embeddings and norms excluded)."""
+    d, f, h, kv, hd = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
+                       cfg.num_kv_heads, cfg.head_dim)
+    return cfg.num_layers * (d * hd * (h + 2 * kv) + h * hd * d + 3 * d * f)
+
+
+def forward_flops(cfg: ModelConfig, tokens: int, scored_keys: int,
+                  logit_rows: int) -> tuple[float, float, float]:
+    """(layer matmuls, attention, output layer) FLOPs of a forward pass over `tokens`
+    tokens that score `scored_keys` (query, key) pairs in every layer and compute the
+    logits of `logit_rows` tokens: 2 M tokens, 4 L h hd scored_keys, 2 d V logit_rows."""
+    return (2.0 * matmul_params(cfg) * tokens,
+            4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * scored_keys,
+            2.0 * cfg.hidden_size * cfg.vocab_size * logit_rows)
+
+
+def scoring_flops(cfg: ModelConfig, n: int, g: int, p: int, r: int) -> tuple[float, ...]:
+    """A ``group_logprobs`` forward over n prompts of p tokens (read once, keys: p each) and
+    their n g continuations of r tokens (keys: the prompt's p and the row's r each); logits
+    for the continuations only."""
+    return forward_flops(cfg, n * p + n * g * r, n * p * p + n * g * r * (p + r), n * g * r)
+
+
+def update_flops(cfg: ModelConfig, n: int, g: int, p: int, r: int, remat: bool) -> float:
+    """3 forwards (forward, backward = 2 forwards) plus the recomputation: the attention
+    (remat=false) or the whole layer stack (remat=true)."""
+    layers, attention, output = scoring_flops(cfg, n, g, p, r)
+    return 3 * (layers + attention + output) + attention + (layers if remat else 0.0)
+
+
+def prefill_flops(cfg: ModelConfig, lay: Layout) -> float:
+    """The distinct prompts through a cache of cache_len slots (every slot scored); logits
+    of each row's last prompt token."""
+    return sum(forward_flops(cfg, lay.prompts * lay.prompt,
+                             lay.prompts * lay.prompt * lay.cache_len, lay.rows))
+
+
+def decode_flops(cfg: ModelConfig, lay: Layout) -> float:
+    """`response` steps of one token for every row, each scoring all cache_len slots."""
+    steps = lay.rows * lay.response
+    return sum(forward_flops(cfg, steps, steps * lay.cache_len, steps))
+
+
+# ------------------------------------------------------------------------------ programs
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """One compiled program's per-chip memory (bytes) and derived cost."""
+
+    name: str
+    arguments: int
+    temporaries: int
+    outputs: int
+    aliased: int
+    resident: int   # held by the step outside this program (train state, reference weights)
+    flops: float
+    min_bytes: float  # HBM traffic per chip the program cannot avoid
+    runs: bool        # whether this config runs the program each step
+    refused: str = ""  # the compiler's out-of-memory message when it would not compile it
+
+    @property
+    def total(self) -> int:
+        return self.arguments + self.temporaries + self.outputs - self.aliased
+
+    @property
+    def peak(self) -> int:
+        return self.total + self.resident
+
+
+UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# the TPU compiler refuses a program larger than HBM; its message carries the size
+USED = re.compile(r"Used ([\d.]+)([KMGT]) of ([\d.]+)([KMGT]) hbm")
+TEMPS = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """memory_analysis()'s fields that a plan reads (bytes per device)."""
+
+    argument_size_in_bytes: int
+    temp_size_in_bytes: int
+    output_size_in_bytes: int
+    alias_size_in_bytes: int
+
+
+def refused_sizes(message: str, arguments: int) -> Sizes | None:
+    """The sizes in a TPU out-of-memory refusal: 'Used X of Y hbm' (everything) or 'HLO
+    temporaries (X) exceeds' (temporaries only); None when the message is neither."""
+    if m := USED.search(message):
+        used = float(m.group(1)) * UNITS[m.group(2)]
+        return Sizes(arguments, max(0, int(used) - arguments), 0, 0)
+    if m := TEMPS.search(message):
+        return Sizes(arguments, int(float(m.group(1)) * UNITS[m.group(2)]), 0, 0)
+    return None
+
+
+def compiled_program(name: str, lowered: Any, args: Any, *, resident: int, flops: float,
+                     min_bytes: Callable[[Any], float], runs: bool = True) -> Program:
+    """Compile `lowered` (its abstract arguments `args`) and read its memory analysis (per
+    device); a program the TPU compiler refuses for lack of HBM is reported with the sizes
+    its message states."""
+    refused = ""
+    try:
+        mem = lowered.compile().memory_analysis()
+    except jax.errors.JaxRuntimeError as e:
+        sizes = refused_sizes(str(e), bytes_per_chip(args))
+        if "RESOURCE_EXHAUSTED" not in str(e) or sizes is None:
+            raise
+        mem, refused = sizes, str(e).split("\n")[0]
+    return Program(name, int(mem.argument_size_in_bytes), int(mem.temp_size_in_bytes),
+                   int(mem.output_size_in_bytes), int(mem.alias_size_in_bytes),
+                   resident, flops, min_bytes(mem), runs, refused)
+
+
+def _stopping(cfg: ModelConfig, rows: int, mesh: Mesh) -> Stopping:
+    """The decode loop's stopping tables for no stop strings (one automaton state)."""
+    return Stopping(_rows((rows,), jnp.int32, mesh),
+                    *_replicated((jax.ShapeDtypeStruct((1,), jnp.int32),
+                                  jax.ShapeDtypeStruct((1, cfg.vocab_size), jnp.int32),
+                                  jax.ShapeDtypeStruct((1, cfg.vocab_size), jnp.bool_),
+                                  jax.ShapeDtypeStruct((), jnp.int32)), mesh))
+
+
+def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, params: Any,
+                     resident: int) -> list[Program]:
+    """The rollout's prefill and decode loop on the sampler's weights (trainer.rollout_dtype,
+    ``models.sampler.decode_params``) with the float32 KV cache the sampler allocates."""
+    dtype = None if run.trainer.rollout_dtype == "float32" else run.trainer.rollout_dtype
+    shapes = jax.eval_shape(lambda p: decode_params(p, dtype), params)
+    dparams = _abstract(shapes, decode_param_shardings(shapes, mesh))
+    prompts = PromptBatch(_rows((lay.prompts, lay.prompt), jnp.int32, mesh),
+                          _rows((lay.prompts, lay.prompt), jnp.bool_, mesh),
+                          _rows((lay.rows,), jnp.int32, mesh))
+    pre = jax.jit(prefill, static_argnames=("cfg", "cache_len")).lower(
+        cfg, dparams, prompts, cache_len=lay.cache_len)
+    programs = [compiled_program(
+        "prefill", pre, (dparams, prompts), resident=resident, flops=prefill_flops(cfg, lay),
+        min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes)]
+    front = jax.eval_shape(lambda p, b: prefill(cfg, p, b, lay.cache_len), dparams, prompts)
+    start = Frontier(_abstract(front.cache, cache_shardings(front.cache, mesh)),
+                     _rows(front.logits.shape, front.logits.dtype, mesh),
+                     _rows(front.n_tokens.shape, jnp.int32, mesh),
+                     _rows(front.stop_state.shape, jnp.int32, mesh))
+    key = _replicated(jax.eval_shape(lambda: jax.random.key(0)), mesh)
+    settings = DecodeSettings(lay.response, run.trainer.temperature, run.trainer.top_p)
+    stopping = _stopping(cfg, lay.rows, mesh)
+    # the frontier donated: in the sampler's one program the decode loop takes over the
+    # prefilled cache instead of holding two copies
+    dec = jax.jit(decode_loop, static_argnames=("cfg", "first_slot", "settings"),
+                  donate_argnames="start").lower(
+        cfg, dparams, start, lay.prompt, key, stopping, settings)
+    programs.append(compiled_program(
+        "decode", dec, (dparams, start, key, stopping), resident=resident,
+        flops=decode_flops(cfg, lay),
+        min_bytes=lambda m: lay.response * m.argument_size_in_bytes))
+    return programs
+
+
+def reference_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, params: Any,
+                      resident: int) -> Program:
+    """The reference / old-policy pass as ``rl.loop.logprobs_with`` runs it: the whole
+    rollout batch in one call on the weights in the compute dtype."""
+    shapes = jax.eval_shape(lambda p: in_compute_dtype(p, run.model.dtype), params)
+    weights = _abstract(shapes, param_shardings(shapes, mesh))
+    n, g, p, r = lay.groups, lay.size, lay.prompt, lay.response
+    scoring = Scoring(remat=run.trainer.remat, temperature=run.trainer.temperature)
+    batch = (_rows((n, p), jnp.int32, mesh), _rows((n, p), jnp.bool_, mesh),
+             _rows((n, g, r), jnp.int32, mesh), _rows((n, g, r), jnp.bool_, mesh))
+    lowered = group_logprobs.lower(cfg, weights, *batch, scoring=scoring)
+    runs = run.algo.beta > 0 or run.updates_per_batch > 1
+    return compiled_program(
+        "reference", lowered, (weights, batch), resident=resident,
+        flops=sum(scoring_flops(cfg, n, g, p, r)),
+        min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes, runs=runs)
+
+
+def update_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, state: Any,
+                   resident: int) -> Program:
+    """One optimizer update on a mini-batch, the train state donated, as rl.train builds it."""
+    oc = run.optim_config()
+    step = make_train_step(cfg, run.loss_config(lay.response), make_optimizer(oc),
+                           lr_schedule(oc))
+    batch = update_batch(run, lay, mesh)
+    lowered = step.lower(state, batch)
+    flops = update_flops(cfg, lay.update_groups, lay.size, lay.prompt, lay.response,
+                         run.trainer.remat)
+    return compiled_program(
+        "update", lowered, (state, batch), resident=resident, flops=flops,
+        min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes)
+
+
+# ------------------------------------------------------------------------------ report
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything the report prints."""
+
+    model: str
+    cfg: ModelConfig
+    topology: str
+    chip: Chip
+    chips: int
+    mesh: Mapping[str, int]
+    lay: Layout
+    state_bytes: int
+    ref_bytes: int
+    programs: tuple[Program, ...]
+
+
+def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
+    """Compile the step's programs for plan.topology (checked first) and collect the
+    figures."""
+    chip = check_topology(plan.topology)
+    try:
+        cfg = model_shapes(plan.model_shapes)
+    except ModelLoadError as e:
+        raise ConfigError(f"plan.model_shapes: {e}") from None
+    devices = topology_devices(plan.topology)
+    try:
+        mesh = make_mesh(dict(run.mesh.shape or {"data": -1}), devices=devices)
+    except ValueError as e:
+        raise ConfigError(f"mesh.shape: {e} (plan.topology={plan.topology})") from None
+    lay = layout(run, plan, mesh)
+    params = abstract_params(cfg, mesh)
+    state = abstract_state(params, make_optimizer(run.optim_config()), mesh)
+    state_bytes = bytes_per_chip(state)
+    ref_shapes = jax.eval_shape(lambda p: in_compute_dtype(p, run.model.dtype), params)
+    ref_bytes = bytes_per_chip(_abstract(ref_shapes, param_shardings(ref_shapes, mesh))) \
+        if run.algo.beta > 0 else 0
+    programs = [*rollout_programs(run, cfg, lay, mesh, params, state_bytes + ref_bytes),
+                reference_program(run, cfg, lay, mesh, params, state_bytes),
+                update_program(run, cfg, lay, mesh, state, ref_bytes)]
+    chip = chip or host_chip(len(devices))
+    return Plan(plan.model_shapes, cfg, plan.topology, chip, len(devices), dict(mesh.shape),
+                lay, state_bytes, ref_bytes, tuple(programs))
+
+
+def time_bound(plan: Plan, prog: Program) -> float | None:
+    """Seconds at least: max(FLOPs / (chips x peak), bytes per chip / HBM bandwidth)."""
+    if plan.chip.peak_flops is None or plan.chip.hbm_bandwidth is None:
+        return None
+    return max(prog.flops / (plan.chips * plan.chip.peak_flops),
+               prog.min_bytes / plan.chip.hbm_bandwidth)
+
+
+def splits(groups: int, size: int, slices: int) -> bool:
+    """Whether `groups` groups of `size` cut into `slices` equal parts without filler."""
+    return batch_groups(groups, size, slices)[2] == 0
+
+
+def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
+    """The keys that lower a program's memory, as the user would type them: only values the
+    batch layout accepts (mini x micro x data-parallel shards must cut it evenly)."""
+    t, g = run.trainer, run.algo.group_size
+    shards = plan.mesh["data"] * plan.mesh["fsdp"]
+    ok = lambda prompts, mini, micro: splits(prompts, g, mini * micro * shards)  # noqa: E731
+    micro = next((m for m in range(t.micro_batches + 1, 8 * t.micro_batches + 1)
+                  if ok(t.batch_prompts, t.mini_batches, m)), None)
+    mini = next((m for m in range(t.mini_batches + 1, 8 * t.mini_batches + 1)
+                 if ok(t.batch_prompts, m, t.micro_batches)), None)
+    fewer = next((b for b in range(t.batch_prompts // 2, 0, -1)
+                  if ok(b, t.mini_batches, t.micro_batches)), None)
+    more_fsdp = (f"mesh.shape={{data:1,fsdp:{plan.chips},tensor:1}} (weights, gradients and "
+                 f"Adam state over all {plan.chips} chips)" if plan.mesh["fsdp"] < plan.chips
+                 else None)
+    rows = f"trainer.batch_prompts={fewer} (fewer rows)" if fewer else None
+    logits = "chunked logits (not implemented yet: #17 item 7)"
+    if name == "update":
+        keys = [micro and f"trainer.micro_batches={micro}",
+                None if t.remat else "trainer.remat=true", more_fsdp,
+                mini and f"trainer.mini_batches={mini} (smaller updates)", rows, logits]
+    elif name == "reference":
+        keys = [rows, more_fsdp, None if t.remat else "trainer.remat=true",
+                "a micro-batched reference pass (not implemented yet: #17 item 2)", logits]
+    else:
+        keys = [rows, None if t.rollout_dtype == "bfloat16" else "trainer.rollout_dtype="
+                "bfloat16", more_fsdp, "a smaller response budget (plan.response_budget, the "
+                "task's)", "a bfloat16 KV cache (not configurable yet: #17 item 7)"]
+    return [k for k in keys if k]
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:7.3f}"
+
+
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return "      n/a"
+    return f"{s * 1e3:7.1f} ms" if s < 1 else f"{s:8.2f} s"
+
+
+def header(run: RunConfig, plan: Plan) -> list[str]:
+    cfg, lay, chip = plan.cfg, plan.lay, plan.chip
+    hbm = (f"{chip.name}: {chip.hbm_bytes / GiB:.0f} GiB HBM, {chip.peak_flops / 1e12:.0f} "
+           f"TFLOP/s bf16, {chip.hbm_bandwidth / 1e9:.0f} GB/s (Cloud TPU docs)"
+           if chip.peak_flops else f"{chip.name}: no peak figures, no time bound")
+    mesh = " ".join(f"{k}={v}" for k, v in plan.mesh.items())
+    t = run.trainer
+    return [
+        f"rl.plan: {plan.model} ({cfg.arch}, {cfg.num_params / 1e9:.3f} B parameters) on "
+        f"{plan.topology}: {plan.chips} chips, {hbm}; mesh {mesh}",
+        f"  batch: {lay.prompts} prompts x {run.algo.group_size} = {lay.rows} trajectories; "
+        f"prompt {lay.prompt} tokens, response budget {lay.response}; update: "
+        f"{lay.mini_batches} mini-batch(es) of {lay.update_groups} groups x {lay.size}, "
+        f"{t.micro_batches} micro-batches, remat {str(t.remat).lower()}, compute "
+        f"{run.model.dtype}; rollout {t.rollout_dtype} weights, float32 KV cache",
+        *([f"  filler: rl.batch adds {lay.filler} filler group(s) (loss mask 0) so that "
+           f"{lay.rows} trajectories cut into {t.mini_batches} x {t.micro_batches} x "
+           f"{plan.mesh['data'] * plan.mesh['fsdp']} equal slices: the update computes "
+           f"{lay.filler * run.algo.group_size} trajectories for nothing"] if lay.filler
+          else []),
+        f"  resident per chip: train state (float32 weights + optimizer) "
+        f"{plan.state_bytes / GiB:.2f} GiB, reference weights {plan.ref_bytes / GiB:.2f} GiB",
+    ]
+
+
+def report(run: RunConfig, plan: Plan) -> str:
+    """The plan as text: a table per program, then the verdicts."""
+    lines = header(run, plan)
+    lines.append(f"  {'program':<10}{'args':>8}{'temp':>8}{'out':>8}{'total':>8}"
+                 f"{'+resid.':>9}  {'of HBM':>7}{'FLOPs':>11}  {'time >=':>10}   (GiB per chip)")
+    lines += [_row(plan, p) for p in plan.programs]
+    lines.append(verdict(run, plan))
+    return "\n".join(lines)
+
+
+def _row(plan: Plan, p: Program) -> str:
+    notes = ("" if p.runs else "   (not run by this config)") + (
+        "   (refused by the compiler: sizes from its message)" if p.refused else "")
+    return (f"  {p.name:<10}{_gib(p.arguments)} {_gib(p.temporaries)} {_gib(p.outputs)} "
+            f"{_gib(p.total)}  {_gib(p.peak)}  {100 * p.peak / plan.chip.hbm_bytes:6.0f}%"
+            f"{p.flops:11.3e}  {_seconds(time_bound(plan, p))}{notes}")
+
+
+def verdict(run: RunConfig, plan: Plan) -> str:
+    """'fits' when every program the config runs fits, and a line per program that does
+    not (or would not, for a pass this config skips) with the keys that help."""
+    hbm = plan.chip.hbm_bytes
+    over = [p for p in plan.programs if p.peak > hbm or p.refused]
+    out = []
+    if not any(p.runs for p in over):
+        out.append(f"verdict: fits: every program this config runs is within "
+                   f"{hbm / GiB:.1f} GiB per chip")
+    for p in over:
+        status = "does NOT fit" if p.runs else ("would NOT fit if run (algo.beta > 0 or "
+                                                "several updates per batch)")
+        out.append(f"verdict: {p.name} {status}: {p.peak / GiB:.2f} GiB per chip (program "
+                   f"{p.total / GiB:.2f} + resident {p.resident / GiB:.2f}) > "
+                   f"{hbm / GiB:.1f} GiB; try " + "; ".join(remedies(run, plan, p.name)))
+        if p.refused:
+            out.append(f"  the compiler: {p.refused}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The hydra entry point (``conf/plan.yaml``: rl.train's config plus ``plan``)."""
+    import hydra
+    from omegaconf import OmegaConf
+
+    # compile for the topology without a TPU: JAX itself on the CPU (unless JAX_PLATFORMS
+    # says otherwise), and libtpu loaded even while another process on this host holds its
+    # lock (/tmp/libtpu_lockfile)
+    if not os.environ.get("JAX_PLATFORMS"):
+        jax.config.update("jax_platforms", "cpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+    @hydra.main(config_path="../conf", config_name="plan", version_base="1.3")
+    def entry(cfg: Any) -> None:
+        try:
+            run, plan = parse_plan(OmegaConf.to_container(cfg, resolve=True))
+            print(report(run, make_plan(run, plan)), flush=True)
+        except ConfigError as e:
+            sys.exit(f"rl.plan: {e}")
+
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    entry()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,315 @@
+"""``python -m rl.plan``: the step's programs compiled ahead of time for a topology (#17 item
+6). The plans run in subprocesses: compiling for a TPU topology (libtpu) stays apart from the
+test process's CPU JAX, and the 8-device CPU mesh needs its own XLA_FLAGS."""
+
+import dataclasses
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from core.types import Group, Trajectory
+from models.presets import tiny_config
+from models.shapes import SHAPE_PRESETS, model_shapes
+from models.transformer import forward, init_params
+from rl.batch import build_batch
+from rl.config import ConfigError, parse_plan
+from rl.plan import (
+    CHIPS,
+    Chip,
+    Layout,
+    Plan,
+    Program,
+    batch_groups,
+    decode_flops,
+    forward_flops,
+    header,
+    make_plan,
+    prefill_flops,
+    refused_sizes,
+    remedies,
+    update_flops,
+    verdict,
+)
+from tests.paths import CONF, ROOT
+
+PROGRAMS = ("prefill", "decode", "reference", "update")
+TINY = ["model=tiny", "trainer.batch_prompts=4", "plan.prompt_len=20", "plan.response_budget=24"]
+ROW = re.compile(r"^\s+(prefill|decode|reference|update)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+"
+                 r"([\d.]+)\s+([\d.]+)\s+(\d+)%\s+([\d.e+]+)\s")
+
+
+def _plan_cli(*overrides: str, devices: int | None = None, timeout: int = 600):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    if devices:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    return subprocess.run([sys.executable, "-m", "rl.plan", *overrides], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _rows(stdout: str) -> dict[str, tuple[float, ...]]:
+    rows = {}
+    for line in stdout.splitlines():
+        if m := ROW.match(line):
+            rows[m.group(1)] = tuple(float(x) for x in m.groups()[1:])
+    return rows
+
+
+def _check_table(stdout: str) -> None:
+    rows = _rows(stdout)
+    assert set(rows) == set(PROGRAMS), stdout
+    for name, (args, temp, out, total, peak, _share, flops) in rows.items():
+        assert args > 0 and flops > 0, (name, stdout)
+        assert peak >= total, (name, stdout)
+        # the printed total is arguments + temporaries + outputs less the donated aliases
+        assert total <= args + temp + out + 0.002, (name, stdout)
+
+
+def test_plan_of_the_tiny_model_on_an_8_device_cpu_mesh():
+    proc = _plan_cli(*TINY, "plan.topology=cpu", devices=8)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "on cpu: 8 chips" in out and "mesh data=8 fsdp=1 tensor=1" in out, out
+    # 4 prompts x 4 = 16 trajectories cut into 8 data-parallel slices: 8 groups of 2
+    assert "4 prompts x 4 = 16 trajectories" in out and "8 groups x 2" in out, out
+    assert "prompt 32 tokens, response budget 32" in out, out  # rounded as rl.batch pads
+    _check_table(out)
+    assert "verdict: fits" in out, out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed (pip install -e '.[tpu-plan]'): no TPU "
+                           "topology to compile for")
+def test_plan_of_the_tiny_model_on_a_v5e_2x2_slice():
+    proc = _plan_cli(*TINY, "plan.topology=v5e:2x2", "mesh=fsdp")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "on v5e:2x2: 4 chips, TPU v5e: 16 GiB HBM, 197 TFLOP/s bf16, 819 GB/s" in out, out
+    assert "mesh data=1 fsdp=4 tensor=1" in out, out
+    _check_table(out)
+    assert "verdict: fits: every program this config runs is within 16.0 GiB per chip" in out, out
+
+
+def test_unknown_topology_is_refused_naming_the_key_before_any_compute():
+    proc = _plan_cli(*TINY, "plan.topology=v9z:4x4", timeout=120)
+    assert proc.returncode != 0
+    assert "plan.topology: unknown topology 'v9z:4x4'" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not _rows(proc.stdout)
+
+
+def _config(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("plan", overrides=["trainer.run_dir=unused", *TINY, *overrides])
+    return parse_plan(OmegaConf.to_container(cfg, resolve=True))
+
+
+@pytest.mark.parametrize("name", ["v5e", "v5e:4", "tpu:4x4", "v5e:4x4x4x4", "V5E:4x4"])
+def test_malformed_topology_names_are_refused(name, monkeypatch):
+    def no_compile(*a, **k):
+        raise AssertionError("compiled before the topology was checked")
+
+    monkeypatch.setattr("rl.plan.model_shapes", no_compile)
+    run, plan = _config(f"plan.topology={name}")
+    with pytest.raises(ConfigError, match=r"^plan\.topology: unknown topology"):
+        make_plan(run, plan)
+
+
+def test_plan_keys_are_checked():
+    with pytest.raises(ConfigError, match=r"plan\.response_budget: must be >= 1"):
+        _config("plan.response_budget=0")
+    with pytest.raises(ConfigError, match=r"plan\.colour: unknown key"):
+        _config("+plan.colour=red")
+
+
+def test_the_layout_is_rl_batchs_filler_groups_included():
+    """64 x 5 trajectories, 8 micro-batches, 16 data-parallel shards: 128 slices. 320 is not
+    a multiple of 128, so rl.batch.build_batch adds -64 % 128 = 64 filler groups of 5, and 128
+    groups of 5 cut into 128 slices (a test of the real build_batch checks the same)."""
+    assert batch_groups(64, 5, 128) == (128, 5, 64)
+    # 4 micro-batches: 64 slices of 64 groups of 5, no filler; 8 prompts x 4 over 32 slices:
+    # sub-groups of 1 (32 of them)
+    assert batch_groups(64, 5, 64) == (64, 5, 0)
+    assert batch_groups(8, 4, 32) == (32, 1, 0)
+    traj = Trajectory(prompt_tokens=(1, 2, 3), tokens=(4, 5), loss_mask=(1, 1),
+                      logprobs=(0.0, 0.0), text="", finish="eos")
+    groups = [Group(prompt=None, trajectories=(traj,) * 5) for _ in range(64)]
+    built = build_batch(groups, np.zeros((64, 5)), pad_id=0, resp_len=16, slices=128)
+    assert built["tokens"].shape[:2] == (128, 5)
+
+
+# ------------------------------------------------------------------------------ FLOPs by hand
+
+# tiny_config(): d=64, f=128, L=2, h=4, kv=2, hd=16, V=49152. Layer matmul parameters:
+# M = L (d hd (h + 2 kv) + h hd d + 3 d f) = 2 (64*16*8 + 4*16*64 + 3*64*128) = 73,728
+
+
+def test_forward_flops_by_hand():
+    cfg = tiny_config()
+    layers, attention, output = forward_flops(cfg, tokens=10, scored_keys=100, logit_rows=3)
+    assert layers == 2 * 73_728 * 10                 # 1,474,560
+    assert attention == 4 * 2 * 4 * 16 * 100         # 4 L h hd K = 51,200
+    assert output == 2 * 64 * 49_152 * 3             # 18,874,368
+
+
+def test_update_prefill_and_decode_flops_by_hand():
+    cfg = tiny_config()
+    # 1 group of 2 continuations of 3 tokens after a 4-token prompt: 4 + 6 = 10 tokens
+    # through the layers, 4*4 prompt + 6*(4+3) continuation (query, key) pairs = 58, 6 logits
+    fwd_layers, fwd_attn, fwd_out = 2 * 73_728 * 10, 4 * 2 * 4 * 16 * 58, 2 * 64 * 49_152 * 6
+    fwd = fwd_layers + fwd_attn + fwd_out
+    assert update_flops(cfg, 1, 2, 4, 3, remat=False) == 3 * fwd + fwd_attn
+    assert update_flops(cfg, 1, 2, 4, 3, remat=True) == 3 * fwd + fwd_attn + fwd_layers
+    lay = Layout(prompts=2, rows=6, groups=2, size=3, prompt=32, response=16, mini_batches=1)
+    # prefill: 2 prompts x 32 tokens against 48 cache slots; logits for the 6 rows
+    assert prefill_flops(cfg, lay) == (2 * 73_728 * 64 + 4 * 2 * 4 * 16 * 64 * 48
+                                       + 2 * 64 * 49_152 * 6)
+    # decode: 6 rows x 16 steps, every step scoring 48 slots and computing logits
+    assert decode_flops(cfg, lay) == (2 * 73_728 * 96 + 4 * 2 * 4 * 16 * 96 * 48
+                                      + 2 * 64 * 49_152 * 96)
+
+
+def test_forward_flops_agree_with_xla_on_an_unscanned_model():
+    """With one layer, cost_analysis's count of the scan body is the whole forward: the
+    derived matmul FLOPs are within the elementwise work (norms, softmax, RoPE) of XLA's."""
+    cfg = tiny_config(num_layers=1, vocab_size=4096)
+    params = init_params(cfg, jax.random.key(0))
+    tokens = jnp.zeros((2, 64), jnp.int32)
+    cost = jax.jit(lambda p, t: forward(cfg, p, t)).lower(params, tokens).compile()
+    cost = cost.cost_analysis()
+    xla = (cost[0] if isinstance(cost, list) else cost)["flops"]
+    derived = sum(forward_flops(cfg, tokens=128, scored_keys=2 * 64 * 64, logit_rows=128))
+    assert 1.0 <= xla / derived < 1.15, (xla, derived)
+
+
+# ------------------------------------------------------------------------------ verdicts
+
+
+def _fake_plan(run, update_gib: float) -> Plan:
+    """A plan of 16 v5e chips meshed data=2 x fsdp=2 (4 data-parallel shards) whose update
+    needs 1 GiB of arguments and `update_gib` of temporaries."""
+    g = 2**30
+    progs = tuple(Program(n, g, int(update_gib * g) if n == "update" else 0, 0, 0, 0, 1e12,
+                          1e9, True) for n in PROGRAMS)
+    lay = Layout(prompts=8, rows=32, groups=8, size=4, prompt=32, response=32, mini_batches=1)
+    return Plan("tiny", tiny_config(), "v5e:4x4", CHIPS["v5e"], 16,
+                {"data": 2, "fsdp": 2, "tensor": 1}, lay, 0, 0, progs)
+
+
+def test_verdict_names_what_does_not_fit_and_the_keys_that_help():
+    # 8 prompts x 4 over 4 shards: micro_batches=3 would need 12 equal slices of 8 groups
+    # (sub-groups of 4, 2 or 1: 8, 16 or 32 of them, none a multiple of 12), 4 needs 16
+    # (sub-groups of 2); 4 prompts still split into 2 x 4 = 8 slices; 2 mini-batches: 16
+    run, _ = _config("trainer.batch_prompts=8", "trainer.micro_batches=2")
+    text = verdict(run, _fake_plan(run, update_gib=20.0))
+    assert text.startswith("verdict: update does NOT fit: 21.00 GiB per chip"), text
+    assert "> 16.0 GiB; try" in text
+    for key in ("trainer.micro_batches=4", "trainer.remat=true", "trainer.mini_batches=2",
+                "mesh.shape={data:1,fsdp:16,tensor:1}", "trainer.batch_prompts=4"):
+        assert key in text, (key, text)
+    assert "trainer.micro_batches=3" not in text and "prefill" not in text
+    assert verdict(run, _fake_plan(run, update_gib=1.0)).startswith("verdict: fits")
+
+
+def test_a_pass_the_config_does_not_run_does_not_spoil_the_fit():
+    run, _ = _config("trainer.batch_prompts=8")
+    plan = _fake_plan(run, update_gib=1.0)
+    g = 2**30
+    big = dataclasses.replace(plan.programs[2], temporaries=40 * g, runs=False)
+    plan = dataclasses.replace(plan, programs=(*plan.programs[:2], big, plan.programs[3]))
+    text = verdict(run, plan).splitlines()
+    assert text[0] == "verdict: fits: every program this config runs is within 16.0 GiB per chip"
+    assert text[1].startswith("verdict: reference would NOT fit if run (algo.beta > 0"), text
+
+
+def test_the_sizes_of_a_tpu_out_of_memory_refusal_are_read_from_its_message():
+    """The TPU compiler refuses a program larger than HBM instead of compiling it; the plan
+    reports the sizes its message states (both forms libtpu 0.0.42 prints)."""
+    g = 2**30
+    temps = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+             "temporaries (197.53G) exceeds available HBM (15.75G).")
+    sizes = refused_sizes(temps, arguments=2 * g)
+    assert sizes.argument_size_in_bytes == 2 * g
+    assert sizes.temp_size_in_bytes == int(197.53 * g)
+    used = ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory "
+            "space hbm. Used 39.70G of 15.75G hbm. Exceeded hbm capacity by 23.95G.")
+    sizes = refused_sizes(used, arguments=3 * g)
+    assert sizes.argument_size_in_bytes + sizes.temp_size_in_bytes == int(39.70 * g)
+    assert refused_sizes("RESOURCE_EXHAUSTED: something else", 0) is None
+
+
+def test_rollout_remedies_offer_bfloat16_weights_only_when_float32():
+    run, _ = _config()
+    assert "trainer.rollout_dtype=bfloat16" in remedies(run, _fake_plan(run, 1.0), "decode")
+    run, _ = _config("trainer.rollout_dtype=bfloat16")
+    assert not any("rollout_dtype" in k for k in remedies(run, _fake_plan(run, 1.0), "decode"))
+
+
+def test_chip_table_is_the_cloud_tpu_docs_figures():
+    gib = 2**30
+    assert CHIPS["v5e"] == Chip("TPU v5e", 197e12, 16 * gib, 819e9)
+    assert CHIPS["v5p"] == Chip("TPU v5p", 459e12, 95 * gib, 2765e9)
+    assert CHIPS["v4"] == Chip("TPU v4", 275e12, 32 * gib, 1200e9)
+    assert CHIPS["v6e"] == Chip("TPU v6e", 918e12, 32 * gib, 1640e9)
+
+
+# ------------------------------------------------------------------------------ shape presets
+
+# (total, non-embedding) parameters in billions, as the Qwen3 model cards state them
+MODEL_CARDS = {"qwen3_0_6b": (0.6, 0.44), "qwen3_1_7b": (1.7, 1.4), "qwen3_4b": (4.0, 3.6),
+               "qwen3_8b": (8.2, 6.95), "qwen3_14b": (14.8, 13.2)}
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_CARDS))
+def test_qwen3_presets_have_the_model_cards_parameter_counts(name):
+    cfg = model_shapes(name)
+    total, non_embedding = MODEL_CARDS[name]
+    embeddings = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_embeddings else 2)
+    assert cfg.arch == "qwen3" and cfg.qk_norm
+    # to the cards' precision: half a unit of the last digit they print
+    half = lambda x: 0.5 * 10 ** -len(str(x).split(".")[1])  # noqa: E731
+    assert cfg.num_params / 1e9 == pytest.approx(total, abs=half(total))
+    assert (cfg.num_params - embeddings) / 1e9 == pytest.approx(non_embedding,
+                                                                abs=half(non_embedding))
+
+
+def test_llama_preset_is_llama_3_1_8b():
+    cfg = model_shapes("llama3_1_8b")
+    assert cfg.arch == "llama" and cfg.rope_freq_factors is not None  # llama3 RoPE scaling
+    assert cfg.num_params == 8_030_261_248  # the published safetensors' parameter count
+
+
+def test_presets_and_unknown_shapes(tmp_path):
+    assert {"tiny", "qwen3_4b", "qwen3_14b", "llama3_1_8b", "smollm2_135m"} <= set(
+        SHAPE_PRESETS)
+    assert model_shapes("smollm2_135m").num_params == 134_515_008  # SmolLM2-135M
+    with pytest.raises(ValueError, match="neither a shape preset"):
+        model_shapes(str(tmp_path / "nope"))
+
+
+def test_a_mesh_that_does_not_divide_the_topology_is_refused_naming_the_key(monkeypatch):
+    monkeypatch.setattr("rl.plan.topology_devices", lambda name: jax.devices() * 16)
+    run, plan = _config("plan.topology=cpu", "mesh.shape={data: 3, fsdp: 1, tensor: 1}")
+    with pytest.raises(ConfigError, match=r"^mesh\.shape: .*needs 3 devices, have 16"):
+        make_plan(run, plan)
+
+
+def test_the_header_says_how_many_filler_trajectories_the_update_computes():
+    # 3 prompts x 2 = 6 trajectories over the fake plan's 2 x 2 = 4 shards: build_batch adds
+    # -3 % 4 = 1 filler group of 2 (4 groups, one per slice)
+    run, _ = _config("trainer.batch_prompts=3", "algo.group_size=2")
+    plan = _fake_plan(run, update_gib=1.0)
+    plan = dataclasses.replace(plan, lay=dataclasses.replace(plan.lay, filler=1, groups=4,
+                                                             rows=6, prompts=3, size=2))
+    text = "\n".join(header(run, plan))
+    assert "filler: rl.batch adds 1 filler group(s) (loss mask 0) so that 6 trajectories " \
+           "cut into 1 x 1 x 4 equal slices: the update computes 2 trajectories for " \
+           "nothing" in text, text
+    assert "filler" not in "\n".join(header(run, _fake_plan(run, 1.0)))
