@@ -421,6 +421,18 @@ class LLMJudge:
     def versions(self) -> dict[str, str]:
         return dict(P.PROMPT_VERSIONS)
 
+    def sampling_state(self) -> dict[str, Any]:
+        """The backend's sampling position (``JaxBackend.sampling_state``; {} for backends
+        whose sampling has no state here, such as a server). The coins of pairwise order and
+        ties are pure functions of ``seed`` and the request and need none."""
+        state = getattr(self.backend, "sampling_state", None)
+        return dict(state()) if callable(state) else {}
+
+    def restore_sampling_state(self, state: Mapping[str, Any]) -> None:
+        restore = getattr(self.backend, "restore_sampling_state", None)
+        if state and callable(restore):
+            restore(state)
+
     def close(self) -> None:
         close = getattr(self.backend, "close", None)
         if callable(close):

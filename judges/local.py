@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -209,6 +209,20 @@ class JaxBackend:
 
     def stats(self) -> dict[str, int]:
         return self._c.snapshot()
+
+    def sampling_state(self) -> dict[str, int]:
+        """What the next sampled completion depends on besides ``seed``: the number of sampler
+        calls so far (each folds its index into the key). Saved in a trainer checkpoint, so a
+        resumed run samples the same judge completions as an uninterrupted one."""
+        return {"n_generate": self._n_generate}
+
+    def restore_sampling_state(self, state: Mapping[str, Any]) -> None:
+        n = state.get("n_generate") if isinstance(state, Mapping) else None
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"judge sampling state: n_generate must be an integer >= 0, got "
+                             f"{state!r}")
+        with self._lock:
+            self._n_generate = n
 
     def close(self) -> None:
         """Drop the parameters (frees the model's memory); idempotent."""

@@ -135,7 +135,8 @@ class Trainer:
                 "reward_state": self.parts.rewarder.state_to_json(lp.reward),
                 "fingerprint": fingerprint(self.parts.run, self.parts.model_cfg),
                 "seed": self.parts.run.trainer.seed, SETTINGS: dict(self.settings),
-                "counter_totals": self.counter_totals()}
+                "counter_totals": self.counter_totals(),
+                "judge_sampling": _judge_sampling(self.parts.judge)}
         self.ckpt.save(lp.step, {"state": lp.train._asdict()}, meta)
 
     def evaluate(self, step: int) -> dict[str, Any]:
@@ -389,7 +390,16 @@ def _resume(parts: L.Components, ckpt: Checkpointer, fresh: L.LoopState,
     loop = L.LoopState(train=TrainState(**restored["state"]),
                        reward=parts.rewarder.state_from_json(meta.get("reward_state")),
                        data_position=int(meta["data_position"]), step=int(meta["step"]))
+    restore = getattr(parts.judge, "restore_sampling_state", None)
+    if callable(restore) and meta.get("judge_sampling"):
+        restore(meta["judge_sampling"])  # a local judge samples on from where it was
     return Resumed(loop, dict(changed), _counter_totals(meta))
+
+
+def _judge_sampling(judge: Any) -> dict[str, Any]:
+    """The judge's sampling position (a local judge's sampler call count), or {}."""
+    state = getattr(judge, "sampling_state", None)
+    return dict(state()) if callable(state) else {}
 
 
 def _counter_totals(meta: Mapping[str, Any]) -> dict[str, float]:

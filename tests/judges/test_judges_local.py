@@ -258,3 +258,21 @@ def test_shipped_choice_probs_agree_with_llamacpp(shipped):
     p = np.exp(logits - logits.max())
     ref_yes = p[yes].sum() / (p[yes].sum() + p[no].sum())
     assert abs(ours["Yes"] - ref_yes) < 0.05, (ours, ref_yes)
+
+
+def test_sampling_state_lets_a_restored_backend_sample_on(tiny):
+    """#18: a resumed run's local judge samples what an uninterrupted one would."""
+    convs = [_user("rate this answer"), _user("and this one")]
+    straight = JaxBackend(tiny, seed=5, max_new_tokens=8)
+    texts = [[c.text for c in straight.complete(convs, 8, 1.0)] for _ in range(3)]
+    assert texts[1] != texts[2]  # each call samples anew
+    first = JaxBackend(tiny, seed=5, max_new_tokens=8)
+    for _ in range(2):
+        first.complete(convs, 8, 1.0)
+    saved = LLMJudge(first).sampling_state()
+    assert saved == {"n_generate": 2}
+    judge = LLMJudge(JaxBackend(tiny, seed=5, max_new_tokens=8))
+    judge.restore_sampling_state(saved)
+    assert [c.text for c in judge.backend.complete(convs, 8, 1.0)] == texts[2]
+    with pytest.raises(ValueError, match="n_generate"):
+        judge.restore_sampling_state({"n_generate": -1})

@@ -14,6 +14,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+import rl.trainer
 from rl.resume import changes, settings
 from rl.trainer import CheckpointError, ConfigError, build_trainer
 from tests.paths import CONF
@@ -232,6 +233,37 @@ def test_retrieval_counters_are_cumulative_across_resume(tmp_path):
     resumed.close()
     got = [r["retrieval/searches"] for r in records(run / "metrics.jsonl")]
     assert got == [1, 2, 3 + 1, 3 + 2]
+
+
+class SamplingJudge(CountingJudge):
+    """A judge with a sampling position, like the local judge's sampler call count."""
+
+    def __init__(self):
+        super().__init__()
+        self.position, self.restored = 0, None
+
+    def sampling_state(self):
+        self.position += 1
+        return {"n_generate": self.position}
+
+    def restore_sampling_state(self, state):
+        self.restored = dict(state)
+
+    def versions(self):
+        return {}
+
+
+def test_the_judges_sampling_position_is_saved_and_restored(tmp_path, monkeypatch):
+    run = tmp_path / "r"
+    first = build_trainer(make_cfg(run, "trainer.max_steps=2", "trainer.save_every=1"))
+    first.parts = dataclasses.replace(first.parts, judge=SamplingJudge())
+    first.run(until=2)  # checkpoints at steps 1 and 2 read positions 1 and 2
+    first.close()
+    judge = SamplingJudge()
+    monkeypatch.setattr(rl.trainer, "make_judge", lambda cfg: judge)
+    resumed = build_trainer(make_cfg(run, "trainer.max_steps=2", "trainer.resume=true"))
+    resumed.close()
+    assert judge.restored == {"n_generate": 2}
 
 
 def test_a_failure_while_rewriting_the_logs_on_resume_leaves_them_whole(tmp_path, monkeypatch):
