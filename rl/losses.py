@@ -55,28 +55,35 @@ def ppo_clip_loss(
     """
     if isinstance(dual_clip, int | float) and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-    adv = advantages[:, None] if advantages.ndim == logp.ndim - 1 else advantages
+    adv = _per_token(advantages, logp)
     mask = jnp.broadcast_to(mask, logp.shape).astype(bool)
     # Clamped like verl so a stale token cannot overflow exp; irrelevant for sane ratios.
-    log_ratio = jnp.clip(logp - logp_old, -LOG_RATIO_CAP, LOG_RATIO_CAP)
-    ratio = jnp.exp(log_ratio)
-    loss_unclipped = -adv * ratio
-    loss_clipped = -adv * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    loss = jnp.maximum(loss_unclipped, loss_clipped)
-    clipped = loss_clipped > loss_unclipped
+    ratio = jnp.exp(jnp.clip(logp - logp_old, -LOG_RATIO_CAP, LOG_RATIO_CAP))
+    loss, clipped = _clip_objective(ratio, adv, eps_low, eps_high)
     if dual_clip is None:
         dual = jnp.zeros_like(clipped)
     else:
         cap = -adv * dual_clip
         dual = (adv < 0) & (loss > cap)
         loss = jnp.where(adv < 0, jnp.minimum(loss, cap), loss)
-    stats = {
+    return jnp.where(mask, loss, 0.0), _stats(clipped, dual, logp_old, logp, mask)
+
+
+def _clip_objective(ratio: jax.Array, adv: jax.Array, eps_low: float, eps_high: float
+                    ) -> tuple[jax.Array, jax.Array]:
+    """``max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))`` and where the clipped term wins."""
+    unclipped = -adv * ratio
+    clipped = -adv * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    return jnp.maximum(unclipped, clipped), clipped > unclipped
+
+
+def _stats(clipped: jax.Array, dual: jax.Array, logp_old: jax.Array, logp: jax.Array,
+           mask: jax.Array) -> dict[str, jax.Array]:
+    """A policy loss's stats (masked token means), outside the gradient."""
+    return jax.lax.stop_gradient({
         "clip_frac": masked_mean(clipped.astype(logp.dtype), mask),
         "dual_clip_frac": masked_mean(dual.astype(logp.dtype), mask),
-        "approx_kl": masked_mean(logp_old - logp, mask),
-    }
-    stats = jax.lax.stop_gradient(stats)
-    return jnp.where(mask, loss, 0.0), stats
+        "approx_kl": masked_mean(logp_old - logp, mask)})
 
 
 def _per_token(advantages: jax.Array, logp: jax.Array) -> jax.Array:
@@ -93,14 +100,15 @@ def _clipped_ratio_loss(ratio: jax.Array, adv: jax.Array, logp_old: jax.Array,
                         ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """``max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))`` per token and its stats."""
     mask = jnp.broadcast_to(mask, logp.shape).astype(bool)
-    unclipped = -adv * ratio
-    clipped = -adv * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    loss = jnp.maximum(unclipped, clipped)
-    stats = jax.lax.stop_gradient({
-        "clip_frac": masked_mean((clipped > unclipped).astype(logp.dtype), mask),
-        "dual_clip_frac": jnp.zeros((), logp.dtype),
-        "approx_kl": masked_mean(logp_old - logp, mask)})
-    return jnp.where(mask, loss, 0.0), stats
+    loss, clipped = _clip_objective(ratio, adv, eps_low, eps_high)
+    return jnp.where(mask, loss, 0.0), _stats(clipped, jnp.zeros_like(clipped), logp_old,
+                                              logp, mask)
+
+
+def _sequence_log_ratio(logp: jax.Array, logp_old: jax.Array, mask: jax.Array) -> jax.Array:
+    """[B] ``mean_t (logp - logp_old)`` over each sequence's response tokens (GSPO's log s_i)."""
+    maskf = jnp.broadcast_to(mask, logp.shape).astype(logp.dtype)
+    return masked_mean(logp - logp_old, maskf, axis=-1)
 
 
 @POLICY_LOSSES.register("gspo")
@@ -113,8 +121,7 @@ def gspo_loss(logp: jax.Array, logp_old: jax.Array, advantages: jax.Array, mask:
     token of the sequence (so ``seq-mean-token-mean`` gives the paper's ``mean_i L_i``; the
     paper's ranges are 3e-4 / 4e-4). Advantages [B] (sequence-level, as GSPO defines them)."""
     _no_dual_clip("gspo", dual_clip)
-    maskf = jnp.broadcast_to(mask, logp.shape).astype(logp.dtype)
-    log_s = masked_mean(logp - logp_old, maskf, axis=-1)
+    log_s = _sequence_log_ratio(logp, logp_old, mask)
     ratio = jnp.exp(jnp.minimum(log_s, 10.0))[:, None]  # verl caps log s at 10
     return _clipped_ratio_loss(jnp.broadcast_to(ratio, logp.shape), _per_token(advantages, logp),
                                logp_old, logp, mask, eps_low, eps_high)
@@ -129,8 +136,7 @@ def gspo_token_loss(logp: jax.Array, logp_old: jax.Array, advantages: jax.Array,
     with a per-token advantage allowed. With a sequence-level advantage and
     ``seq-mean-token-mean`` its value and gradient equal GSPO's."""
     _no_dual_clip("gspo_token", dual_clip)
-    maskf = jnp.broadcast_to(mask, logp.shape).astype(logp.dtype)
-    log_s = jax.lax.stop_gradient(masked_mean(logp - logp_old, maskf, axis=-1))[:, None]
+    log_s = jax.lax.stop_gradient(_sequence_log_ratio(logp, logp_old, mask))[:, None]
     log_ratio = jnp.minimum(logp - jax.lax.stop_gradient(logp) + log_s, 10.0)
     return _clipped_ratio_loss(jnp.exp(log_ratio), _per_token(advantages, logp), logp_old,
                                logp, mask, eps_low, eps_high)
@@ -152,11 +158,8 @@ def cispo_loss(logp: jax.Array, logp_old: jax.Array, advantages: jax.Array, mask
     weight = jax.lax.stop_gradient(jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high))
     loss = -weight * adv * logp
     outside = (ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)
-    stats = jax.lax.stop_gradient({
-        "clip_frac": masked_mean(outside.astype(logp.dtype), mask),
-        "dual_clip_frac": jnp.zeros((), logp.dtype),
-        "approx_kl": masked_mean(logp_old - logp, mask)})
-    return jnp.where(mask, loss, 0.0), stats
+    return jnp.where(mask, loss, 0.0), _stats(outside, jnp.zeros_like(outside), logp_old,
+                                              logp, mask)
 
 
 def _over_seqs(per_seq: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
