@@ -56,6 +56,10 @@ from rewards.rubric import (
     save_rubrics,
 )
 
+#: Fewest dimensions the bundler asks for by default (the authors' 2..5; ``k_min=1`` is their
+#: K = 1 ablation).
+BUNDLE_MIN_DIMS = 2
+
 CONF_JUDGE = Path(__file__).resolve().parents[1] / "conf" / "judge"
 
 
@@ -72,7 +76,7 @@ class BundleError(ValueError):
 # --------------------------------------------------------------------------------------------
 
 
-def validate_bundle(bundle: Any, n: int, k_min: int = MIN_DIMS, k_max: int = MAX_DIMS
+def validate_bundle(bundle: Any, n: int, k_min: int = BUNDLE_MIN_DIMS, k_max: int = MAX_DIMS
                     ) -> tuple[Dimension, ...]:
     """A judge ``Bundle`` for a checklist of ``n`` criteria -> validated rubric dimensions.
 
@@ -146,7 +150,7 @@ def request_of(r: Rubric) -> BundleRequest:
                          weights=tuple(float(c.weight) for c in r.criteria))
 
 
-def bundle_rubrics(rubrics: Sequence[Rubric], judge: Any, k_min: int = MIN_DIMS,
+def bundle_rubrics(rubrics: Sequence[Rubric], judge: Any, k_min: int = BUNDLE_MIN_DIMS,
                    k_max: int = MAX_DIMS, retries: int = 0, bundler: str | None = None
                    ) -> BundleResult:
     """Bundle ``rubrics`` with one ``judge.bundle`` call per round (1 + ``retries`` rounds over
@@ -180,7 +184,7 @@ def bundle_rubrics(rubrics: Sequence[Rubric], judge: Any, k_min: int = MIN_DIMS,
     )
 
 
-def bundle_missing(rubrics: Sequence[Rubric], judge: Any, k_min: int = MIN_DIMS,
+def bundle_missing(rubrics: Sequence[Rubric], judge: Any, k_min: int = BUNDLE_MIN_DIMS,
                    k_max: int = MAX_DIMS, retries: int = 0, bundler: str | None = None
                    ) -> BundleResult:
     """Bundle only the rubrics that have no dimensions (``bundle_rubrics``); a rubric that
@@ -278,7 +282,7 @@ class BundleOptions:
     """How ``run_bundle`` asks the judge: ``k_min <= K <= k_max`` dimensions per prompt,
     ``batch`` prompts per ``judge.bundle`` call, ``retries`` extra rounds for invalid answers."""
 
-    k_min: int = MIN_DIMS
+    k_min: int = BUNDLE_MIN_DIMS
     k_max: int = MAX_DIMS
     batch: int = 16
     retries: int = 0
@@ -383,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      keys=("judge", "k_min", "k_max", "batch", "retries", "fmt"))
         if "judge" not in opts:
             raise CliError(f"judge=NAME is required\n{USAGE}")
-        k_min, k_max = int(opts.get("k_min", MIN_DIMS)), int(opts.get("k_max", MAX_DIMS))
+        k_min, k_max = int(opts.get("k_min", BUNDLE_MIN_DIMS)), int(opts.get("k_max", MAX_DIMS))
         options = BundleOptions(k_min=k_min, k_max=k_max, batch=int(opts.get("batch", 16)),
                                 retries=int(opts.get("retries", 0)))
         name = str(opts["judge"])

@@ -3,8 +3,10 @@
 A rubric is a checklist of criteria ``i`` with weights ``w_i``.  A negative weight marks a
 *pitfall*: the criterion text describes an undesirable behaviour, and a judge saying "met" means
 the behaviour is present.  ProRubric additionally partitions the criteria into ``K`` protocol
-dimensions (``2 <= K <= 5``), each with an optional failure clause; see
-``rewards.aggregate.prorubric``.
+dimensions (``1 <= K <= 5``; the bundler aims at 2..5, ``K = 1`` is the authors' ablation), each
+with an optional failure clause, an optional paragraph ``description`` (the one criterion the
+ProRubric authors' judge sees for the dimension) and a weight (default ``sum_{i in I_d} |w_i|``);
+see ``rewards.aggregate.prorubric``.
 
 Supported row formats (``load_rubrics(path, fmt)``; ``fmt=None`` detects it from the first row):
 
@@ -44,7 +46,7 @@ import numpy as np
 from core.files import NotUtf8Error, read_utf8, write_atomic
 from core.registry import Registry
 
-MIN_DIMS = 2
+MIN_DIMS = 1  # a valid rubric may have one dimension (the authors' K = 1 arm)
 MAX_DIMS = 5
 
 #: RaR string weight labels -> numeric weight (used only when the weight is not a number).
@@ -102,11 +104,20 @@ class Criterion:
 @dataclass(frozen=True)
 class Dimension:
     """A protocol dimension: a named bundle of criterion indices, with an optional failure clause
-    (a sentence such as "delays emergency referral" that, when it fires, fails the dimension)."""
+    (a sentence such as "delays emergency referral" that, when it fires, fails the dimension).
+
+    ``description`` is the dimension written as one criterion: a short paragraph saying what a
+    good answer achieves and what makes it fail (the ProRubric authors' judge sees only this
+    text, never the atomic items; empty when the bundler wrote none).  ``weight`` is the
+    dimension's weight ``W_d``; ``None`` means the authors' default ``sum_{i in I_d} |w_i|``
+    (``Rubric.dimension_weights``).  Names need not be unique (the authors' data repeats them).
+    """
 
     name: str
     criteria: tuple[int, ...]
     failure: str | None = None
+    description: str = ""
+    weight: float | None = None
 
 
 @dataclass(frozen=True)
@@ -116,8 +127,8 @@ class Rubric:
     Invariants (checked on construction, violations raise ``RubricError``): ``prompt_id`` is
     non-empty; there is at least one criterion; no criterion text is empty; every weight is
     finite and at least one is positive; ``reference_answer`` is text or None; if
-    ``dimensions`` is non-empty then ``2 <= K <= 5`` dimensions, names are non-empty and unique,
-    and every criterion index lies in exactly one dimension.
+    ``dimensions`` is non-empty then ``1 <= K <= 5`` dimensions, names are non-empty, weights
+    finite or None, and every criterion index lies in exactly one dimension.
     """
 
     prompt_id: str
@@ -183,6 +194,15 @@ class Rubric:
                 out[i] = k
         return tuple(out)
 
+    def dimension_weights(self) -> tuple[float, ...]:
+        """``W_d`` per dimension: its own weight, else ``sum_{i in I_d} |w_i|`` (ProRubric
+        authors' release builder)."""
+        return tuple(
+            float(d.weight) if d.weight is not None
+            else float(sum(abs(self.criteria[i].weight) for i in d.criteria))
+            for d in self.dimensions
+        )
+
     def with_dimensions(self, dimensions: Sequence[Dimension]) -> Rubric:
         """A copy with ``dimensions`` attached (criterion texts are never rewritten)."""
         return Rubric(
@@ -209,13 +229,16 @@ def _check_dimensions(pid: str, dims: tuple[Dimension, ...], n: int) -> None:
             pid, "dimensions", f"K={k} dimensions, need {MIN_DIMS} <= K <= {MAX_DIMS}"
         )
     owner: dict[int, int] = {}
-    names: set[str] = set()
     for kk, d in enumerate(dims):
         if not isinstance(d.name, str) or not d.name.strip():
             raise RubricError(pid, f"dimensions[{kk}].name", "dimension name is empty")
-        if d.name in names:
-            raise RubricError(pid, f"dimensions[{kk}].name", f"duplicate dimension name {d.name!r}")
-        names.add(d.name)
+        if not isinstance(d.description, str):
+            raise RubricError(pid, f"dimensions[{kk}].description", "must be text")
+        if d.weight is not None and (
+            isinstance(d.weight, bool) or not isinstance(d.weight, int | float)
+            or not math.isfinite(d.weight)
+        ):
+            raise RubricError(pid, f"dimensions[{kk}].weight", f"not a finite number: {d.weight!r}")
         if not d.criteria:
             raise RubricError(pid, f"dimensions[{kk}].criteria", "dimension has no criteria")
         if d.failure is not None and not (isinstance(d.failure, str) and d.failure.strip()):
@@ -449,7 +472,8 @@ def rubric_to_dict(r: Rubric) -> dict[str, Any]:
             for c in r.criteria
         ],
         "dimensions": [
-            {"name": d.name, "criteria": list(d.criteria), "failure": d.failure}
+            {"name": d.name, "criteria": list(d.criteria), "failure": d.failure,
+             "description": d.description, "weight": d.weight}
             for d in r.dimensions
         ],
         "reference_answer": r.reference_answer,
@@ -476,7 +500,14 @@ def rubric_from_dict(row: Mapping[str, Any]) -> Rubric:
         fld = f"dimensions[{k}]"
         if not isinstance(d, Mapping) or not isinstance(d.get("criteria"), list):
             raise RubricError(pid, f"{fld}.criteria", "missing or not a list")
-        dims.append(Dimension(str(d.get("name", "")), tuple(d["criteria"]), d.get("failure")))
+        weight = d.get("weight")
+        if weight is not None:
+            weight = _number(weight, pid, f"{fld}.weight")
+        description = d.get("description") or ""
+        if not isinstance(description, str):
+            raise RubricError(pid, f"{fld}.description", "must be text")
+        dims.append(Dimension(str(d.get("name", "")), tuple(d["criteria"]), d.get("failure"),
+                              description, weight))
     meta = row.get("meta") or {}
     if not isinstance(meta, Mapping):
         raise RubricError(pid, "meta", "expected an object")
