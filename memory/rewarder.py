@@ -61,9 +61,14 @@ def _golds(answer: Any) -> tuple[str, ...]:
 def group_inputs(task: Task, groups: Sequence[Group]) -> list[GroupInput]:
     """One ``GroupInput`` per group: ``R_base = task.outcome`` (F1 if the format is valid else
     -1 for ``task=search_qa``), ``f1`` = the token F1 of each trajectory's extracted answer
-    against the golds whatever its format (``rewards.qa.answer_f1``: what ARBOR's gates read),
-    lengths in generated (action) tokens. Validity is left to its default ``R_base >= 0``,
+    against the golds whatever its format (the task's ``answer_f1`` when it has one, i.e. under
+    ``task.reward_metrics``; else ``rewards.qa.answer_f1``: what ARBOR's gates read), lengths in
+    generated (action) tokens. Validity is left to its default ``R_base >= 0``,
     which is exact for ARBOR's outcome reward."""
+    def gate_f1(p: Any, t: Any) -> float:
+        return answer_f1(t.text, _golds(p.answer))
+
+    f1_of = getattr(task, "answer_f1", gate_f1)
     out = []
     for g in groups:
         p = g.prompt
@@ -73,7 +78,7 @@ def group_inputs(task: Task, groups: Sequence[Group]) -> list[GroupInput]:
             golds=_golds(p.answer),
             texts=tuple(t.text for t in g.trajectories),
             r_base=tuple(float(task.outcome(p, t)) for t in g.trajectories),
-            f1=tuple(answer_f1(t.text, _golds(p.answer)) for t in g.trajectories),
+            f1=tuple(f1_of(p, t) for t in g.trajectories),
             lengths=tuple(t.num_action_tokens for t in g.trajectories),
         ))
     return out

@@ -11,7 +11,7 @@ message) is not the policy's.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from core.registry import Registry
 from core.search_r1 import extract_answer, is_valid_format, normalize_answer
@@ -79,40 +79,63 @@ def f1_score(pred: str | None, golds: Golds, normalize: Normalizer = normalize_a
                default=0.0)
 
 
-def arbor_base_reward(response_text: str, golds: Golds) -> float:
+#: ``score(prediction, golds) -> {metric: value}``: how a reward matches an answer. The default
+#: is :func:`reward_score`; ``rewards.qa_metrics.METRIC_SETS[name].score`` gives an official
+#: script's conventions instead (``task.reward_metrics``).
+AnswerScore = Callable[[str | None, Golds], Mapping[str, float]]
+
+
+def reward_score(pred: str | None, golds: Golds) -> dict[str, float]:
+    """This library's EM / F1 / substring EM: the Unicode-aware ``normalize_answer``, F1 1 for
+    an empty prediction against an empty gold, gold aliases that normalise to nothing dropped
+    when another has content."""
+    return {"em": exact_match(pred, golds), "f1": f1_score(pred, golds),
+            "subem": substring_exact_match(pred, golds)}
+
+
+def arbor_base_reward(response_text: str, golds: Golds,
+                      score: AnswerScore = reward_score) -> float:
     """ARBOR's outcome reward: answer F1 if the format is valid, else -1."""
     if not is_valid_format(response_text):
         return -1.0
-    return f1_score(extract_answer(response_text), golds)
+    return score(extract_answer(response_text), golds)["f1"]
 
 
-def searchr1_em_reward(response_text: str, golds: Golds, format_score: float = 0.0) -> float:
-    """Search-R1's EM reward: 1 if the extracted answer exactly matches a gold alias, else
-    ``format_score`` if the format is valid, else 0."""
-    if exact_match(extract_answer(response_text), golds):
+def searchr1_em_reward(response_text: str, golds: Golds, format_score: float = 0.0,
+                       score: AnswerScore = reward_score) -> float:
+    """Search-R1's EM reward (``qa_em.compute_score_em``): 1 if the extracted answer exactly
+    matches a gold alias, else ``format_score`` if the format is valid, else 0."""
+    if score(extract_answer(response_text), golds)["em"]:
         return 1.0
     return format_score if is_valid_format(response_text) else 0.0
 
 
-QAReward = Callable[[str, Golds], float]
+QAReward = Callable[..., float]  # (response_text, golds, *, score=AnswerScore) -> float
 QA_REWARDS: Registry[QAReward] = Registry("qa reward")
 QA_REWARDS.register("arbor_base", "arbor_f1")(arbor_base_reward)
 QA_REWARDS.register("searchr1_em")(searchr1_em_reward)
 
 
 @QA_REWARDS.register("em")
-def answer_em(response_text: str, golds: Golds) -> float:
+def answer_em(response_text: str, golds: Golds, score: AnswerScore = reward_score) -> float:
     """EM of the extracted answer, no format gate (an evaluation metric)."""
-    return exact_match(extract_answer(response_text), golds)
+    return score(extract_answer(response_text), golds)["em"]
 
 
 @QA_REWARDS.register("subem")
-def answer_subem(response_text: str, golds: Golds) -> float:
+def answer_subem(response_text: str, golds: Golds, score: AnswerScore = reward_score) -> float:
     """Substring EM of the extracted answer, no format gate."""
-    return substring_exact_match(extract_answer(response_text), golds)
+    return score(extract_answer(response_text), golds)["subem"]
 
 
 @QA_REWARDS.register("f1")
-def answer_f1(response_text: str, golds: Golds) -> float:
+def answer_f1(response_text: str, golds: Golds, score: AnswerScore = reward_score) -> float:
     """F1 of the extracted answer, no format gate."""
-    return f1_score(extract_answer(response_text), golds)
+    return score(extract_answer(response_text), golds)["f1"]
+
+
+#: The metric each reward reads from ``score`` (checked against a metric set up front).
+REWARD_METRIC: Mapping[QAReward, str] = {
+    arbor_base_reward: "f1", searchr1_em_reward: "em", answer_em: "em",
+    answer_subem: "subem", answer_f1: "f1",
+}

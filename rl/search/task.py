@@ -22,7 +22,8 @@ from core.search_r1 import search_prompt
 from core.types import Group, Prompt, Trajectory
 from models.sampler import SamplingParams
 from models.tokenizer import Tokenizer
-from rewards.qa import QA_REWARDS
+from rewards.qa import QA_REWARDS, REWARD_METRIC, AnswerScore, answer_f1, reward_score
+from rewards.qa_metrics import METRIC_SETS
 from rl.search.client import make_retriever
 from rl.search.datasets import QAExample, load_qa
 from rl.search.demos import corpus_titles, oracle_demonstrations
@@ -72,10 +73,14 @@ def _cached_guard(cfg_json: str, settings: RetrievalSettings) -> RetrievalGuard:
 @dataclasses.dataclass(frozen=True)
 class SearchQATask:
     """Multi-hop QA with retrieval. `reward`: a name in rewards.qa.QA_REWARDS
-    (arbor_base = F1 if the format is valid else -1; searchr1_em; ...)."""
+    (arbor_base = F1 if the format is valid else -1; searchr1_em; ...). `reward_metrics`: how
+    the reward (and ARBOR's gate F1) matches an answer: ``reward`` (this library's Unicode-aware
+    matching) or an official script's conventions (a ``rewards.qa_metrics.METRIC_SETS`` name:
+    ``search_r1`` is Search-R1's own training reward, ``squad`` / ``hotpotqa`` their F1)."""
 
     name: str = "search_qa"
     reward: str = "arbor_base"
+    reward_metrics: str = "reward"
     world_seed: int = 0
     n_entities: int = 2000
     n_train: int = 1000
@@ -96,7 +101,14 @@ class SearchQATask:
     retrieval: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        QA_REWARDS.get(self.reward)  # fail early on an unknown reward name
+        needs = REWARD_METRIC[QA_REWARDS.get(self.reward)]  # fails early on an unknown name
+        if self.reward_metrics != "reward":
+            if self.reward_metrics not in METRIC_SETS:
+                raise ValueError(f"task.reward_metrics: unknown {self.reward_metrics!r}; have "
+                                 f"{sorted(METRIC_SETS.names())}")
+            if needs not in METRIC_SETS.get(self.reward_metrics).metrics:
+                raise ValueError(f"task.reward_metrics={self.reward_metrics} has no {needs!r}, "
+                                 f"which task.reward={self.reward} needs")
         self.retrieval_settings()  # and on bad fault-handling settings
 
     def retrieval_settings(self) -> RetrievalSettings | None:
@@ -153,8 +165,20 @@ class SearchQATask:
                          max_obs_tokens=self.max_obs_tokens, chunk_tokens=self.chunk_tokens,
                          quote_titles=self.quote_titles, guard=guard)
 
+    def answer_score(self) -> AnswerScore:
+        """The answer matching of `reward_metrics` (``rewards.qa.AnswerScore``)."""
+        if self.reward_metrics == "reward":
+            return reward_score
+        return METRIC_SETS.get(self.reward_metrics).score
+
     def outcome(self, prompt: Prompt, traj: Trajectory) -> float:
-        return float(QA_REWARDS.get(self.reward)(traj.text, list(prompt.answer)))
+        return float(QA_REWARDS.get(self.reward)(traj.text, list(prompt.answer),
+                                                 score=self.answer_score()))
+
+    def answer_f1(self, prompt: Prompt, traj: Trajectory) -> float:
+        """F1 of the trajectory's answer under `reward_metrics`, whatever its format (what
+        ARBOR's gates read)."""
+        return float(answer_f1(traj.text, list(prompt.answer), score=self.answer_score()))
 
     def demonstrations(self, split: str, tokenizer: Tokenizer, n: int | None = None,
                        max_new_tokens: int = 128) -> list[Group]:

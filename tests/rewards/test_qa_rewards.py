@@ -238,3 +238,67 @@ def test_reward_ranges_on_random_tag_soup(pieces):
     if is_valid_format(text):
         assert extract_answer(text) is not None
     assert searchr1_em_reward(text, ["x"], format_score=0.1) in (0.0, 0.1, 1.0)
+
+
+# --- task.reward_metrics: the training rewards under an official script's conventions ------
+
+def _response(answer: str) -> str:
+    return f"<think>done</think>\n<answer>{answer}</answer>"
+
+
+def _outcome(task, answer: str, golds) -> float:
+    from types import SimpleNamespace
+
+    prompt = SimpleNamespace(answer=tuple(golds))
+    return task.outcome(prompt, SimpleNamespace(text=_response(answer)))
+
+
+def test_reward_metrics_default_is_ours_and_official_sets_follow_their_scripts():
+    from rl.search.task import SearchQATask
+
+    ours = SearchQATask()
+    hotpot = SearchQATask(reward_metrics="hotpotqa")
+    squad = SearchQATask(reward_metrics="squad")
+    # "yes sir" vs "yes": token F1 2PR/(P+R) with P=1/2, R=1 -> 2/3; HotpotQA's script: 0.
+    assert _outcome(ours, "yes sir", ["yes"]) == pytest.approx(2 / 3)
+    assert _outcome(hotpot, "yes sir", ["yes"]) == 0.0
+    # both sides normalise to nothing ("The" and "a" are articles): ours 1, SQuAD v1.1 0
+    assert _outcome(ours, "The", ["a"]) == 1.0
+    assert _outcome(squad, "The", ["a"]) == 0.0
+    # the right single quote is Unicode punctuation: ours strips it, the scripts keep it
+    assert _outcome(ours, "Obama\u2019s", ["Obamas"]) == 1.0
+    assert _outcome(squad, "Obama\u2019s", ["Obamas"]) == 0.0
+
+
+def test_searchr1_em_under_search_r1_metrics_is_em_check():
+    from rl.search.task import SearchQATask
+
+    task = SearchQATask(reward="searchr1_em", reward_metrics="search_r1")
+    assert _outcome(task, "the Eiffel Tower!", ["Eiffel tower"]) == 1.0
+    assert _outcome(task, "Obama\u2019s", ["Obamas"]) == 0.0  # ASCII punctuation only
+    assert _outcome(SearchQATask(reward="searchr1_em"), "Obama\u2019s", ["Obamas"]) == 1.0
+
+
+def test_reward_metrics_bad_values_name_the_key():
+    from rl.search.task import SearchQATask
+
+    with pytest.raises(ValueError, match="task.reward_metrics: unknown 'sqad'"):
+        SearchQATask(reward_metrics="sqad")
+    with pytest.raises(ValueError, match="task.reward_metrics=squad has no 'subem'"):
+        SearchQATask(reward="subem", reward_metrics="squad")
+
+
+def test_arbor_gate_f1_follows_reward_metrics():
+    from types import SimpleNamespace
+
+    from memory.rewarder import group_inputs
+    from rl.search.task import SearchQATask
+
+    prompt = SimpleNamespace(id="q", question="?", answer=("yes",))
+    traj = SimpleNamespace(text="no tags: yes sir", num_action_tokens=3)
+    # no <answer> tag: the extracted answer is None, F1 0 under both conventions
+    tagged = SimpleNamespace(text=_response("yes sir"), num_action_tokens=3)
+    group = SimpleNamespace(prompt=prompt, trajectories=(traj, tagged))
+    (ours,) = group_inputs(SearchQATask(), [group])
+    (hotpot,) = group_inputs(SearchQATask(reward_metrics="hotpotqa"), [group])
+    assert ours.f1 == pytest.approx((0.0, 2 / 3)) and hotpot.f1 == (0.0, 0.0)
