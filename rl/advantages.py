@@ -1,21 +1,26 @@
 """Group-relative advantage estimators (GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline) over
-rewards of shape [num_groups, G].
+rewards of shape [num_groups, G], and GDPO's per-component normalisation of a reward with
+several terms (:func:`gdpo_advantages`).
 
-Every estimator takes ``(rewards, eps, std_ddof)``; ``std_ddof`` (``algo.std_ddof``) is the
-delta degrees of freedom of GRPO's group std and unused by the estimators without one.
+Every estimator takes ``(rewards, eps, std_ddof, token_counts=None)``; ``std_ddof``
+(``algo.std_ddof``) is the delta degrees of freedom of GRPO's group std and unused by the
+estimators without one; ``token_counts`` [N, G] (response tokens) weights REINFORCE++'s batch
+whitening when ``algo.whiten=token`` and is unused by the others.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from core.groups import homogeneous
 from core.registry import Registry
 
-AdvantageFn = Callable[[jax.Array, float, int], jax.Array]
+AdvantageFn = Callable[..., jax.Array]  # (rewards, eps, std_ddof, token_counts=None)
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
 
 
@@ -25,7 +30,8 @@ def _homogeneous(rewards: jax.Array) -> jax.Array:
 
 
 @ADVANTAGES.register("grpo")
-def grpo_advantages(rewards: jax.Array, eps: float = 1e-6, std_ddof: int = 1) -> jax.Array:
+def grpo_advantages(rewards: jax.Array, eps: float = 1e-6, std_ddof: int = 1,
+                    token_counts: jax.Array | None = None) -> jax.Array:
     """GRPO: ``A_i = (R_i - mean_G(R)) / (std_G(R) + eps)`` with
     ``std_G(R) = sqrt(sum_i (R_i - mean_G R)^2 / (G - std_ddof))``.
 
@@ -36,6 +42,7 @@ def grpo_advantages(rewards: jax.Array, eps: float = 1e-6, std_ddof: int = 1) ->
     +-0.707) and so also shifts the balance between the policy gradient and ``beta * KL``.
     A homogeneous group gets exactly 0 (not the rounding residue of ``R - mean``).
     """
+    del token_counts
     rewards = jnp.asarray(rewards)
     centered = rewards - rewards.mean(axis=-1, keepdims=True)
     adv = centered / (rewards.std(axis=-1, keepdims=True, ddof=std_ddof) + eps)
@@ -43,24 +50,26 @@ def grpo_advantages(rewards: jax.Array, eps: float = 1e-6, std_ddof: int = 1) ->
 
 
 @ADVANTAGES.register("drgrpo", "none")
-def drgrpo_advantages(rewards: jax.Array, eps: float = 1e-6, std_ddof: int = 1) -> jax.Array:
+def drgrpo_advantages(rewards: jax.Array, eps: float = 1e-6, std_ddof: int = 1,
+                      token_counts: jax.Array | None = None) -> jax.Array:
     """Dr.GRPO (``scale=none``): ``A_i = R_i - mean_G(R)``; ``eps`` and ``std_ddof`` are
     unused (no std division).
 
     A homogeneous group gets exactly 0.
     """
-    del eps, std_ddof
+    del eps, std_ddof, token_counts
     rewards = jnp.asarray(rewards)
     adv = rewards - rewards.mean(axis=-1, keepdims=True)
     return jnp.where(_homogeneous(rewards), 0.0, adv)
 
 
 @ADVANTAGES.register("rloo")
-def rloo_advantages(rewards: jax.Array, eps: float = 1e-6, std_ddof: int = 1) -> jax.Array:
+def rloo_advantages(rewards: jax.Array, eps: float = 1e-6, std_ddof: int = 1,
+                    token_counts: jax.Array | None = None) -> jax.Array:
     """RLOO (Ahmadian et al. 2024, "Back to Basics"): each trajectory's baseline is the mean
     of the group's others, ``A_i = R_i - (sum_j R_j - R_i) / (G - 1) = G / (G - 1) *
     (R_i - mean_G R)`` (verl's ``compute_rloo_outcome_advantage``, TRL's RLOO). No std."""
-    del eps, std_ddof
+    del eps, std_ddof, token_counts
     rewards = jnp.asarray(rewards)
     g = rewards.shape[-1]
     if g < 2:
@@ -71,21 +80,75 @@ def rloo_advantages(rewards: jax.Array, eps: float = 1e-6, std_ddof: int = 1) ->
 
 @ADVANTAGES.register("reinforce_plus_plus_baseline", "reinforce_pp")
 def reinforce_pp_baseline_advantages(rewards: jax.Array, eps: float = 1e-6,
-                                     std_ddof: int = 1) -> jax.Array:
+                                     std_ddof: int = 1,
+                                     token_counts: jax.Array | None = None) -> jax.Array:
     """REINFORCE++-baseline (Hu et al. 2025, arXiv:2501.03262; verl's
     ``compute_reinforce_plus_plus_baseline_outcome_advantage``): subtract the group mean,
-    then whiten over the whole batch, ``A = (c - mean_batch c) / (std_batch c + eps)`` with
-    ``c_i = R_i - mean_G R`` and the std over all trajectories (``std_ddof`` as GRPO's; verl
-    whitens the per-token copies, weighting each trajectory by its length, here each counts
-    once). A homogeneous group keeps 0: the group-centred values have batch mean 0."""
+    then whiten over the whole batch, ``A = (c - m) / (s + eps)`` with ``c_i = R_i - mean_G R``.
+
+    Without ``token_counts`` (``algo.whiten=trajectory``) every trajectory counts once:
+    ``m = mean(c)``, ``s = std(c, ddof=std_ddof)``. With ``token_counts`` ``l_i``
+    (``algo.whiten=token``, verl's: it whitens the per-token copies with ``masked_whiten``)
+    trajectory ``i`` counts ``l_i`` times: ``m = sum_i l_i c_i / L``,
+    ``s^2 = sum_i l_i (c_i - m)^2 / (L - std_ddof)``, ``L = sum_i l_i`` (verl's unbiased
+    ``masked_var`` is ``std_ddof=1``). A homogeneous group keeps 0 (the formula would give it
+    ``-m / s`` under token weights)."""
     rewards = jnp.asarray(rewards)
     centred = rewards - rewards.mean(axis=-1, keepdims=True)
-    adv = (centred - centred.mean()) / (centred.std(ddof=std_ddof) + eps)
+    if token_counts is None:
+        adv = (centred - centred.mean()) / (centred.std(ddof=std_ddof) + eps)
+    else:
+        w = jnp.asarray(token_counts, centred.dtype)
+        total = w.sum()
+        mean = (w * centred).sum() / total
+        var = (w * (centred - mean) ** 2).sum() / jnp.maximum(total - std_ddof, 1.0)
+        adv = (centred - mean) / (jnp.sqrt(var) + eps)
     return jnp.where(_homogeneous(rewards), 0.0, adv)
 
 
+def gdpo_advantages(components: jax.Array, weights: jax.Array, eps: float = 1e-6,
+                    std_ddof: int = 1) -> jax.Array:
+    """GDPO (Liu et al. 2026, "Group reward-Decoupled Normalization Policy Optimization",
+    arXiv:2601.05242; NVlabs/GDPO's verl and TRL versions): normalise each reward component
+    within its group first, then sum and whiten over the batch::
+
+        A_k = grpo(r_k)                      # (r_k - mean_G r_k) / (std_G r_k + eps)
+        S = sum_k w_k A_k
+        A = (S - mean_batch S) / (std_batch S + eps)
+
+    ``components`` [K, N, G], ``weights`` [K]. Summing first (GRPO on ``sum_k r_k``) lets the
+    term with the larger spread decide every advantage; here each counts by ``w_k`` alone. A
+    component homogeneous in a group contributes 0 there; a group homogeneous in every
+    component keeps 0 (not ``-mean/std`` of the batch)."""
+    components = jnp.asarray(components)
+    per = jax.vmap(lambda r: grpo_advantages(r, eps, std_ddof))(components)
+    summed = jnp.tensordot(jnp.asarray(weights, per.dtype), per, axes=1)
+    adv = (summed - summed.mean()) / (summed.std(ddof=std_ddof) + eps)
+    flat = jnp.all(jax.vmap(_homogeneous)(components), axis=0)
+    return jnp.where(flat, 0.0, adv)
+
+
 def group_advantages(rewards: jax.Array, estimator: str = "grpo", eps: float = 1e-6,
-                     std_ddof: int = 1) -> jax.Array:
+                     std_ddof: int = 1, token_counts: jax.Array | None = None) -> jax.Array:
     """Advantages [N, G] from rewards [N, G] with the estimator registered as ``estimator``
-    (``std_ddof``: see :func:`grpo_advantages`)."""
-    return ADVANTAGES.get(estimator)(rewards, eps, std_ddof)
+    (``std_ddof``: see :func:`grpo_advantages`; ``token_counts``: see
+    :func:`reinforce_pp_baseline_advantages`)."""
+    return ADVANTAGES.get(estimator)(rewards, eps, std_ddof, token_counts)
+
+
+def batch_advantages(algo: Any, rewards: np.ndarray, outcome: np.ndarray,
+                     token_counts: np.ndarray) -> np.ndarray:
+    """The training batch's advantages [N, G] under ``algo``: ``algo.reward_components=sum``
+    gives ``algo.advantage`` of the total reward; ``gdpo`` normalises the outcome and the rest
+    of the reward (``rewards - outcome``: a rubric or process term, overlong shaping) apart,
+    weighted by ``algo.component_weights`` (:func:`gdpo_advantages`). ``algo.whiten=token``
+    weights REINFORCE++'s whitening by ``token_counts``."""
+    rewards = jnp.asarray(rewards, jnp.float32)
+    if algo.reward_components == "gdpo":
+        outcome = jnp.asarray(outcome, jnp.float32)
+        parts = jnp.stack([outcome, rewards - outcome])
+        return np.asarray(gdpo_advantages(parts, jnp.asarray(algo.component_weights),
+                                          std_ddof=algo.std_ddof))
+    counts = jnp.asarray(token_counts) if algo.whiten == "token" else None
+    return np.asarray(group_advantages(rewards, algo.advantage, std_ddof=algo.std_ddof,
+                                       token_counts=counts))

@@ -81,6 +81,9 @@ class AlgoConfig:
     group_size: int
     advantage: str
     std_ddof: int  # GRPO's group std: 1 = sample std (verl, TRL), 0 = population std
+    whiten: str  # REINFORCE++'s batch whitening: trajectory (each once) | token (verl)
+    reward_components: str  # sum (advantage of the total) | gdpo (outcome and rest apart)
+    component_weights: tuple[float, ...]  # gdpo: weights of (outcome, rest)
     eps_low: float
     eps_high: float
     dual_clip: float | None
@@ -342,6 +345,16 @@ def check(run: RunConfig) -> None:
     a, t = run.algo, run.trainer
     _require(a.group_size >= 2, "algo.group_size", f"must be >= 2, got {a.group_size}")
     _require(a.std_ddof in (0, 1), "algo.std_ddof", f"must be 0 or 1, got {a.std_ddof}")
+    _require(a.whiten in ("trajectory", "token"), "algo.whiten",
+             f"must be trajectory or token, got {a.whiten!r}")
+    _require(a.reward_components in ("sum", "gdpo"), "algo.reward_components",
+             f"must be sum or gdpo, got {a.reward_components!r}")
+    _require(len(a.component_weights) == 2, "algo.component_weights",
+             f"needs two weights (outcome, rest of the reward), got {list(a.component_weights)}")
+    if a.reward_components == "gdpo":
+        _require(a.advantage == "grpo", "algo.reward_components",
+                 f"gdpo normalises each component as GRPO does; algo.advantage={a.advantage} "
+                 "would be ignored (set algo.advantage=grpo)")
     for key in ("eps_low", "eps_high", "beta", "entropy_coef"):
         _require(getattr(a, key) >= 0, f"algo.{key}", f"must be >= 0, got {getattr(a, key)}")
     _require(a.dual_clip is None or a.dual_clip > 1, "algo.dual_clip", "must be > 1 or null")

@@ -25,7 +25,7 @@ import numpy as np
 from core.types import Environment, Group, Prompt, Rewarder, RewardOutput, Task
 from models.sampler import Scoring, group_logprobs
 from models.sharding import batch_sharding, batch_shards
-from rl.advantages import group_advantages
+from rl.advantages import batch_advantages
 from rl.batch import build_batch
 from rl.config import RunConfig, overlong_buffer
 from rl.dapo import dynamic_sample, overlong_penalty
@@ -146,11 +146,12 @@ def shaped_rewards(c: Components, groups: Sequence[Group], rewards: np.ndarray) 
     return rewards + np.asarray(pen)
 
 
-def training_batch(c: Components, groups: Sequence[Group], rewards: np.ndarray) -> dict:
-    """Advantages from the (shaped) rewards, laid out as ``rl.batch`` describes."""
-    algo = c.run.algo
-    adv = np.asarray(group_advantages(jnp.asarray(rewards, jnp.float32), algo.advantage,
-                                      std_ddof=algo.std_ddof))
+def training_batch(c: Components, groups: Sequence[Group], rewards: np.ndarray,
+                   outcome: np.ndarray | None = None) -> dict:
+    """Advantages from the (shaped) rewards (``rl.advantages.batch_advantages``; `outcome`,
+    default `rewards`, is their verifiable part), laid out as ``rl.batch`` describes."""
+    counts = np.asarray([[tr.num_action_tokens for tr in g.trajectories] for g in groups])
+    adv = batch_advantages(c.run.algo, rewards, rewards if outcome is None else outcome, counts)
     return build_batch(groups, adv, c.tokenizer.pad_id, c.response_budget, c.update_slices())
 
 
@@ -205,7 +206,7 @@ def step(c: Components, loop: LoopState) -> tuple[LoopState, StepResult]:
     t_start = time.perf_counter()
     loop, col = collect(c, loop)
     rewards = shaped_rewards(c, col.groups, col.out.rewards)
-    batch = training_batch(c, col.groups, rewards)
+    batch = training_batch(c, col.groups, rewards, col.out.outcome)
     t0 = t1 = time.perf_counter()
     train_metrics: list[dict] = []
     if not skips_update(c, batch):
