@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.config import ModelConfig
+from models.constraints import shard_rows
 from models.stops import stop_tables
 from models.tokenizer import Tokenizer
 from models.transformer import (
@@ -604,11 +605,14 @@ def token_logprobs(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: ja
 
 class Scoring(NamedTuple):
     """How :func:`group_logprobs` scores (static under jit): per-layer rematerialisation,
-    whether to return the entropy too, and the temperature of the policy scored."""
+    whether to return the entropy too, the temperature of the policy scored, and
+    ``logits_chunk``: score that many positions at a time (0: all at once; see
+    :func:`_score_chunked`)."""
 
     remat: bool = False
     with_entropy: bool = False
     temperature: float = 1.0
+    logits_chunk: int = 0
 
 
 PLAIN_SCORING = Scoring()  # log-probs at temperature 1, no entropy, no remat
@@ -630,12 +634,40 @@ def group_logprobs(cfg: ModelConfig, params: Params, prefix: jax.Array, prefix_m
     last = jnp.max(jnp.where(prefix_mask, jnp.arange(prefix.shape[1]), 0), axis=1)
     first = jnp.take_along_axis(prefix_h, last[:, None, None], axis=1)  # [N,1,D]
     first = jnp.broadcast_to(first[:, None], (n, g, 1, first.shape[-1]))
-    return _score(cfg, params, jnp.concatenate([first, hidden[:, :, :-1]], axis=2), tokens,
-                  scoring.with_entropy, scoring.temperature)
+    hidden = shard_rows(jnp.concatenate([first, hidden[:, :, :-1]], axis=2))
+    score = functools.partial(_score, cfg, params, with_entropy=scoring.with_entropy,
+                              temperature=scoring.temperature)
+    if 0 < scoring.logits_chunk < tokens.shape[-1]:
+        return _score_chunked(score, hidden, tokens, scoring.logits_chunk)
+    return jax.tree.map(shard_rows, score(hidden, tokens))
+
+
+def _score_chunked(score: Any, hidden: jax.Array, targets: jax.Array, chunk: int) -> Any:
+    """``score(hidden, targets)`` over the last (position) axis ``chunk`` positions at a time,
+    each chunk rematerialised: the [.., T, V] logits never exist at once, forward or
+    backward, only [.., chunk, V] (Liger kernel's and MaxText's ``vocab_tiling`` idea, here
+    over positions). The same values as one call up to float rounding; gradients flow to
+    ``hidden`` and the unembedding through the scan."""
+    t = targets.shape[-1]
+    pad = -t % chunk
+    lead = hidden.shape[:-2]
+    h = jnp.pad(hidden, [(0, 0)] * len(lead) + [(0, pad), (0, 0)])
+    y = jnp.pad(targets, [(0, 0)] * len(lead) + [(0, pad)])
+    k = (t + pad) // chunk
+    h = jnp.moveaxis(h.reshape(*lead, k, chunk, h.shape[-1]), -3, 0)  # [k, .., chunk, D]
+    y = jnp.moveaxis(y.reshape(*lead, k, chunk), -2, 0)  # [k, .., chunk]
+    body = jax.checkpoint(lambda hy: jax.tree.map(shard_rows, score(shard_rows(hy[0]), hy[1])),
+                          prevent_cse=False)
+    out = jax.lax.map(body, (h, y))
+
+    def back(a: jax.Array) -> jax.Array:  # [k, .., chunk] -> [.., T]
+        return shard_rows(jnp.moveaxis(a, 0, -2).reshape(*lead, k * chunk)[..., :t])
+
+    return jax.tree.map(back, out)
 
 
 def _score(cfg: ModelConfig, params: Params, hidden: jax.Array, targets: jax.Array,
-           with_entropy: bool, temperature: float = 1.0) -> Any:
+           with_entropy: bool = False, temperature: float = 1.0) -> Any:
     """log p(targets) under the logits of `hidden` / temperature (same leading shape), and
     the entropy."""
     logits = unembed(cfg, params, hidden) / temperature

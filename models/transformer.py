@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.config import ModelConfig
+from models.constraints import shard_tree_rows
 
 Params = dict[str, Any]
 NEG_INF = -1e30  # finite, so a fully masked row (left padding) gives a uniform softmax, not NaN
@@ -322,7 +323,14 @@ def _scan_layers(body: Any, carry: Any, layers: Params, remat: bool) -> tuple[An
     more than recomputing them, here ~10 % of a training step. remat=True recomputes the
     whole layer (least memory)."""
     policy = None if remat else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-    return jax.lax.scan(jax.checkpoint(body, prevent_cse=False, policy=policy), carry, layers)
+
+    def rows_kept(c: Any, p: Params) -> tuple[Any, Any]:  # the batch stays split (constraints)
+        c, out = body(c, p)
+        return shard_tree_rows(c), out
+
+    carry = shard_tree_rows(carry)
+    return jax.lax.scan(jax.checkpoint(rows_kept, prevent_cse=False, policy=policy), carry,
+                        layers)
 
 
 def forward_with_prefix(cfg: ModelConfig, params: Params, prefix: jax.Array,

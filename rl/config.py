@@ -46,6 +46,7 @@ class TrainerConfig:
     micro_batches: int
     skip_zero_advantage: bool
     remat: bool
+    logits_chunk: int  # score this many response positions at a time (0: all at once)
     max_new_tokens: int
     temperature: float
     top_p: float
@@ -170,7 +171,7 @@ class RunConfig:
             kl_estimator=a.kl_estimator, loss_agg=a.loss_agg, max_len_norm=response_budget,
             entropy_coef=a.entropy_coef, on_policy=self.updates_per_batch == 1,
             micro_batches=t.micro_batches, remat=t.remat, compute_dtype=self.model.dtype,
-            temperature=t.temperature)
+            temperature=t.temperature, logits_chunk=t.logits_chunk)
 
     def optim_config(self) -> OptimConfig:
         return optim_config(dataclasses.asdict(self.optim),
@@ -364,6 +365,8 @@ def check(run: RunConfig) -> None:
     _require(t.keep_checkpoints == "all" or t.keep_checkpoints >= 1, "trainer.keep_checkpoints",
              f"must be >= 1, or all to keep every checkpoint, got {t.keep_checkpoints}")
     _require(t.temperature > 0, "trainer.temperature", "must be > 0 for RL sampling")
+    _require(t.logits_chunk >= 0, "trainer.logits_chunk",
+             f"must be >= 0 (0: all positions at once), got {t.logits_chunk}")
     for i, name in enumerate(t.loggers):
         _require(name in LOGGERS, f"trainer.loggers[{i}]",
                  f"must be one of {LOGGERS.names()}, got {name!r}")

@@ -13,6 +13,7 @@ phases take both and return a new loop state; they write nothing: the host loop
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from core.types import Environment, Group, Prompt, Rewarder, RewardOutput, Task
-from models.sampler import Scoring, group_logprobs
+from models.sampler import group_logprobs
 from models.sharding import batch_sharding, batch_shards
 from rl.advantages import batch_advantages
 from rl.batch import build_batch
@@ -160,7 +161,7 @@ def logprobs_with(c: Components, params: Any, batch: dict) -> np.ndarray:
     sampling temperature (the sampled policy's, as verl and TRL score them)."""
     keys = ("prefix", "prefix_mask", "tokens", "attn_mask")
     params = in_compute_dtype(params, c.loss_cfg.compute_dtype)
-    scoring = Scoring(remat=c.loss_cfg.remat, temperature=c.loss_cfg.temperature)
+    scoring = c.loss_cfg.scoring()
     return np.asarray(group_logprobs(c.model_cfg, params, *(jnp.asarray(batch[k]) for k in keys),
                                      scoring=scoring))
 
@@ -201,7 +202,19 @@ def skips_update(c: Components, batch: dict) -> bool:
     return c.run.trainer.skip_zero_advantage and not np.any(batch["advantages"])
 
 
+def mesh_context(mesh: Any) -> contextlib.AbstractContextManager:
+    """``jax.set_mesh(mesh)`` (the models' activation constraints, ``models.constraints``,
+    follow it), or nothing without a mesh."""
+    return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
+
+
 def step(c: Components, loop: LoopState) -> tuple[LoopState, StepResult]:
+    """One whole step under the run's mesh (:func:`mesh_context`)."""
+    with mesh_context(c.mesh):
+        return _step(c, loop)
+
+
+def _step(c: Components, loop: LoopState) -> tuple[LoopState, StepResult]:
     """One whole step: collect, shape, batch, old/reference log-probs, update."""
     t_start = time.perf_counter()
     loop, col = collect(c, loop)

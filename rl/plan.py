@@ -51,7 +51,6 @@ from models.sampler import (
     DecodeSettings,
     Frontier,
     PromptBatch,
-    Scoring,
     Stopping,
     decode_loop,
     decode_params,
@@ -413,7 +412,7 @@ def reference_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
     shapes = jax.eval_shape(lambda p: in_compute_dtype(p, run.model.dtype), params)
     weights = _abstract(shapes, param_shardings(shapes, mesh))
     n, g, p, r = lay.groups, lay.size, lay.prompt, lay.response
-    scoring = Scoring(remat=run.trainer.remat, temperature=run.trainer.temperature)
+    scoring = run.loss_config(r).scoring()
     batch = (_rows((n, p), jnp.int32, mesh), _rows((n, p), jnp.bool_, mesh),
              _rows((n, g, r), jnp.int32, mesh), _rows((n, g, r), jnp.bool_, mesh))
     lowered = group_logprobs.lower(cfg, weights, *batch, scoring=scoring)
@@ -478,9 +477,10 @@ def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
     ref_shapes = jax.eval_shape(lambda p: in_compute_dtype(p, run.model.dtype), params)
     ref_bytes = bytes_per_chip(_abstract(ref_shapes, param_shardings(ref_shapes, mesh))) \
         if run.algo.beta > 0 else 0
-    programs = [*rollout_programs(run, cfg, lay, mesh, params, state_bytes + ref_bytes),
-                reference_program(run, cfg, lay, mesh, params, state_bytes),
-                update_program(run, cfg, lay, mesh, state, ref_bytes)]
+    with jax.set_mesh(mesh):  # the activation constraints (models.constraints), as rl.loop
+        programs = [*rollout_programs(run, cfg, lay, mesh, params, state_bytes + ref_bytes),
+                    reference_program(run, cfg, lay, mesh, params, state_bytes),
+                    update_program(run, cfg, lay, mesh, state, ref_bytes)]
     chip = chip or host_chip(len(devices))
     return Plan(plan.model_shapes, cfg, plan.topology, chip, len(devices), dict(mesh.shape),
                 lay, state_bytes, ref_bytes, tuple(programs))
@@ -515,7 +515,9 @@ def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
                  f"Adam state over all {plan.chips} chips)" if plan.mesh["fsdp"] < plan.chips
                  else None)
     rows = f"trainer.batch_prompts={fewer} (fewer rows)" if fewer else None
-    logits = "chunked logits (not implemented yet: #17 item 7)"
+    logits = (None if 0 < t.logits_chunk <= 128 else
+              f"trainer.logits_chunk={t.logits_chunk // 2 if t.logits_chunk else 256} (the logits "
+              "of fewer positions at a time)")
     if name == "update":
         keys = [micro and f"trainer.micro_batches={micro}",
                 None if t.remat else "trainer.remat=true", more_fsdp,

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import optax
 
 from models.config import ModelConfig
+from models.constraints import shard_rows
 from models.sampler import Scoring, group_logprobs
 from models.transformer import Params
 from rl.kl import kl_penalty
@@ -49,6 +50,12 @@ class LossConfig:
     remat: bool = False
     compute_dtype: str = "float32"  # forward/backward dtype; the weights stay float32 masters
     temperature: float = 1.0  # the rollouts' sampling temperature: log-probs of that policy
+    logits_chunk: int = 0  # positions scored at a time (models.sampler.Scoring)
+
+    def scoring(self, with_entropy: bool = False) -> Scoring:
+        """The log-prob passes' settings: the update's (with entropy), the reference's."""
+        return Scoring(remat=self.remat, with_entropy=with_entropy,
+                       temperature=self.temperature, logits_chunk=self.logits_chunk)
 
 
 def in_compute_dtype(params: Params, dtype: Any) -> Params:
@@ -84,8 +91,7 @@ def policy_loss(cfg: ModelConfig, lc: LossConfig, params: Params, batch: Batch,
     params = in_compute_dtype(params, lc.compute_dtype)
     logp, entropy = group_logprobs(cfg, params, batch["prefix"], batch["prefix_mask"],
                                    batch["tokens"], batch["attn_mask"],
-                                   scoring=Scoring(remat=lc.remat, with_entropy=True,
-                                                   temperature=lc.temperature))
+                                   scoring=lc.scoring(with_entropy=True))
     rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731  [N,G,R] -> [N*G,R]
     logp, entropy = rows(logp), rows(entropy)
     mask = rows(batch["loss_mask"]).astype(jnp.float32)
@@ -112,6 +118,15 @@ def policy_loss(cfg: ModelConfig, lc: LossConfig, params: Params, batch: Batch,
     return loss, metrics
 
 
+def micro_slices(x: jax.Array, m: int) -> jax.Array:
+    """[N, ...] -> [m, N/m, ...]: micro-batch k holds groups k, m + k, 2m + k, ... A
+    data-parallel shard holds consecutive groups, so every micro-batch takes N/(m x shards)
+    groups from each shard and stays split over all of them (cutting [N] into m consecutive
+    blocks would leave each block on 1/m of the shards); under a context mesh the
+    constraint keeps it so."""
+    return shard_rows(jnp.swapaxes(x.reshape(x.shape[0] // m, m, *x.shape[1:]), 0, 1), axis=1)
+
+
 SUMMED = ("loss", "pg_loss")  # metrics that are micro-batch shares of the mini-batch's value
 
 
@@ -131,7 +146,7 @@ def make_train_step(cfg: ModelConfig, lc: LossConfig, optimizer: optax.GradientT
             # Each micro-batch divides by the whole mini-batch's count of tokens (or
             # sequences), so losses and gradients add up to exactly the mini-batch's; token
             # means among the metrics are weighted by each micro-batch's share of the tokens.
-            micro = jax.tree.map(lambda x: x.reshape(m, x.shape[0] // m, *x.shape[1:]), batch)
+            micro = jax.tree.map(lambda x: micro_slices(x, m), batch)
             loss_mask = batch["loss_mask"].reshape(-1, batch["loss_mask"].shape[-1])
             count = agg_count(loss_mask, lc.loss_agg)
             tokens = jnp.maximum(jnp.sum(loss_mask), 1.0)

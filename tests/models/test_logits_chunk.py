@@ -1,0 +1,100 @@
+"""Chunked scoring (``Scoring.logits_chunk``) and the activation constraints
+(``models.constraints``) under a mesh: same values and gradients, the batch kept split."""
+
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models import load_params
+from models.sampler import Scoring, group_logprobs, left_pad
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_params("tiny", seed=3)
+
+
+def _batch(tok, width=11):
+    prefixes = [tok.encode("the shared prompt"), tok.encode("group two")]
+    conts = [[tok.encode(" a reply"), tok.encode(" another, longer reply")],
+             [tok.encode(" yes"), tok.encode(" no thanks")]]
+    pre, pre_mask = left_pad(prefixes, tok.pad_id)
+    toks = np.full((2, 2, width), tok.pad_id, np.int32)
+    mask = np.zeros_like(toks, bool)
+    for i, j in np.ndindex(2, 2):
+        n = min(len(conts[i][j]), width)
+        toks[i, j, :n], mask[i, j, :n] = conts[i][j][:n], True
+    return tuple(jnp.asarray(a) for a in (pre, pre_mask, toks, mask))
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 11, 64])  # 3 and 4 do not divide 11 positions
+def test_chunked_scoring_equals_one_pass_with_gradients(tiny, chunk):
+    cfg, params, tok = tiny
+    args = _batch(tok)
+    whole = Scoring(with_entropy=True, temperature=0.7)
+    parts = whole._replace(logits_chunk=chunk)
+    lp, ent = group_logprobs(cfg, params, *args, scoring=whole)
+    lp_c, ent_c = group_logprobs(cfg, params, *args, scoring=parts)
+    np.testing.assert_allclose(lp_c, lp, atol=1e-5)
+    np.testing.assert_allclose(ent_c, ent, atol=1e-5)
+    w = np.random.default_rng(0).normal(size=args[2].shape).astype(np.float32)
+
+    def loss(p, s):
+        logp, h = group_logprobs(cfg, p, *args, scoring=s)
+        return jnp.sum(logp * w) + 0.1 * jnp.sum(h * w)
+
+    for a, b in zip(jax.tree.leaves(jax.grad(loss)(params, parts)),
+                    jax.tree.leaves(jax.grad(loss)(params, whole))):
+        np.testing.assert_allclose(a, b, atol=1e-5 * float(jnp.max(jnp.abs(b))) + 1e-7)
+
+
+def test_micro_slices_take_every_shards_groups():
+    from rl.train_step import micro_slices
+
+    x = jnp.arange(8)
+    # 2 micro-batches of 8 groups: groups 0, 2, 4, 6 and 1, 3, 5, 7 (each from all shards)
+    np.testing.assert_array_equal(micro_slices(x, 2), [[0, 2, 4, 6], [1, 3, 5, 7]])
+
+
+def test_constraints_keep_the_batch_split_under_a_mesh():
+    """On an 8-device FSDP mesh the log-prob pass's logits are split over the batch: its
+    temporaries are about the whole batch's logits / 8, not the whole batch's."""
+    code = textwrap.dedent("""
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        import jax, jax.numpy as jnp
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        from models.presets import tiny_config
+        from models.sampler import Scoring, group_logprobs
+        from models.sharding import make_mesh, param_shardings
+        from models.transformer import init_params
+        cfg = tiny_config(vocab_size=4096, hidden_size=64, num_heads=4, num_kv_heads=2)
+        mesh = make_mesh({"data": 1, "fsdp": -1, "tensor": 1})
+        shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+        w = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                         shapes, param_shardings(shapes, mesh))
+        n, g, p, r = 16, 4, 16, 64
+        rows = lambda s, d: jax.ShapeDtypeStruct(s, d, sharding=NamedSharding(mesh, P("fsdp")))
+        args = (rows((n, p), jnp.int32), rows((n, p), jnp.bool_), rows((n, g, r), jnp.int32),
+                rows((n, g, r), jnp.bool_))
+        logits = n * g * r * cfg.vocab_size * 4
+        def temp(scoring):
+            with jax.set_mesh(mesh):
+                c = group_logprobs.lower(cfg, w, *args, scoring=scoring).compile()
+            return c.memory_analysis().temp_size_in_bytes
+        split = temp(Scoring())
+        chunked = temp(Scoring(logits_chunk=8))
+        print("RATIOS", split / logits, chunked / logits)
+        assert split < 0.5 * logits, (split, logits)
+        assert chunked < 0.5 * split, (chunked, split)
+        print("CONSTRAINTS_OK")
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert "CONSTRAINTS_OK" in res.stdout, res.stdout[-2000:] + res.stderr[-3000:]
