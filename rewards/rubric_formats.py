@@ -313,8 +313,7 @@ def _one_based(d: Dimension) -> list[int]:
 def prorubric_train_row(r: Rubric) -> dict[str, Any]:
     """``Rubric`` -> a training row (the inverse of ``parse_prorubric_train``)."""
     meta = r.meta
-    extra = dict(meta.get("extra_info") or {})
-    extra["id"] = r.prompt_id
+    extra = {"id": r.prompt_id, **(meta.get("extra_info") or {})}
     extra.setdefault("problem", r.prompt_text())
     atomic = _checklist_out(r.criteria)
     if r.dimensions:
