@@ -15,7 +15,8 @@ Failure handling, per item of a batch:
    check: not met, prob 0.5, ``fallback=True``; rate: rating 1, ``fallback=True``;
    compare: a tie with ``fallback=True``;
    induce / consolidate: ``FallbackDrafts()`` (no drafts, marked as a failure, not an answer);
-   bundle: an empty ``Bundle`` with ``error``; equivalent: cover-exact-match, ``fallback=True``.
+   bundle: an empty ``Bundle`` with ``error`` (and ``draft``: the last readable but invalid
+   proposal, for the bundler's repair); equivalent: cover-exact-match, ``fallback=True``.
    Consumers must not treat a fallback as evidence (the rubric memory does not).
 """
 
