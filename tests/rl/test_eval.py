@@ -158,3 +158,25 @@ def test_eval_config_reads_the_yaml_and_refuses_bad_values():
     ]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             eval_config(_eval_section(**changes))
+
+
+class _ChatTask:
+    """A non-search task: every prompt answered "yes sir", outcome 0.25."""
+
+    name = "chat"
+
+    def prompts(self, split):
+        return [_group("yes sir", ["yes"]).prompt]
+
+    def make_env(self, tokenizer, sampling):
+        return _QATask().make_env(tokenizer, sampling)
+
+    def outcome(self, prompt, traj):
+        return 0.25
+
+
+def test_evaluate_keeps_every_tasks_answers_for_pairwise_comparison():
+    res = evaluate(_ChatTask(), _Policy(), ["dev"], max_new_tokens=4)
+    [rec] = res["_records"]["dev"]
+    assert rec["id"] == "p" and rec["question"] == "q?" and rec["outcome"] == 0.25
+    assert rec["response"].endswith("<answer> yes sir </answer>")
