@@ -90,6 +90,16 @@ def test_eval_cli_on_run_checkpoint(tmp_path):
     assert "(step 1)" in res.stdout and "dev" in res.stdout
     out = json.loads((run / "eval.json").read_text())
     assert out["results"]["dev"]["n"] == 4 and "outcome" in out["results"]["average"]
+    # every task keeps its answers; a run compared with itself: each pair ties, no position bias
+    answers = [json.loads(x) for x in (run / "eval_samples.jsonl").read_text().splitlines()]
+    assert len(answers) == 4 and {a["split"] for a in answers} == {"dev"}
+    res = subprocess.run([sys.executable, "-m", "rewards.compare", str(run), str(run),
+                          str(tmp_path / "cmp"), "judge=rule", "criterion=min_chars:1"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads((tmp_path / "cmp" / "compare_summary.json").read_text())
+    assert summary["n_pairs"] == 4 and summary["outcomes"]["tie"]["rate"] == 1.0
+    assert summary["position"]["first_shown_rate"] == 0.5
 
 
 class _QATask:
