@@ -111,7 +111,8 @@ class Judge(Protocol):
         ...
 
     def bundle(self, reqs: Sequence[BundleRequest]) -> list[Bundle]:
-        """Partition a checklist into 2..5 dimensions with failure clauses (texts untouched)."""
+        """Partition a checklist into ``k_min..k_max`` dimensions, each with a description
+        paragraph and an optional failure clause (item texts untouched; ``judges.bundling``)."""
         ...
 
     def equivalent(self, reqs: Sequence[EquivRequest]) -> list[EquivResult]:

@@ -15,7 +15,8 @@ Failure handling, per item of a batch:
    check: not met, prob 0.5, ``fallback=True``; rate: rating 1, ``fallback=True``;
    compare: a tie with ``fallback=True``;
    induce / consolidate: ``FallbackDrafts()`` (no drafts, marked as a failure, not an answer);
-   bundle: an empty ``Bundle`` with ``error``; equivalent: cover-exact-match, ``fallback=True``.
+   bundle: an empty ``Bundle`` with ``error`` (and ``draft``: the last readable but invalid
+   proposal, for the bundler's repair); equivalent: cover-exact-match, ``fallback=True``.
    Consumers must not treat a fallback as evidence (the rubric memory does not).
 """
 
@@ -33,14 +34,15 @@ from judges.base import (
     order_coin,
     tie_coin,
 )
+from judges.bundling import compose_description
 from judges.parsing import (
     ParseError,
-    parse_bundle,
     parse_check,
     parse_compare,
     parse_drafts,
     parse_equiv,
     parse_rating,
+    read_bundle,
 )
 from judges.rule import cover_match, normalize_answer
 from judges.types import (
@@ -339,6 +341,11 @@ class LLMJudge:
         return self._finish("consolidate", results, lambda i, f: FallbackDrafts())
 
     def bundle(self, reqs: Sequence[BundleRequest]) -> list[Bundle]:
+        """One call per checklist (prompt ``BUNDLE``: the items numbered from 1, the reference
+        answer as an anchor when given).  An answer that is readable but invalid
+        (``read_bundle``'s problems: K out of range, an item missing or repeated, a description
+        empty or not 2..10 sentences) is re-asked with its problems like an unparseable one;
+        the fallback is ``Bundle((), error, draft=<the last readable proposal>)``."""
         reqs = list(reqs)
         self._c.inc("requests_bundle", len(reqs))
         results: list[Any] = [None] * len(reqs)
@@ -351,28 +358,28 @@ class LLMJudge:
             if not r.criteria:
                 results[i] = Bundle(dimensions=(), error="empty checklist")
             elif len(r.criteria) < self.k_min:
-                results[i] = singleton_bundle(len(r.criteria))
+                results[i] = singleton_bundle(r.criteria, r.weights)
             else:
                 todo.append(i)
         convs = [
-            P.render_bundle(
-                reqs[i].prompt,
-                tuple(reqs[i].criteria),
-                tuple(reqs[i].weights),
-                self.k_min,
-                min(self.k_max, len(reqs[i].criteria)),
-            )
-            for i in todo
+            P.render_bundle(r.prompt, tuple(r.criteria), tuple(r.weights), self.k_min,
+                            min(self.k_max, len(r.criteria)), r.reference, r.previous_error)
+            for r in (reqs[i] for i in todo)
         ]
+        drafts: dict[int, tuple[Dimension, ...]] = {}
 
         def parse(text: str, j: int) -> Bundle:
             crit = reqs[todo[j]].criteria
-            dims = parse_bundle(text, crit, self.k_min, min(self.k_max, len(crit)))
+            dims, problems = read_bundle(text, crit, self.k_min, min(self.k_max, len(crit)))
+            if problems:
+                drafts[todo[j]] = dims
+                raise ParseError("; ".join(problems[:3]))
             return Bundle(dimensions=dims)
 
         for i, r in zip(todo, self._run(convs, parse, P.BUNDLE.shape)):
             results[i] = r
-        return self._finish("bundle", results, lambda i, f: Bundle((), error=f.reason))
+        return self._finish("bundle", results,
+                            lambda i, f: Bundle((), error=f.reason, draft=drafts.get(i, ())))
 
     def equivalent(self, reqs: Sequence[EquivRequest]) -> list[EquivResult]:
         reqs = list(reqs)
@@ -445,12 +452,14 @@ class LLMJudge:
         self.close()
 
 
-def singleton_bundle(n: int) -> Bundle:
-    """One dimension per criterion: the only partition of a checklist shorter than ``k_min``
-    (a 1-criterion checklist cannot be split into 2 non-empty dimensions)."""
-    return Bundle(
-        dimensions=tuple(Dimension(f"criterion {i}", (i,), None) for i in range(n))
-    )
+def singleton_bundle(criteria: Sequence[str], weights: Sequence[float]) -> Bundle:
+    """One dimension per criterion, described by ``compose_description``: the only partition
+    of a checklist shorter than ``k_min`` (a 1-criterion checklist cannot be split into 2
+    non-empty dimensions)."""
+    return Bundle(dimensions=tuple(
+        Dimension(f"criterion {i + 1}", (i,), None, compose_description((c,), (w,)))
+        for i, (c, w) in enumerate(zip(criteria, weights))
+    ))
 
 
 LLM_OPTIONS = frozenset(f.name for f in dataclasses.fields(JudgeOptions))

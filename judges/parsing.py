@@ -14,6 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from judges.bundling import bundle_problems
 from judges.types import RATING_MAX, RATING_MIN, Dimension, Draft
 
 
@@ -213,38 +214,41 @@ _ECHO = re.compile(r"^\s*(\d+)[.):]\s*(?:\(weight [^)]*\)\s*)?(.*)$", re.DOTALL)
 
 
 def _criterion_index(item: Any, criteria: Sequence[str], used: set[int]) -> int:
-    """An index from an int, a numeric string, an exact criterion text or {"index", "text"}."""
+    """A 0-based index from a 1-based item number (int, numeric string, an echoed listing line
+    ``"3. (weight 5) <text>"`` or ``{"index"|"number", "text"}``) or an exact item text.
+
+    Out-of-range numbers are returned as they are (``bundle_problems`` reports them); a reference
+    that is not a number or an exact text (a rewritten item) is a ``ParseError``."""
     text = None
     if isinstance(item, dict):
         lowered = {str(k).strip().lower(): v for k, v in item.items()}
         text = lowered.get("text", lowered.get("criterion"))
         item = lowered.get("index", lowered.get("number", text))
     if isinstance(item, bool):
-        raise ParseError(f"criterion reference must be a number, got {item!r}")
+        raise ParseError(f"item reference must be a number, got {item!r}")
     if isinstance(item, float) and item.is_integer():
         item = int(item)
     if isinstance(item, str) and re.fullmatch(r"\s*\d+\s*", item):
         item = int(item)
     elif isinstance(item, str) and (m := _ECHO.match(item)):
-        # The model echoed a listing line "3. (weight 5) <text>": keep the number, and the
-        # text must still be the original.
+        # The model echoed a listing line: keep the number; the text must be the original.
         item, text = int(m.group(1)), m.group(2)
     if isinstance(item, int):
-        if not 0 <= item < len(criteria):
-            raise ParseError(f"criterion number {item} is out of range 0..{len(criteria) - 1}")
-        if isinstance(text, str) and text.strip() != criteria[item].strip():
-            raise ParseError(f"criterion {item} text was rewritten; refer to criteria by number")
-        return item
+        i = item - 1
+        if isinstance(text, str) and 0 <= i < len(criteria) and (
+                text.strip() != criteria[i].strip()):
+            raise ParseError(f"item {item} text was rewritten; refer to items by number")
+        return i
     if isinstance(item, str):
-        # Exact text is accepted (models sometimes quote criteria); anything else is a rewrite.
+        # Exact text is accepted (models sometimes quote items); anything else is a rewrite.
         matches = [i for i, c in enumerate(criteria) if c.strip() == item.strip()]
         for i in matches:
             if i not in used:
                 return i
         if matches:
             return matches[0]
-        raise ParseError("a criterion text was rewritten; refer to criteria by number only")
-    raise ParseError(f"criterion reference must be a number, got {item!r}")
+        raise ParseError("an item text was rewritten; refer to items by number only")
+    raise ParseError(f"item reference must be a number, got {item!r}")
 
 
 def _failure_clause(value: Any) -> str | None:
@@ -256,45 +260,80 @@ def _failure_clause(value: Any) -> str | None:
     return None if v.lower() in ("", "null", "none", "n/a") else v
 
 
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _read_dimension(j: int, dim: Any, criteria: Sequence[str], used: set[int]
+                    ) -> tuple[Dimension, list[str]]:
+    """One dimension object of a bundle answer (0-based indices) and its reference problems."""
+    if not isinstance(dim, dict):
+        raise ParseError("each dimension must be an object")
+    lowered = {str(k).strip().lower(): v for k, v in dim.items()}
+    name = lowered.get("name", lowered.get("title"))
+    name = name.strip() if isinstance(name, str) and name.strip() else f"dimension {j + 1}"
+    refs = lowered.get("atomic_indices", lowered.get("indices", lowered.get("criteria")))
+    if not isinstance(refs, list):
+        raise ParseError(f"dimension {name!r} needs an 'atomic_indices' list of item numbers")
+    problems: list[str] = []
+    indices: list[int] = []
+    for ref in refs:
+        try:
+            indices.append(_criterion_index(ref, criteria, used | set(indices)))
+        except ParseError as e:
+            problems.append(f"dimension {name!r}: {e}")
+    desc = lowered.get("description", "")
+    if not isinstance(desc, str):
+        problems.append(f"dimension {name!r}: 'description' must be text")
+        desc = ""
+    try:
+        clause = _failure_clause(lowered.get("failure_clause", lowered.get("failure")))
+    except ParseError as e:
+        problems.append(f"dimension {name!r}: {e}")
+        clause = None
+    return Dimension(name=name, indices=tuple(indices), failure_clause=clause,
+                     description=desc.strip(), weight=_number(lowered.get("weight"))), problems
+
+
+def read_bundle(text: str, criteria: Sequence[str], k_min: int = 2, k_max: int = 5
+                ) -> tuple[tuple[Dimension, ...], list[str]]:
+    """A bundle answer read as far as it goes: (dimensions, problems).
+
+    Shape: ``{"criteria": [{"name", "description", "weight", "atomic_indices": [1-based],
+    "failure_clause"}]}`` (``"dimensions"`` for the list and ``"indices"``/``"criteria"`` for the
+    numbers are read too).  Indices come back 0-based.  Unusable references (rewritten texts)
+    are left out and listed in ``problems`` with every validity problem
+    (``judges.bundling.bundle_problems``, item numbers 1-based); an answer that is not such an
+    object at all is a ``ParseError``.  The proposal of an invalid answer is what the bundler
+    repairs."""
+    obj = extract_json(text, kinds=(dict, list))
+    dims = obj if isinstance(obj, list) else _get(obj, ("criteria", "dimensions", "bundles",
+                                                         "groups"))
+    if not isinstance(dims, list):
+        raise ParseError("'criteria' must be a list of dimension objects")
+    out: list[Dimension] = []
+    problems: list[str] = []
+    used: set[int] = set()
+    for j, dim in enumerate(dims):
+        d, probs = _read_dimension(j, dim, criteria, used)
+        used |= set(d.indices)
+        out.append(d)
+        problems += probs
+    problems += bundle_problems(out, len(criteria), k_min, k_max, base=1)
+    return tuple(out), problems
+
+
 def parse_bundle(
     text: str, criteria: Sequence[str], k_min: int = 2, k_max: int = 5
 ) -> tuple[Dimension, ...]:
-    """``{"dimensions": [{"name", "criteria": [...], "failure_clause"}]}`` -> validated partition.
-
-    Valid means: ``k_min <= K <= k_max`` non-empty dimensions, every criterion index in exactly
-    one dimension, no index out of range, no criterion text rewritten.
-    """
-    obj = extract_json(text, kinds=(dict, list))
-    dims = obj if isinstance(obj, list) else _get(obj, ("dimensions", "bundles", "groups"))
-    if not isinstance(dims, list):
-        raise ParseError("'dimensions' must be a list")
-    if not k_min <= len(dims) <= k_max:
-        raise ParseError(f"need {k_min} to {k_max} dimensions, got {len(dims)}")
-    out: list[Dimension] = []
-    seen: dict[int, int] = {}
-    for j, dim in enumerate(dims):
-        if not isinstance(dim, dict):
-            raise ParseError("each dimension must be an object")
-        lowered = {str(k).strip().lower(): v for k, v in dim.items()}
-        name = lowered.get("name", lowered.get("title"))
-        name = name.strip() if isinstance(name, str) and name.strip() else f"dimension {j + 1}"
-        refs = lowered.get("criteria", lowered.get("indices", lowered.get("criterion_numbers")))
-        if not isinstance(refs, list) or not refs:
-            raise ParseError(f"dimension {name!r} needs a non-empty 'criteria' list")
-        indices: list[int] = []
-        for ref in refs:
-            i = _criterion_index(ref, criteria, set(seen))
-            if i in seen:
-                raise ParseError(f"criterion {i} appears in more than one dimension")
-            seen[i] = j
-            indices.append(i)
-        clause = _failure_clause(lowered.get("failure_clause", lowered.get("failure")))
-        out.append(Dimension(name=name, indices=tuple(indices), failure_clause=clause))
-    missing = [i for i in range(len(criteria)) if i not in seen]
-    if missing:
-        listed = ", ".join(map(str, missing))
-        raise ParseError(f"criteria {listed} appear in no dimension; each must appear once")
-    return tuple(out)
+    """A valid bundle answer -> its dimensions (0-based indices); else ``ParseError`` with the
+    first problems of ``read_bundle`` (what the re-ask tells the model to fix)."""
+    dims, problems = read_bundle(text, criteria, k_min, k_max)
+    if problems:
+        raise ParseError("; ".join(problems[:3]))
+    return dims
 
 
 def parse_equiv(text: str) -> bool:

@@ -176,26 +176,39 @@ CONSOLIDATE = PromptTemplate(
     ),
 )
 
+# ProRubric bundling (our wording): the checklist becomes a few dimensions, each one criterion
+# written as a paragraph, which is all the training judge will read.
 BUNDLE = PromptTemplate(
     name="bundle",
-    version="bundle-v1",
+    version="bundle-v2",
     system=(
-        "You organise a grading checklist into protocol dimensions. Group the numbered "
-        "criteria into between {k_min} and {k_max} dimensions; every criterion number must "
-        "appear in exactly one dimension. Refer to criteria by number only and never rewrite "
-        "them. For each dimension, optionally give a failure clause: a short description of a "
-        "behaviour that fails the whole dimension outright (e.g. 'delays emergency referral'), "
-        "or null. Reply with only a JSON object of this shape: {shape}"
+        "You turn the grading checklist of one prompt into a few protocol dimensions. Each "
+        "dimension is a single criterion written as a short paragraph: it says what a good "
+        "response to this particular prompt achieves on that dimension and, in its last "
+        "sentence, what makes a response fail it. A grader will later read only your "
+        "paragraphs, never the checklist, and will count a dimension as satisfied only when a "
+        "response meets every requirement in it; so a paragraph must carry the requirements of "
+        "all the items assigned to it, in plain prose that is judged by reading the whole "
+        "response, not as a list of phrases to look for. An item with a negative weight is a "
+        "pitfall, something a good response avoids: write it into the failure part, never into "
+        "what is rewarded. Assign every item, by its number, to exactly one dimension (the "
+        "closest in topic). When a reference answer is given, use it to settle items that "
+        "contradict each other or are wrong, and state the correct position. The weight of a "
+        "dimension is the sum of the absolute weights of its items. Reply with only a JSON "
+        "object of this shape: {shape}"
     ),
     user=(
         "# Prompt\n{prompt}\n\n"
+        "# Reference answer (anchor)\n{reference}\n\n"
         "# Criteria (number, weight; negative weight = pitfall to avoid)\n{criteria}\n\n"
-        "Group the criteria into {k_min} to {k_max} dimensions. "
-        "Reply with only the JSON object: {shape}"
+        "{count_rule} Each description is {sentences} sentences. Use the item numbers 1 to {n}; "
+        "each appears in the atomic_indices of exactly one dimension.{previous}"
+        " Reply with only the JSON object: {shape}"
     ),
     shape=(
-        '{"dimensions": [{"name": "<short name>", "criteria": [<criterion numbers>], '
-        '"failure_clause": "<text>" or null}]}'
+        '{"criteria": [{"name": "<at most six words>", "description": "<the paragraph>", '
+        '"weight": <number>, "atomic_indices": [<item numbers>], '
+        '"failure_clause": "<what fails the dimension, in a few words>" or null}]}'
     ),
 )
 
@@ -246,11 +259,24 @@ def reask_message(error: str, shape: str) -> dict[str, str]:
 
 
 def render_bundle(prompt: str, criteria: tuple[str, ...], weights: tuple[float, ...],
-                  k_min: int, k_max: int) -> Messages:
-    """Bundle prompt with numbered criteria (numbers are the 0-based checklist indices)."""
+                  k_min: int, k_max: int, reference: str | None = None,
+                  previous_error: str | None = None) -> Messages:
+    """Bundle prompt with the items numbered from 1 (the judge's ``atomic_indices`` are these
+    1-based numbers; the parser converts them to 0-based).  ``k_max`` should already be capped at
+    the number of items.  ``reference`` (the anchor) is shown when given; ``previous_error``
+    (a regeneration) tells the model why its earlier answer could not be used."""
     rows = enumerate(zip(criteria, weights))
-    listing = "\n".join(f"{i}. (weight {w:g}) {c}" for i, (c, w) in rows)
-    return BUNDLE.render(prompt=prompt, criteria=listing, k_min=str(k_min), k_max=str(k_max))
+    listing = "\n".join(f"{i + 1}. (weight {w:g}) {c}" for i, (c, w) in rows)
+    if k_min == k_max:
+        count = f"Write exactly {k_min} dimension{'s' * (k_min != 1)}."
+    else:
+        count = f"Write between {k_min} and {k_max} dimensions."
+    ref = reference.strip() if reference and reference.strip() else "(none given)"
+    previous = (f" An earlier answer for this checklist could not be used ({previous_error}); "
+                "write a fresh one that fixes this." if previous_error else "")
+    return BUNDLE.render(prompt=prompt, reference=ref, criteria=listing, count_rule=count,
+                         sentences="3 to 8" if k_max == 1 else "2 to 5", n=str(len(criteria)),
+                         previous=previous)
 
 
 def render_drafts(drafts: tuple[Draft, ...]) -> str:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from core.search_r1 import ParsedTrajectory, normalize_answer, parse_trajectory
 from judges.base import JUDGE_STAT_KEYS, Counters, order_coin, tie_coin
+from judges.bundling import compose_description
 from judges.types import (
     RATING_MIN,
     TIE,
@@ -529,7 +530,8 @@ def rule_bundle(criteria: Sequence[str], weights: Sequence[float], k_min: int, k
                 ) -> tuple[Dimension, ...]:
     """Deterministic bundling: pitfalls (w < 0) together, positives grouped by rule family,
     then the number of groups forced into [k_min, min(k_max, n)] by halving the largest group
-    or merging the two smallest. No failure clauses (the rule judge does not invent text)."""
+    or merging the two smallest. No failure clauses (the rule judge does not invent text);
+    each description is ``compose_description`` of the dimension's items (their texts kept)."""
     n = len(criteria)
     groups: dict[str, list[int]] = {}
     for i, (c, w) in enumerate(zip(criteria, weights)):
@@ -547,7 +549,11 @@ def rule_bundle(criteria: Sequence[str], weights: Sequence[float], k_min: int, k
         merged = (f"{items[a][0]} + {items[b][0]}", sorted(items[a][1] + items[b][1]))
         items[a] = merged
         del items[b]
-    return tuple(Dimension(name, tuple(idx), None) for name, idx in items)
+    return tuple(
+        Dimension(name, tuple(idx), None,
+                  compose_description([criteria[i] for i in idx], [weights[i] for i in idx]))
+        for name, idx in items
+    )
 
 
 class RuleJudge:

@@ -170,32 +170,47 @@ class ConsolidateRequest:
 
 @dataclass(frozen=True)
 class BundleRequest:
-    """A checklist (criterion texts with weights; negative weight = pitfall) of one prompt."""
+    """A checklist (criterion texts with weights; negative weight = pitfall) of one prompt.
+
+    ``reference`` is the prompt's reference answer, shown to the judge as an anchor (to settle
+    items that conflict or are wrong) when the rubric has one.  ``previous_error`` is set on a
+    regeneration: why the judge's earlier answer for this checklist could not be used (it also
+    makes the regeneration a fresh request, not a cache hit)."""
 
     prompt: str
     criteria: tuple[str, ...]
     weights: tuple[float, ...]
+    reference: str | None = None
+    previous_error: str | None = None
 
 
 class Dimension(NamedTuple):
-    """A protocol dimension: criterion indices into the checklist and an optional failure clause
-    ("delays emergency referral") that fails the dimension outright."""
+    """A protocol dimension: 0-based criterion indices into the checklist, an optional failure
+    clause ("delays emergency referral"), the ``description`` paragraph (the dimension written
+    as one criterion: what a good answer achieves and what makes it fail) and the ``weight`` the
+    judge proposed (kept for the record only; the bundler computes ``W_d = sum |w_i|``)."""
 
     name: str
     indices: tuple[int, ...]
     failure_clause: str | None
+    description: str = ""
+    weight: float | None = None
 
 
 @dataclass(frozen=True)
 class Bundle:
-    """A partition of a checklist into 2..5 dimensions; every index in exactly one dimension.
+    """A partition of a checklist into dimensions; every index in exactly one dimension.
 
     On failure (unparseable or invalid after re-asks) ``dimensions`` is empty and ``error`` says
-    why; the caller decides what to do with that prompt (e.g. fall back to the additive sum).
+    why; ``draft`` then holds the judge's last readable but invalid proposal (indices possibly
+    out of range, repeated or missing; descriptions possibly empty), empty when nothing was
+    readable.  The caller decides what to do (``rewards.bundle`` regenerates, then repairs the
+    draft deterministically).
     """
 
     dimensions: tuple[Dimension, ...]
     error: str | None = None
+    draft: tuple[Dimension, ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -1,38 +1,51 @@
-"""Offline ProRubric bundling: checklist -> 2..5 protocol dimensions with failure clauses.
+"""Offline ProRubric bundling: checklist -> 1..5 dimensions, each a paragraph criterion.
 
 Command line::
 
     python -m rewards.bundle IN OUT judge=rule|openai|... [k_min=2] [k_max=5] [batch=16]
-        [retries=0] [fmt=healthbench|rar|rubrichub|native] [judge.<option>=value ...]
+        [regenerate=2] [fmt=healthbench|rar|rubrichub|native] [judge.<option>=value ...]
 
 ``IN`` is any rubric file ``rewards.rubric.load_rubrics`` reads (format detected unless ``fmt``
 is given).  For each prompt the judge is asked (``judge.bundle``, ``batch`` prompts per call) to
-partition its checklist into ``k_min <= K <= k_max`` dimensions, each with an optional failure
-clause.  The judge answers with criterion *indices*; this module never reads criterion text back
-from it, so texts are unchanged by construction (and checked again before writing).
+group its checklist into ``k_min <= K <= k_max`` dimensions (the ProRubric authors' 2..5;
+``k_min=k_max=1`` is their K = 1 arm) and to write each dimension as one criterion: a paragraph
+saying what a good answer achieves and what makes it fail (``Dimension.description``; the
+authors' judge reads only these paragraphs).  The LLM judge sees the items numbered from 1 and
+the rubric's reference answer, when it has one, as an anchor; it answers in the authors' schema
+``{"criteria": [{"name", "description", "weight", "atomic_indices": [1-based]}]}`` (plus an
+optional ``failure_clause``), converted to 0-based indices at the parser.  Criterion texts are
+never read back from the judge (only numbers), so they are unchanged by construction.
 
-Validation (``validate_bundle``): ``K`` in range, every criterion index in exactly one
-dimension, indices are integers in ``[0, C)``, dimension names non-empty and unique, failure
-clauses text or null.  The LLM judge already re-asks on unparseable or invalid output; a prompt
-still invalid after that (or after ``retries`` extra rounds here, useful for uncached sampling
-judges) is reported with its reason and is *not* written.
+Valid (``judges.bundling.bundle_problems``): ``K`` in ``[k_min, min(k_max, C)]``, every criterion
+in exactly one dimension, every description 2..10 sentences (``DESCRIPTION_SENTENCES``).  The
+dimension weight is ours, never the judge's: ``W_d = sum_{i in I_d} |w_i|`` (the judge's number
+is kept in ``meta["model_weights"]``).
+
+An invalid answer is regenerated up to ``regenerate`` times (a fresh request that says why the
+last answer could not be used; the LLM judge's own re-asks happen inside each request), then the
+judge's last readable proposal is repaired deterministically (``rewards.bundle_repair``) and the
+rubric is flagged: ``meta["repaired"] = True`` with ``meta["bundle_problem"]`` (why) and
+``meta["bundle_repairs"]`` (what changed).  A prompt with no readable proposal at all (backend
+down, output unparseable every time) or fewer than ``k_min`` criteria is reported as failed and
+*not* written, so a rerun tries it again.
 
 ``OUT`` is written in the ``native`` format (``rewards.rubric.save_rubrics``), in input order,
 after every batch (atomically: a temporary file, then a rename), so an interrupted run keeps
-its progress.  Caching / resuming: a prompt already in ``OUT`` with dimensions and the same
-criteria (texts and weights) is skipped; one whose criteria changed is re-bundled (``stale``);
-rows of ``OUT`` whose prompt is not in ``IN`` are kept at the end.  A summary (bundled /
-skipped / failed with reasons, judge counters) is printed and written next to ``OUT`` as
-``<OUT stem>.summary.json``.  Exit status: 0 when nothing failed, 1 when some prompt failed,
-2 on a bad command line or input file (named with its row and field, before the judge starts).
+its progress.  Caching / resuming: a prompt already in ``OUT`` with described dimensions and the
+same criteria (texts and weights) is skipped; one whose criteria changed, or with a dimension
+without description, is re-bundled (``stale``); rows of ``OUT`` whose prompt is not in ``IN``
+are kept at the end.  A summary (bundled / skipped / repaired / regenerated / failed with
+reasons, judge counters) is printed and written next to ``OUT`` as ``<OUT stem>.summary.json``.
+Exit status: 0 when nothing failed, 1 when some prompt failed, 2 on a bad command line or input
+file (named with its row and field, before the judge starts).
 
 Judge configuration: ``judge=NAME`` starts from ``conf/judge/NAME.yaml`` when that file exists
 (else ``{name: NAME}``); ``judge.KEY=VALUE`` overrides a key.  ``k_min``/``k_max`` are passed to
 the judge too.  Values are parsed as YAML scalars (``judge.max_reasks=2`` is an int).
 
 The rule judge bundles deterministically (``judges.rule.rule_bundle``: pitfalls together,
-positives by rule family, the count forced into range; no failure clauses).  A checklist with
-fewer than ``k_min`` criteria cannot be bundled and is reported.
+positives by rule family, the count forced into range; descriptions composed from the items'
+texts, no failure clauses).
 """
 
 from __future__ import annotations
@@ -45,7 +58,10 @@ from pathlib import Path
 from typing import Any
 
 from core.files import write_atomic
+from judges.bundling import bundle_problems
 from judges.types import Bundle, BundleRequest
+from judges.types import Dimension as JudgeDimension
+from rewards.bundle_repair import RepairError, repair_bundle
 from rewards.rubric import (
     MAX_DIMS,
     MIN_DIMS,
@@ -59,6 +75,8 @@ from rewards.rubric import (
 #: Fewest dimensions the bundler asks for by default (the authors' 2..5; ``k_min=1`` is their
 #: K = 1 ablation).
 BUNDLE_MIN_DIMS = 2
+#: Regenerations of an invalid answer before the repair (the authors' generator: 2).
+BUNDLE_REGENERATE = 2
 
 CONF_JUDGE = Path(__file__).resolve().parents[1] / "conf" / "judge"
 
@@ -77,60 +95,57 @@ class BundleError(ValueError):
 
 
 def validate_bundle(bundle: Any, n: int, k_min: int = BUNDLE_MIN_DIMS, k_max: int = MAX_DIMS
-                    ) -> tuple[Dimension, ...]:
-    """A judge ``Bundle`` for a checklist of ``n`` criteria -> validated rubric dimensions.
+                    ) -> tuple[JudgeDimension, ...]:
+    """A judge ``Bundle`` for a checklist of ``n`` criteria -> its dimensions, normalised
+    (names and failure clauses stripped; an empty clause is None).
 
-    Raises ``BundleError`` when the judge reported an error, ``K`` is outside
-    ``[k_min, min(k_max, n)]``, an index is not an integer in ``[0, n)``, an index appears twice
-    or not at all, or a dimension name is empty or repeated.  Failure clauses: text (stripped;
-    empty -> None) or None.
-    """
+    Raises ``BundleError`` (the first three problems, 0-based criterion numbers) when the judge
+    reported an error or ``judges.bundling.bundle_problems`` finds any."""
     if not isinstance(bundle, Bundle):
         raise BundleError(f"judge returned a {type(bundle).__name__}, not a Bundle")
     if bundle.error is not None:
         raise BundleError(f"judge: {bundle.error}")
-    dims = tuple(bundle.dimensions)
-    hi = min(k_max, n)
-    if not k_min <= len(dims) <= hi:
-        why = f" (only {n} criteria)" if n < k_min else ""
-        raise BundleError(f"K={len(dims)} dimensions, need {k_min} <= K <= {hi}{why}")
-    owner: dict[int, int] = {}
-    names: set[str] = set()
-    out = []
-    for k, d in enumerate(dims):
-        try:
-            name, indices, clause = d
-        except (TypeError, ValueError):
-            raise BundleError(f"dimension {k} is not (name, indices, failure_clause)") from None
-        if not isinstance(name, str) or not name.strip():
-            raise BundleError(f"dimension {k} has an empty name")
-        name = name.strip()
-        if name in names:
-            raise BundleError(f"duplicate dimension name {name!r}")
-        names.add(name)
-        if not isinstance(indices, Sequence) or isinstance(indices, str) or not indices:
-            raise BundleError(f"dimension {name!r} has no criteria")
-        for i in indices:
-            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
-                raise BundleError(f"dimension {name!r}: criterion index {i!r} not in [0, {n})")
-            if i in owner:
-                raise BundleError(f"criterion {i} is in dimensions {owner[i]} and {k}")
-            owner[i] = k
-        if clause is not None and not isinstance(clause, str):
-            raise BundleError(f"dimension {name!r}: failure clause is not text: {clause!r}")
-        clause = clause.strip() if isinstance(clause, str) and clause.strip() else None
-        out.append(Dimension(name=name, criteria=tuple(int(i) for i in indices), failure=clause))
-    missing = sorted(set(range(n)) - set(owner))
-    if missing:
-        raise BundleError(f"criteria {missing} are in no dimension")
-    return tuple(out)
+    problems = bundle_problems(tuple(bundle.dimensions), n, k_min, k_max, base=0)
+    if problems:
+        raise BundleError("; ".join(problems[:3]))
+    return tuple(
+        d._replace(name=d.name.strip() if isinstance(d.name, str) else "",
+                   failure_clause=(d.failure_clause.strip() or None) if d.failure_clause
+                   else None,
+                   description=d.description.strip())
+        for d in bundle.dimensions
+    )
 
 
-def attach(rubric: Rubric, dims: Sequence[Dimension], bundler: str) -> Rubric:
-    """The rubric with ``dims`` attached (criteria untouched) and ``meta["bundler"]`` set."""
+def draft_of(answer: Any) -> tuple[JudgeDimension, ...]:
+    """The proposal a repair can start from: an error bundle's ``draft``, an invalid bundle's
+    own dimensions, nothing for anything else."""
+    if not isinstance(answer, Bundle):
+        return ()
+    dims = answer.draft if answer.error is not None else answer.dimensions
+    return tuple(d for d in dims if isinstance(d, JudgeDimension))
+
+
+def rubric_dimensions(dims: Sequence[JudgeDimension], rubric: Rubric) -> tuple[Dimension, ...]:
+    """Judge dimensions -> rubric dimensions with ``W_d = sum_{i in I_d} |w_i|`` (ours)."""
+    w = rubric.weights
+    return tuple(
+        Dimension(name=d.name or f"dimension {k + 1}", criteria=tuple(int(i) for i in d.indices),
+                  failure=d.failure_clause, description=d.description,
+                  weight=float(sum(abs(w[i]) for i in d.indices)))
+        for k, d in enumerate(dims)
+    )
+
+
+def attach(rubric: Rubric, dims: Sequence[JudgeDimension], bundler: str,
+           record: Mapping[str, Any] | None = None) -> Rubric:
+    """The rubric with ``dims`` attached (criteria untouched, weights ours) and
+    ``meta["bundler"]``, ``meta["model_weights"]`` and ``record`` (``repaired`` ...) set."""
+    meta = {**dict(rubric.meta), "bundler": bundler,
+            "model_weights": [d.weight for d in dims], **dict(record or {})}
     out = Rubric(prompt_id=rubric.prompt_id, prompt=rubric.prompt, criteria=rubric.criteria,
-                 dimensions=tuple(dims), reference_answer=rubric.reference_answer,
-                 meta={**dict(rubric.meta), "bundler": bundler})
+                 dimensions=rubric_dimensions(dims, rubric),
+                 reference_answer=rubric.reference_answer, meta=meta)
     # the judge returned indices only, so this cannot fail; it guards future edits
     if [(c.text, c.weight) for c in out.criteria] != [(c.text, c.weight) for c in rubric.criteria]:
         raise AssertionError(f"{rubric.prompt_id}: criterion texts changed while bundling")
@@ -139,54 +154,104 @@ def attach(rubric: Rubric, dims: Sequence[Dimension], bundler: str) -> Rubric:
 
 @dataclasses.dataclass(frozen=True)
 class BundleResult:
-    """Bundled rubrics (input order) and ``(prompt_id, reason)`` for each failure."""
+    """Bundled rubrics (input order), ``(prompt_id, reason)`` for each failure, the ids of the
+    repaired rubrics and the number of regeneration requests made."""
 
     rubrics: tuple[Rubric, ...]
     failed: tuple[tuple[str, str], ...]
+    repaired: tuple[str, ...] = ()
+    regenerations: int = 0
 
 
-def request_of(r: Rubric) -> BundleRequest:
+def request_of(r: Rubric, previous_error: str | None = None) -> BundleRequest:
     return BundleRequest(prompt=r.prompt_text(), criteria=tuple(c.text for c in r.criteria),
-                         weights=tuple(float(c.weight) for c in r.criteria))
+                         weights=tuple(float(c.weight) for c in r.criteria),
+                         reference=r.reference_answer, previous_error=previous_error)
+
+
+@dataclasses.dataclass
+class _Rounds:
+    """Per-rubric state of ``bundle_rubrics`` (local to one call)."""
+
+    done: dict[int, Rubric] = dataclasses.field(default_factory=dict)
+    errors: dict[int, str] = dataclasses.field(default_factory=dict)
+    drafts: dict[int, tuple[JudgeDimension, ...]] = dataclasses.field(default_factory=dict)
+    regenerations: int = 0
+
+
+def _ask_round(rubrics: Sequence[Rubric], todo: list[int], judge: Any, st: _Rounds,
+               k_min: int, k_max: int, bundler: str, attempt: int) -> list[int]:
+    """One ``judge.bundle`` call over ``todo``; returns the still-invalid ones."""
+    answers = judge.bundle([request_of(rubrics[i], st.errors.get(i)) for i in todo])
+    if not isinstance(answers, list | tuple) or len(answers) != len(todo):
+        got = len(answers) if isinstance(answers, list | tuple) else type(answers).__name__
+        for i in todo:
+            st.errors[i] = f"judge returned {got} bundles for {len(todo)} requests"
+        return todo
+    left = []
+    for i, b in zip(todo, answers):
+        try:
+            dims = validate_bundle(b, rubrics[i].num_criteria, k_min, k_max)
+            st.done[i] = attach(rubrics[i], dims, bundler,
+                                {"repaired": False, "bundle_attempts": attempt})
+            st.errors.pop(i, None)
+        except (BundleError, RubricError) as e:
+            st.errors[i] = str(e)
+            st.drafts[i] = draft_of(b) or st.drafts.get(i, ())
+            left.append(i)
+    return left
+
+
+def _repair(r: Rubric, st: _Rounds, i: int, k_min: int, k_max: int, bundler: str,
+            attempts: int) -> bool:
+    """Repair rubric ``i`` from its last draft into ``st.done``; False when impossible."""
+    if not st.drafts.get(i):
+        return False
+    try:
+        dims, notes = repair_bundle(st.drafts[i], [c.text for c in r.criteria], r.weights,
+                                    k_min, k_max)
+    except RepairError as e:
+        st.errors[i] = f"{st.errors[i]}; repair impossible: {e}"
+        return False
+    st.done[i] = attach(r, dims, bundler, {"repaired": True, "bundle_attempts": attempts,
+                                           "bundle_problem": st.errors.pop(i),
+                                           "bundle_repairs": list(notes)})
+    return True
 
 
 def bundle_rubrics(rubrics: Sequence[Rubric], judge: Any, k_min: int = BUNDLE_MIN_DIMS,
-                   k_max: int = MAX_DIMS, retries: int = 0, bundler: str | None = None
-                   ) -> BundleResult:
-    """Bundle ``rubrics`` with one ``judge.bundle`` call per round (1 + ``retries`` rounds over
-    the still-invalid ones).  Never raises on a bad judge answer: it is reported in ``failed``."""
+                   k_max: int = MAX_DIMS, regenerate: int = BUNDLE_REGENERATE,
+                   bundler: str | None = None) -> BundleResult:
+    """Bundle ``rubrics``: one ``judge.bundle`` call per round, 1 + ``regenerate`` rounds over
+    the still-invalid ones, then the deterministic repair of each one's last readable proposal
+    (flagged ``meta["repaired"]``).  Never raises on a bad judge answer: a prompt that cannot be
+    bundled (no readable proposal, fewer than ``k_min`` criteria) is reported in ``failed``."""
     bundler = bundler or type(judge).__name__
-    done: dict[int, Rubric] = {}
-    errors: dict[int, str] = {}
-    todo = list(range(len(rubrics)))
-    for _ in range(1 + max(int(retries), 0)):
+    st = _Rounds()
+    todo = []
+    for i, r in enumerate(rubrics):
+        if r.num_criteria < k_min:
+            st.errors[i] = f"only {r.num_criteria} criteria, cannot make {k_min} dimensions"
+        else:
+            todo.append(i)
+    rounds = 1 + max(int(regenerate), 0)
+    for attempt in range(1, rounds + 1):
         if not todo:
             break
-        answers = judge.bundle([request_of(rubrics[i]) for i in todo])
-        if not isinstance(answers, list | tuple) or len(answers) != len(todo):
-            got = len(answers) if isinstance(answers, list | tuple) else type(answers).__name__
-            for i in todo:
-                errors[i] = f"judge returned {got} bundles for {len(todo)} requests"
-            continue
-        left = []
-        for i, b in zip(todo, answers):
-            try:
-                dims = validate_bundle(b, rubrics[i].num_criteria, k_min, k_max)
-                done[i] = attach(rubrics[i], dims, bundler)
-                errors.pop(i, None)
-            except (BundleError, RubricError) as e:
-                errors[i] = str(e)
-                left.append(i)
-        todo = left
+        st.regenerations += len(todo) if attempt > 1 else 0
+        todo = _ask_round(rubrics, todo, judge, st, k_min, k_max, bundler, attempt)
+    repaired = tuple(rubrics[i].prompt_id for i in todo
+                     if _repair(rubrics[i], st, i, k_min, k_max, bundler, rounds))
     return BundleResult(
-        rubrics=tuple(done[i] for i in sorted(done)),
-        failed=tuple((rubrics[i].prompt_id, errors[i]) for i in sorted(errors)),
+        rubrics=tuple(st.done[i] for i in sorted(st.done)),
+        failed=tuple((rubrics[i].prompt_id, st.errors[i]) for i in sorted(st.errors)),
+        repaired=repaired, regenerations=st.regenerations,
     )
 
 
 def bundle_missing(rubrics: Sequence[Rubric], judge: Any, k_min: int = BUNDLE_MIN_DIMS,
-                   k_max: int = MAX_DIMS, retries: int = 0, bundler: str | None = None
-                   ) -> BundleResult:
+                   k_max: int = MAX_DIMS, regenerate: int = BUNDLE_REGENERATE,
+                   bundler: str | None = None) -> BundleResult:
     """Bundle only the rubrics that have no dimensions (``bundle_rubrics``); a rubric that
     already has dimensions is returned as it is and never sent to the judge (SPEC 4: dimensions
     and failure clauses are generated once per prompt, offline, and cached).
@@ -200,12 +265,13 @@ def bundle_missing(rubrics: Sequence[Rubric], judge: Any, k_min: int = BUNDLE_MI
             raise ValueError(f"bundle_missing: duplicate prompt id {r.prompt_id!r}")
         seen.add(r.prompt_id)
     todo = [r for r in rubrics if not r.dimensions]
-    res = (bundle_rubrics(todo, judge, k_min, k_max, retries, bundler) if todo
+    res = (bundle_rubrics(todo, judge, k_min, k_max, regenerate, bundler) if todo
            else BundleResult((), ()))
     new = {r.prompt_id: r for r in res.rubrics}
     kept = tuple(r if r.dimensions else new[r.prompt_id] for r in rubrics
                  if r.dimensions or r.prompt_id in new)
-    return BundleResult(rubrics=kept, failed=res.failed)
+    return BundleResult(rubrics=kept, failed=res.failed, repaired=res.repaired,
+                        regenerations=res.regenerations)
 
 
 # --------------------------------------------------------------------------------------------
@@ -280,17 +346,21 @@ def _criteria_key(r: Rubric) -> list[tuple[str, float]]:
 @dataclasses.dataclass(frozen=True)
 class BundleOptions:
     """How ``run_bundle`` asks the judge: ``k_min <= K <= k_max`` dimensions per prompt,
-    ``batch`` prompts per ``judge.bundle`` call, ``retries`` extra rounds for invalid answers."""
+    ``batch`` prompts per ``judge.bundle`` call, ``regenerate`` fresh requests for an invalid
+    answer before the deterministic repair."""
 
     k_min: int = BUNDLE_MIN_DIMS
     k_max: int = MAX_DIMS
     batch: int = 16
-    retries: int = 0
+    regenerate: int = BUNDLE_REGENERATE
 
     def __post_init__(self) -> None:
         if not MIN_DIMS <= self.k_min <= self.k_max <= MAX_DIMS:
             raise ValueError(f"need {MIN_DIMS} <= k_min <= k_max <= {MAX_DIMS}, "
                              f"got {self.k_min}, {self.k_max}")
+        if self.regenerate < 0 or self.batch < 1:
+            raise ValueError(f"need regenerate >= 0 and batch >= 1, got {self.regenerate}, "
+                             f"{self.batch}")
 
 
 def read_inputs(src: str | Path, out: str | Path, fmt: str | None = None
@@ -305,17 +375,46 @@ def read_inputs(src: str | Path, out: str | Path, fmt: str | None = None
     return rubrics, previous
 
 
+def _reusable(old: Rubric | None, new: Rubric) -> bool:
+    """``old`` (from OUT) can stand for ``new``: described dimensions, the same criteria."""
+    return (old is not None and bool(old.dimensions)
+            and all(d.description.strip() for d in old.dimensions)
+            and _criteria_key(old) == _criteria_key(new))
+
+
+@dataclasses.dataclass
+class _Tally:
+    """Counts of one ``run_bundle`` (local)."""
+
+    bundled: int = 0
+    regenerations: int = 0
+    failures: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    repairs: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    regenerated: int = 0
+
+    def add(self, res: BundleResult) -> None:
+        self.bundled += len(res.rubrics)
+        self.regenerations += res.regenerations
+        self.failures += [{"prompt_id": pid, "reason": why} for pid, why in res.failed]
+        by_id = {r.prompt_id: r for r in res.rubrics}
+        self.repairs += [{"prompt_id": pid, "problem": str(by_id[pid].meta["bundle_problem"])}
+                         for pid in res.repaired]
+        self.regenerated += sum(int(r.meta.get("bundle_attempts", 1)) > 1 for r in res.rubrics)
+
+
 def run_bundle(src: str | Path, out: str | Path, judge: Any, *, judge_name: str = "",
                options: BundleOptions = BundleOptions(), fmt: str | None = None
                ) -> dict[str, Any]:
     """Bundle the rubrics of ``src`` into ``out`` (resumable; see the module docstring).
 
-    Returns the summary dict (also written to ``summary_path(out)``): ``bundled``, ``skipped``,
-    ``stale`` (re-bundled because their criteria changed), ``failed`` (count) and
-    ``failures`` (``[{prompt_id, reason}]``), ``total``, ``kept_extra``, ``k_min``, ``k_max``,
-    ``judge`` and ``judge_stats``.
+    Returns the summary dict (also written to ``summary_path(out)``): ``bundled`` (written by
+    this run, repaired ones included), ``repaired`` (count) and ``repairs``
+    (``[{prompt_id, problem}]``), ``regenerated`` (prompts that needed more than one request),
+    ``regenerations`` (extra requests), ``skipped``, ``stale`` (re-bundled: criteria changed or a
+    dimension without description), ``failed`` (count) and ``failures``
+    (``[{prompt_id, reason}]``), ``total``, ``kept_extra``, ``k_min``, ``k_max``,
+    ``regenerate``, ``judge`` and ``judge_stats``.
     """
-    k_min, k_max, retries = options.k_min, options.k_max, options.retries
     out = Path(out)
     rubrics, previous = read_inputs(src, out, fmt)
     ids = {r.prompt_id for r in rubrics}
@@ -325,37 +424,35 @@ def run_bundle(src: str | Path, out: str | Path, judge: Any, *, judge_name: str 
     stale = 0
     for r in rubrics:
         old = previous.get(r.prompt_id)
-        if old is not None and old.dimensions and _criteria_key(old) == _criteria_key(r):
-            result[r.prompt_id] = old
+        if _reusable(old, r):
+            result[r.prompt_id] = old  # type: ignore[assignment]
         else:
             stale += old is not None
             todo.append(r)
     skipped = len(result)
-    failures: list[dict[str, str]] = []
-    bundled = 0
+    tally = _Tally()
 
     def flush() -> None:
         rows = [result[r.prompt_id] for r in rubrics if r.prompt_id in result]
         save_rubrics(rows + extra, out)  # atomic: a kill keeps the last batch's file
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    step = max(int(options.batch), 1)
-    for s in range(0, len(todo), step):
-        chunk = todo[s:s + step]
-        res = bundle_rubrics(chunk, judge, k_min, k_max, retries, bundler=judge_name or None)
-        for r in res.rubrics:
-            result[r.prompt_id] = r
-        bundled += len(res.rubrics)
-        failures += [{"prompt_id": pid, "reason": why} for pid, why in res.failed]
+    for s in range(0, len(todo), options.batch):
+        res = bundle_rubrics(todo[s:s + options.batch], judge, options.k_min, options.k_max,
+                             options.regenerate, bundler=judge_name or None)
+        result.update((r.prompt_id, r) for r in res.rubrics)
+        tally.add(res)
         flush()
     if not todo:
         flush()
     stats = judge.stats() if hasattr(judge, "stats") else {}
     summary = {
         "source": str(src), "out": str(out), "judge": judge_name or type(judge).__name__,
-        "k_min": k_min, "k_max": k_max, "total": len(rubrics), "bundled": bundled,
-        "skipped": skipped, "stale": stale, "failed": len(failures), "failures": failures,
-        "kept_extra": len(extra),
+        "k_min": options.k_min, "k_max": options.k_max, "regenerate": options.regenerate,
+        "total": len(rubrics), "bundled": tally.bundled, "repaired": len(tally.repairs),
+        "repairs": tally.repairs, "regenerated": tally.regenerated,
+        "regenerations": tally.regenerations, "skipped": skipped, "stale": stale,
+        "failed": len(tally.failures), "failures": tally.failures, "kept_extra": len(extra),
         "judge_stats": {k: v for k, v in stats.items() if isinstance(v, int | float) and v},
     }
     write_atomic(summary_path(out), json.dumps(summary, indent=1, ensure_ascii=False))
@@ -363,11 +460,17 @@ def run_bundle(src: str | Path, out: str | Path, judge: Any, *, judge_name: str 
 
 
 def format_summary(s: Mapping[str, Any]) -> str:
-    lines = [f"{s['out']}: {s['bundled']} bundled, {s['skipped']} skipped (already bundled), "
-             f"{s['failed']} failed of {s['total']} prompts (judge={s['judge']}, "
-             f"K in [{s['k_min']}, {s['k_max']}])"]
+    lines = [f"{s['out']}: {s['bundled']} bundled ({s['repaired']} repaired), {s['skipped']} "
+             f"skipped (already bundled), {s['failed']} failed of {s['total']} prompts "
+             f"(judge={s['judge']}, K in [{s['k_min']}, {s['k_max']}])"]
+    if s.get("regenerated"):
+        lines.append(f"  {s['regenerated']} needed a regeneration ({s['regenerations']} extra "
+                     f"requests, at most {s['regenerate']} per prompt)")
     if s.get("stale"):
-        lines.append(f"  {s['stale']} re-bundled because their criteria changed")
+        lines.append(f"  {s['stale']} re-bundled because their criteria changed or a dimension "
+                     "had no description")
+    for f in s["repairs"]:
+        lines.append(f"  REPAIRED {f['prompt_id']}: {f['problem']}")
     for f in s["failures"]:
         lines.append(f"  FAILED {f['prompt_id']}: {f['reason']}")
     lines.append(f"summary: {summary_path(s['out'])}")
@@ -376,20 +479,21 @@ def format_summary(s: Mapping[str, Any]) -> str:
 
 USAGE = (
     "usage: python -m rewards.bundle IN OUT judge=rule|openai|... [k_min=2] [k_max=5] "
-    "[batch=16] [retries=0] [fmt=FORMAT] [judge.OPTION=VALUE ...]"
+    "[batch=16] [regenerate=2] [fmt=FORMAT] [judge.OPTION=VALUE ...]"
 )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        pos, opts, jopts = parse_cli(argv, n_pos=2, usage=USAGE,
-                                     keys=("judge", "k_min", "k_max", "batch", "retries", "fmt"))
+        pos, opts, jopts = parse_cli(
+            argv, n_pos=2, usage=USAGE,
+            keys=("judge", "k_min", "k_max", "batch", "regenerate", "fmt"))
         if "judge" not in opts:
             raise CliError(f"judge=NAME is required\n{USAGE}")
         k_min, k_max = int(opts.get("k_min", BUNDLE_MIN_DIMS)), int(opts.get("k_max", MAX_DIMS))
         options = BundleOptions(k_min=k_min, k_max=k_max, batch=int(opts.get("batch", 16)),
-                                retries=int(opts.get("retries", 0)))
+                                regenerate=int(opts.get("regenerate", BUNDLE_REGENERATE)))
         name = str(opts["judge"])
         read_inputs(pos[0], pos[1], opts.get("fmt"))  # bad files stop here, before the judge
         judge = judge_from_args(name, {"k_min": k_min, "k_max": k_max, **jopts})

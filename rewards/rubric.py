@@ -22,12 +22,18 @@ Supported row formats (``load_rubrics(path, fmt)``; ``fmt=None`` detects it from
   in ``Criterion.title``.  Rows carry no id: ``prompt_id`` is ``row["id"]`` when present, else
   ``"rar-"`` + the first 16 hex digits of the SHA-1 of the question (stable across files).
 * ``rubrichub``: ``{prompt, data_source, ability, reward_model: {rubrics: [{criterion,
-  points}]}}``; ``prompt`` is a string or a list of ``{role, content}`` messages; ``prompt_id``
-  is ``row["prompt_id"]``, ``row["extra_info"]["index"]``, or a content hash as for RaR.
+  points}]}}``, or RubricHub v1's own rows with the checklist at the top level
+  (``Rubrics: [{criterion, points}]``); ``prompt`` is a string or a list of ``{role, content}``
+  messages; ``prompt_id`` is ``row["prompt_id"]``, ``row["extra_info"]["index"]``, or a content
+  hash as for RaR.
+* ``prorubric_train`` and ``prorubric_public``: the ProRubric authors' training rows and public
+  export, dimensions included (``rewards.rubric_formats``; both can also be written).
 * ``native``: this library's own serialisation (``rubric_to_dict``), which also carries the
   dimensions and failure clauses.
 
-Files are JSON Lines (one row per line, blank lines skipped) or a single JSON list.
+Files are JSON Lines (one row per line, blank lines skipped), a single JSON list, or Parquet
+(by the ``.parquet`` suffix).  ``save_rubrics(rubrics, path, fmt)`` writes ``native`` (JSON
+Lines) or either ProRubric format (JSON Lines, or Parquet for a ``.parquet`` path).
 """
 
 from __future__ import annotations
@@ -420,6 +426,29 @@ def parse_rar(row: Mapping[str, Any]) -> Rubric:
     return _build(pid, prompt=question, criteria=tuple(crits), reference_answer=ref, meta=meta)
 
 
+def _rubrichub_items(row: Mapping[str, Any], pid: str) -> tuple[list[Any], str]:
+    """RubricHub's checklist and the field it came from: ``reward_model.rubrics`` (the verl
+    layout) when present, else the top-level ``Rubrics`` (RubricHub v1's own files).  Either
+    may be a JSON string of the list."""
+    rm = row.get("reward_model")
+    if rm is not None and not isinstance(rm, Mapping):
+        raise RubricError(pid, "reward_model", f"expected an object, got {type(rm).__name__}")
+    if (rm is None or rm.get("rubrics") is None) and "Rubrics" in row:
+        items, where = row["Rubrics"], "Rubrics"
+    elif rm is not None:
+        items, where = rm.get("rubrics"), "reward_model.rubrics"
+    else:
+        raise RubricError(pid, "reward_model", "missing (and no top-level Rubrics either)")
+    if isinstance(items, str):  # some exports store the list as a JSON string
+        try:
+            items = json.loads(items)
+        except json.JSONDecodeError as e:
+            raise RubricError(pid, where, f"invalid JSON string: {e}") from None
+    if not isinstance(items, list):
+        raise RubricError(pid, where, "missing or not a list")
+    return items, where
+
+
 @RUBRIC_FORMATS.register("rubrichub")
 def parse_rubrichub(row: Mapping[str, Any]) -> Rubric:
     """RubricHub row -> ``Rubric`` (data_source, ability -> meta)."""
@@ -436,18 +465,10 @@ def parse_rubrichub(row: Mapping[str, Any]) -> Rubric:
         prompt = _messages(raw_prompt, pid0, "prompt")
         ptext = json.dumps([[m.role, m.content] for m in prompt], ensure_ascii=False)
     pid = pid0 or _content_id("rubrichub", ptext)
-    rm = _req(row, "reward_model", pid, Mapping)
-    items = rm.get("rubrics")
-    if isinstance(items, str):  # some exports store the list as a JSON string
-        try:
-            items = json.loads(items)
-        except json.JSONDecodeError as e:
-            raise RubricError(pid, "reward_model.rubrics", f"invalid JSON string: {e}") from None
-    if not isinstance(items, list):
-        raise RubricError(pid, "reward_model.rubrics", "missing or not a list")
+    items, where = _rubrichub_items(row, pid)
     crits = []
     for i, r in enumerate(items):
-        fld = f"reward_model.rubrics[{i}]"
+        fld = f"{where}[{i}]"
         if not isinstance(r, Mapping):
             raise RubricError(pid, fld, "expected an object")
         if not isinstance(r.get("criterion"), str):
@@ -524,6 +545,14 @@ def rubric_from_dict(row: Mapping[str, Any]) -> Rubric:
 def detect_format(row: Mapping[str, Any]) -> str:
     """Guess the row format from its keys (raises ``RubricError`` when nothing matches)."""
     if isinstance(row, Mapping):
+        rm = row.get("reward_model")
+        if "Rubrics" in row or (isinstance(rm, Mapping) and "rubrics" in rm):
+            return "rubrichub"
+        if "atomic_rubric" in row and "id" in row:
+            return "prorubric_public"
+        extra = row.get("extra_info")
+        if "prompt" in row and isinstance(extra, Mapping) and "rubric" in extra:
+            return "prorubric_train"  # verl rows: a reward_model without rubrics is no matter
         if "reward_model" in row:
             return "rubrichub"
         if "rubrics" in row and "prompt" in row:
@@ -544,8 +573,11 @@ def detect_format(row: Mapping[str, Any]) -> str:
 
 
 def read_rows(path: str | Path) -> list[Any]:
-    """Rows of a JSON Lines file or of a JSON list file."""
+    """Rows of a JSON Lines file, a JSON list file, or (by its ``.parquet`` suffix) a Parquet
+    file (each row a dict, nested structs as dicts, missing struct fields as None)."""
     p = Path(path)
+    if p.suffix.lower() == ".parquet":
+        return _read_parquet_rows(p)
     try:
         text = read_utf8(p)
     except NotUtf8Error as e:
@@ -570,6 +602,20 @@ def read_rows(path: str | Path) -> list[Any]:
         except json.JSONDecodeError as e:
             where = f"{p}: row {len(rows)} (line {lineno})"
             raise RubricError(None, "<json>", f"invalid JSON: {e}", where=where) from None
+    return rows
+
+
+def _read_parquet_rows(p: Path) -> list[dict[str, Any]]:
+    import pyarrow as pa  # imported here: only Parquet files need it
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(p).to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        raise RubricError(None, "<parquet>", f"not a readable Parquet file: {e}",
+                          where=str(p)) from None
+    if not rows:
+        raise RubricError(None, "<file>", "the file is empty: no rubrics", where=str(p))
     return rows
 
 
@@ -611,10 +657,11 @@ def parse_rows(rows: Iterable[Any], fmt: str | None = None, source: str = "<rows
 
 
 def load_rubrics(path: str | Path, fmt: str | None = None) -> list[Rubric]:
-    """Load a rubric file (JSON Lines or JSON list) in format ``fmt``.
+    """Load a rubric file (JSON Lines, JSON list or ``.parquet``) in format ``fmt``.
 
-    ``fmt`` is one of ``RUBRIC_FORMATS.names()`` (``healthbench``, ``native``, ``rar``,
-    ``rubrichub``), or None to detect it from the first row.  An unknown format is a
+    ``fmt`` is one of ``RUBRIC_FORMATS.names()`` (``healthbench``, ``native``,
+    ``prorubric_public``, ``prorubric_train``, ``rar``, ``rubrichub``), or None to detect it
+    from the first row.  An unknown format is a
     ``ValueError`` listing the known ones; a bad row is a ``RubricError`` naming the file, the
     row index, the prompt id (when known) and the field.
     """
@@ -624,10 +671,46 @@ def load_rubrics(path: str | Path, fmt: str | None = None) -> list[Rubric]:
     return parse_rows(read_rows(path), fmt=fmt, source=str(path))
 
 
-def save_rubrics(rubrics: Iterable[Rubric], path: str | Path) -> None:
-    """Write rubrics as JSON Lines in the ``native`` format, atomically (``core.files``)."""
-    write_atomic(path, "".join(json.dumps(rubric_to_dict(r), ensure_ascii=False) + "\n"
-                               for r in rubrics))
+RowWriter = Callable[[Rubric], dict[str, Any]]
+
+#: Row format name -> writer ``Rubric -> row`` (the inverse of the parser of that name).
+RUBRIC_WRITERS: Registry[RowWriter] = Registry("rubric writer")
+RUBRIC_WRITERS.register("native")(rubric_to_dict)
+
+#: Format name -> ``rows -> pyarrow.Table`` for the formats that can be written as Parquet.
+PARQUET_TABLES: Registry[Callable[[list[dict[str, Any]]], Any]] = Registry("parquet layout")
+
+
+def save_rubrics(rubrics: Iterable[Rubric], path: str | Path, fmt: str = "native") -> None:
+    """Write rubrics as rows of format ``fmt`` (``RUBRIC_WRITERS``), atomically (``core.files``).
+
+    A ``.parquet`` path is written as Parquet (the ProRubric formats only, ``PARQUET_TABLES``),
+    any other path as JSON Lines.  A rubric the format cannot hold is a ``RubricError`` naming
+    it; nothing is written then.
+    """
+    if fmt not in RUBRIC_WRITERS:
+        raise ValueError(f"no writer for rubric format {fmt!r}; known: "
+                         f"{', '.join(RUBRIC_WRITERS.names())}")
+    writer = RUBRIC_WRITERS.get(fmt)
+    rows = []
+    for idx, r in enumerate(rubrics):
+        try:
+            rows.append(writer(r))
+        except RubricError as e:
+            raise RubricError(e.prompt_id, e.field, e.message, f"{path}: rubric {idx}") from None
+    if Path(path).suffix.lower() != ".parquet":
+        write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+        return
+    if fmt not in PARQUET_TABLES:
+        raise ValueError(f"rubric format {fmt!r} is written as JSON Lines only; Parquet: "
+                         f"{', '.join(PARQUET_TABLES.names())}")
+    import io
+
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(PARQUET_TABLES.get(fmt)(rows), buf)
+    write_atomic(path, buf.getvalue())
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@
 Greedy rollouts on each split (for search_qa with `eval_paths`, each named dataset). Search
 tasks report EM, F1, format-valid rate, average turns and searches, and LLM-judge accuracy when
 a judge is configured; any task reports its outcome mean. Per split and averaged; printed as a
-table and written to `<out_dir>/eval.json` (default: the run folder, else the hydra folder).
+table and written to `<out_dir>/eval.json` (default: the run folder, else the hydra folder);
+every prompt's answer goes to `<out_dir>/eval_samples.jsonl` (`split`, `id`, `question`,
+`response`, and the task's scores), which `python -m rewards.compare` reads.
 """
 
 from __future__ import annotations
@@ -113,6 +115,14 @@ def search_metrics(groups: Sequence[Group], judge: Any = None,
     return {k: float(np.mean([r[k] for r in rows])) for k in keys}, rows
 
 
+def answer_records(groups: Sequence[Group], outcome: Sequence[float]) -> list[dict]:
+    """One record per prompt (``id``, ``question``, ``response``: the first trajectory's text,
+    ``outcome``): what ``eval_samples.jsonl`` holds for a task other than search_qa, and what
+    ``python -m rewards.compare`` pairs across two runs."""
+    return [{"id": g.prompt.id, "question": g.prompt.question, "response": g.trajectories[0].text,
+             "outcome": float(o)} for g, o in zip(groups, outcome)]
+
+
 def greedy_rollouts(env: Any, policy: Any, prompts: Sequence[Prompt], batch_size: int,
                     desc: str = "eval") -> list[Group]:
     """One trajectory per prompt, rolled out `batch_size` prompts at a time (a benchmark split
@@ -150,6 +160,8 @@ def evaluate(task: Any, policy: SamplerPolicy, splits: Sequence[str], max_new_to
             m, records[split] = search_metrics(groups, judge, chosen, metrics.normalize)
             row |= m
             metric_sets[split] = chosen.name
+        else:
+            records[split] = answer_records(groups, outcome)
         row["time_s"] = time.perf_counter() - t0
         results[split] = row
     keys = list(dict.fromkeys(k for s in splits for k in results[s] if k not in ("n", "time_s")))

@@ -81,11 +81,14 @@ def _answer(system: str, user: str) -> tuple[str, float | None]:
         body = next(v for h, v in s.items() if h.startswith("Criteria (number"))
         n = len([ln for ln in body.splitlines() if re.match(r"\d+\. ", ln)])
         half = max(1, n // 2)
-        dims = [
-            {"name": "first", "criteria": list(range(half)), "failure_clause": "skips step one"},
-            {"name": "second", "criteria": list(range(half, n)), "failure_clause": None},
+        para = "A good answer does the first part. It fails if it skips a step."
+        dims = [  # the authors' schema: 1-based atomic_indices
+            {"name": "first", "description": para, "weight": 1,
+             "atomic_indices": list(range(1, half + 1)), "failure_clause": "skips step one"},
+            {"name": "second", "description": para, "weight": 1,
+             "atomic_indices": list(range(half + 1, n + 1)), "failure_clause": None},
         ]
-        return json.dumps({"dimensions": dims}), None
+        return json.dumps({"criteria": dims}), None
     if "Predicted answer" in s:
         pred = s["Predicted answer"].lower()
         golds = [g.strip().lower() for g in s.get("Gold answer(s)", "").split(";")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -33,6 +34,7 @@ from judges.parsing import (
     parse_drafts,
     parse_equiv,
     parse_yesno,
+    read_bundle,
 )
 
 CRITERIA = ("Mentions the dose", "Recommends a follow-up", "Avoids jargon", "Cites a source")
@@ -156,60 +158,88 @@ def test_parse_drafts_errors(text):
 # --- bundle ----------------------------------------------------------------------------------
 
 
-def _bundle_json(*dims, key="criteria"):
-    rows = [{"name": f"d{j}", key: d, "failure_clause": None} for j, d in enumerate(dims)]
-    return json.dumps({"dimensions": rows})
+PARA = "A good answer gives the adult dose. It fails if it gives a dose for children."
 
 
-def test_parse_bundle_valid_and_lenient_references():
-    dims = parse_bundle(_bundle_json([0, "1"], [2, 3]), CRITERIA)
+def _bundle_json(*dims, key="atomic_indices", desc=PARA):
+    rows = [{"name": f"d{j}", "description": desc, key: d, "failure_clause": None}
+            for j, d in enumerate(dims)]
+    return json.dumps({"criteria": rows})
+
+
+def test_parse_bundle_valid_1_based_and_lenient_references():
+    # the judge numbers items from 1; the parser returns 0-based indices
+    dims = parse_bundle(_bundle_json([1, "2"], [3, 4]), CRITERIA)
     assert [d.indices for d in dims] == [(0, 1), (2, 3)]
+    assert dims[0].description == PARA
     # exact criterion text and an echoed listing line are accepted as references
     dims = parse_bundle(
-        _bundle_json(["Mentions the dose", "1. (weight 3) Recommends a follow-up"], [2, 3.0]),
+        _bundle_json(["Mentions the dose", "2. (weight 3) Recommends a follow-up"], [3, 4.0]),
         CRITERIA,
     )
     assert [d.indices for d in dims] == [(0, 1), (2, 3)]
     text = json.dumps(
         {
-            "dimensions": [
-                {"name": "Safety", "criteria": [{"index": 0, "text": "Mentions the dose"}, 1],
+            "criteria": [
+                {"name": "Safety", "description": PARA, "weight": 7,
+                 "atomic_indices": [{"index": 1, "text": "Mentions the dose"}, 2],
                  "failure_clause": "gives a lethal dose"},
-                {"criteria": [2, 3], "failure_clause": "null"},
+                {"description": PARA, "atomic_indices": [3, 4], "failure_clause": "null"},
             ]
         }
     )
     a, b = parse_bundle(text, CRITERIA)
-    assert a == ("Safety", (0, 1), "gives a lethal dose")
-    assert b.name == "dimension 2" and b.failure_clause is None
+    assert a == ("Safety", (0, 1), "gives a lethal dose", PARA, 7.0)
+    assert b.name == "dimension 2" and b.failure_clause is None and b.weight is None
+    # the legacy key names are read too
+    legacy = json.dumps({"dimensions": [{"description": PARA, "criteria": [1, 2]},
+                                        {"description": PARA, "indices": [3, 4]}]})
+    assert [d.indices for d in parse_bundle(legacy, CRITERIA)] == [(0, 1), (2, 3)]
+    # K = 1 when asked for
+    (one,) = parse_bundle(_bundle_json([1, 2, 3, 4]), CRITERIA, k_min=1, k_max=1)
+    assert one.indices == (0, 1, 2, 3)
 
 
 @pytest.mark.parametrize(
     "text,msg",
     [
-        (_bundle_json([0, 1], [2, 4]), "out of range"),
-        (_bundle_json([0, -1], [2, 3]), "out of range"),
-        (_bundle_json([0, 1], [1, 2, 3]), "more than one dimension"),
-        (_bundle_json([0], [2, 3]), "criteria 1 appear in no dimension"),
-        (_bundle_json([0, 1, 2, 3]), "need 2 to 5 dimensions"),
-        (_bundle_json([0], [1], [2], [3], [], [], key="criteria"), "need 2 to 5"),
-        (_bundle_json([0, 1], []), "non-empty"),
-        (_bundle_json(["Mentions the correct dose", 1], [2, 3]), "rewritten"),
-        (_bundle_json(["0. (weight 1) Mentions a dose", 1], [2, 3]), "rewritten"),
+        (_bundle_json([1, 2], [3, 5]), "item 5 is out of range 1..4"),
+        (_bundle_json([1, 0], [3, 4]), "item 0 is out of range 1..4"),
+        (_bundle_json([1, 2], [2, 3, 4]), "item 2 is in more than one dimension"),
+        (_bundle_json([1], [3, 4]), "items 2 are in no dimension"),
+        (_bundle_json([1, 2, 3, 4]), "need 2 to 4 dimensions, got 1"),
+        (_bundle_json([1], [2], [3], [4], [], []), "need 2 to 4"),
+        (_bundle_json([1, 2], []), "has no items"),
+        (_bundle_json(["Mentions the correct dose", 2], [3, 4]), "rewritten"),
+        (_bundle_json(["1. (weight 1) Mentions a dose", 2], [3, 4]), "rewritten"),
         (
-            json.dumps({"dimensions": [{"criteria": [{"index": 0, "text": "Says dose"}, 1]},
-                                       {"criteria": [2, 3]}]}),
+            json.dumps({"criteria": [{"description": PARA,
+                                      "atomic_indices": [{"index": 1, "text": "Says dose"}, 2]},
+                                     {"description": PARA, "atomic_indices": [3, 4]}]}),
             "rewritten",
         ),
-        (_bundle_json([0, 1], [2, 3], key="items"), "non-empty 'criteria'"),
-        (json.dumps({"dimensions": [{"criteria": [0, 1], "failure_clause": 3},
-                                    {"criteria": [2, 3]}]}), "failure_clause"),
+        (_bundle_json([1, 2], [3, 4], key="items"), "needs an 'atomic_indices' list"),
+        (json.dumps({"criteria": [{"description": PARA, "atomic_indices": [1, 2],
+                                   "failure_clause": 3},
+                                  {"description": PARA, "atomic_indices": [3, 4]}]}),
+         "failure_clause"),
+        (_bundle_json([1, 2], [3, 4], desc=""), "description is empty"),
+        (_bundle_json([1, 2], [3, 4], desc="One sentence only."), "has 1 sentence, need 2"),
+        (_bundle_json([1, 2], [3, 4], desc="Say A. " * 11), "has 11 sentences"),
         ('{"groups": "all"}', "must be a list"),
     ],
 )
 def test_parse_bundle_rejects(text, msg):
-    with pytest.raises(ParseError, match=msg):
+    with pytest.raises(ParseError, match=re.escape(msg)):
         parse_bundle(text, CRITERIA)
+
+
+def test_read_bundle_keeps_the_invalid_proposal_for_repair():
+    dims, problems = read_bundle(_bundle_json([1, 2, 9], [2, 3]), CRITERIA)
+    assert [d.indices for d in dims] == [(0, 1, 8), (1, 2)]  # 0-based, nothing dropped
+    assert problems == ["dimension 'd0': item 9 is out of range 1..4",
+                        "item 2 is in more than one dimension",
+                        "items 4 are in no dimension; each must appear once"]
 
 
 @settings(max_examples=200, deadline=None)
@@ -248,7 +278,7 @@ def test_parse_bundle_accepts_any_valid_partition(n_perm, k):
     n, perm = n_perm
     k = min(k, n)
     crit = tuple(f"criterion {i}" for i in range(n))
-    dims = [list(perm[j::k]) for j in range(k)]
+    dims = [[i + 1 for i in perm[j::k]] for j in range(k)]
     parsed = parse_bundle(_bundle_json(*dims), crit)
     assert sorted(i for d in parsed for i in d.indices) == list(range(n))
 
@@ -283,7 +313,9 @@ GOOD = {
     "compare": '{"winner": "1"}',
     "induce": '{"rubrics": [{"title": "T", "description": "D"}]}',
     "consolidate": '{"rubrics": [{"title": "C", "description": "D"}]}',
-    "bundle": '{"dimensions": [{"criteria": [0, 1]}, {"criteria": [2, 3]}]}',
+    "bundle": json.dumps({"criteria": [
+        {"description": "Gives the dose. Fails if it omits it.", "atomic_indices": [1, 2]},
+        {"description": "Avoids jargon. Fails if it cites nothing.", "atomic_indices": [3, 4]}]}),
     "equivalent": '{"equivalent": true}',
 }
 
@@ -343,7 +375,7 @@ def test_persistent_garbage_ends_on_defined_fallbacks(max_reasks):
     assert judge.induce(reqs["induce"]) == [()]
     assert judge.consolidate(reqs["consolidate"]) == [()]
     (b,) = judge.bundle(reqs["bundle"])
-    assert not b.ok and b.dimensions == () and "missing key 'dimensions'" in b.error
+    assert not b.ok and b.dimensions == () and "missing key 'criteria'" in b.error
     (eq,) = judge.equivalent(reqs["equivalent"])
     assert (eq.equivalent, eq.fallback) == (False, True)  # cover-EM fallback: Lyon != Paris
     s = judge.stats()

@@ -3,6 +3,7 @@
 import csv
 import json
 
+import numpy as np
 import pytest
 
 from judges.rule import RuleJudge
@@ -10,13 +11,17 @@ from rewards.perturb import (
     FILLER_SENTENCES,
     HIGH_RISK_SENTENCES,
     OPERATORS,
+    AuditOptions,
     add_unsupported_high_risk,
     delete_key_recommendation,
     delete_sentence_overlapping,
+    exceeds,
     main,
     name_only,
     padding,
     perturbation_analysis,
+    reword,
+    swap_adjacent_sentences,
 )
 from rewards.rubric import Criterion, Rubric, load_rubrics
 from tests.paths import FIXTURES
@@ -155,3 +160,107 @@ def test_cli_keeps_bundled_rubrics_and_reports_bundling_failures(tmp_path, capsy
     for r in rest:  # bundled by the rule judge here: no failure clauses
         assert cases[r.prompt_id]["prorubric_after"] == pytest.approx(
             cases[r.prompt_id]["raw_and_after"])
+
+
+# --- the paraphrase-noise floor and the intervals ----------------------------------------------
+
+
+def test_reword_toggles_contractions_and_phrases_in_one_pass():
+    outs = {reword("Do not nap. It's fine to nap every day.", s) for s in range(40)}
+    assert outs == {f"{a} nap. {b} fine to nap {c}." for a in ("Do not", "Don't")
+                    for b in ("It's", "It is") for c in ("every day", "daily")}
+    # one pass: "don't" -> "do not" is never turned back into "don't" (and vice versa)
+    assert {reword("don't", s) for s in range(20)} == {"don't", "do not"}
+    assert reword("No rule applies here.", 3) == "No rule applies here."
+
+
+def test_swap_keeps_the_first_sentence_and_every_sentence():
+    text = "Keep it dark. Avoid coffee. Exercise. Read a book."
+    outs = {swap_adjacent_sentences(text, s) for s in range(30)}
+    assert outs == {"Keep it dark. Exercise. Avoid coffee. Read a book.",
+                    "Keep it dark. Avoid coffee. Read a book. Exercise."}
+    assert swap_adjacent_sentences("One. Two.", 0) == "One. Two."
+
+
+def test_rule_judge_rewards_do_not_move_under_rule_paraphrases(analysis):
+    # rubric_chat's rules read keywords and reason connectives inside a sentence, which the
+    # paraphrases leave alone: every aggregator's floor is exactly 0 on the fixture
+    floor = analysis["noise_floor"]
+    assert all(floor[a]["floor"] == 0.0 for a in ("additive", "prorubric", "raw_and"))
+    assert floor["additive"]["draws"] == 12 * 3 and floor["additive"]["n"] == 12
+    assert floor["additive"]["frac_changed"] > 0.9  # the texts did change
+
+
+def _reference_ci(d, n_boot=2000, level=0.95, seed=0):
+    idx = np.random.default_rng(seed).integers(0, len(d), (n_boot, len(d)))
+    return tuple(np.quantile(np.asarray(d)[idx].mean(axis=1), [(1 - level) / 2,
+                                                               (1 + level) / 2]))
+
+
+def test_each_change_has_the_bootstrap_interval_over_references(analysis):
+    for op in OPERATORS:
+        cases = [c for c in analysis["cases"] if c["operator"] == op]
+        d = [c["prorubric_after"] - c["prorubric_before"] for c in cases]
+        assert analysis["ci"][op]["prorubric"] == pytest.approx(list(_reference_ci(d)))
+    # with a floor of 0, an effect exceeds it when its interval excludes 0
+    assert analysis["exceeds_floor"]["name_only"]["prorubric"] is True
+    assert analysis["exceeds_floor"]["padding"]["prorubric"] is False
+    assert analysis["exceeds_floor"]["padding"]["fitness"] is True
+
+
+def _surface_rubric(pid):
+    # "do not" is a surface-form rule: a contraction fails it (the scripted noise)
+    return Rubric(pid, "q", (Criterion(r"iregex:\bdark\b", 2.0, (), "Mentions dark bedroom"),
+                             Criterion(r"iregex:\bdo not\b", 1.0)),
+                  reference_answer="Keep it dark. Do not nap.")
+
+
+def test_noise_floor_and_exceeds_on_given_paraphrases():
+    rubrics = [_surface_rubric("r1"), _surface_rubric("r2")]
+    given = {"r1": ["Keep it dark. Don't nap.", "Keep it dark. Do not nap."],
+             "r2": ["Keep it dark. Don't nap."]}
+    res = perturbation_analysis(rubrics, RuleJudge(), ("additive",),
+                                ("name_only", "delete_key_recommendation"),
+                                audit=AuditOptions(paraphrase_texts=given))
+    # additive R = (2 dark + 1 "do not") / 3: original 1, a contraction 2/3
+    # r1: |changes| 1/3, 0 -> 1/6; r2: 1/3 -> floor (1/6 + 1/3) / 2 = 1/4, signed -1/4
+    f = res["noise_floor"]["additive"]
+    assert f["floor"] == pytest.approx(0.25) and f["mean_delta"] == pytest.approx(-0.25)
+    assert f["n"] == 2 and f["draws"] == 3
+    # deleting "Keep it dark." costs 2/3 in both: interval [-2/3, -2/3] beyond -1/4
+    row = {r["operator"]: r for r in res["rows"] if r["column"] == "additive"}
+    assert row["delete_key_recommendation"]["mean_delta"] == pytest.approx(-2 / 3)
+    assert (row["delete_key_recommendation"]["ci_lo"], row["delete_key_recommendation"]["ci_hi"]
+            ) == pytest.approx((-2 / 3, -2 / 3))
+    assert row["delete_key_recommendation"]["exceeds_floor"] is True
+    # no reason connective: name_only changes nothing, inside the floor
+    assert row["name_only"]["mean_delta"] == 0.0 and row["name_only"]["exceeds_floor"] is False
+    assert {c["prompt_id"] for c in res["paraphrase_cases"]} == {"r1", "r2"}
+
+
+def test_exceeds_needs_the_whole_interval_beyond_the_floor():
+    assert exceeds(0.3, 0.5, 0.25) and exceeds(-0.5, -0.3, 0.25)
+    assert not exceeds(0.2, 0.5, 0.25) and not exceeds(-0.5, 0.5, 0.0)
+    assert exceeds(0.1, 0.2, float("nan")) is None
+
+
+def test_cli_paraphrase_file_and_its_bad_rows(tmp_path, capsys):
+    from rewards.rubric import save_rubrics
+
+    save_rubrics([_surface_rubric("r1")], tmp_path / "r.jsonl")
+    para = tmp_path / "p.jsonl"
+    para.write_text(json.dumps({"prompt_id": "r1", "text": "Keep it dark. Don't nap."}) + "\n")
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "r.jsonl"), str(out), "aggregators=additive",
+                 f"paraphrase_file={para}", "n_boot=50"]) == 0
+    data = json.loads((out / "perturb_table.json").read_text())
+    assert data["noise_floor"]["additive"]["floor"] == pytest.approx(1 / 3)
+    assert "paraphrase floor" in capsys.readouterr().out
+    assert len((out / "perturb_paraphrases.jsonl").read_text().splitlines()) == 1
+    para.write_text(json.dumps({"prompt_id": "r1", "text": "x"}) + "\n"
+                    + json.dumps({"prompt_id": "nope", "text": "y"}) + "\n")
+    with pytest.raises(ValueError, match=r"p.jsonl: row 2: prompt_id 'nope'"):
+        main([str(tmp_path / "r.jsonl"), str(out), f"paraphrase_file={para}"])
+    para.write_text(json.dumps({"prompt_id": "r1"}) + "\n")
+    with pytest.raises(ValueError, match=r"row 1: field 'text'"):
+        main([str(tmp_path / "r.jsonl"), str(out), f"paraphrase_file={para}"])

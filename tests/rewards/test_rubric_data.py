@@ -136,7 +136,13 @@ def test_detect_format_and_unknown_format(tmp_path):
     assert detect_format({"question": "", "rubric": []}) == "rar"
     assert detect_format({"prompt": "", "reward_model": {}}) == "rubrichub"
     assert detect_format({"prompt_id": "", "criteria": []}) == "native"
-    assert set(RUBRIC_FORMATS.names()) == {"healthbench", "native", "rar", "rubrichub"}
+    assert detect_format({"prompt": [], "Rubrics": []}) == "rubrichub"
+    assert detect_format({"prompt": [], "extra_info": {"rubric": []}}) == "prorubric_train"
+    assert detect_format({"prompt": [], "extra_info": {"rubric": []},
+                          "reward_model": {"style": "rule"}}) == "prorubric_train"
+    assert detect_format({"id": "", "atomic_rubric": []}) == "prorubric_public"
+    assert set(RUBRIC_FORMATS.names()) == {"healthbench", "native", "rar", "rubrichub",
+                                           "prorubric_train", "prorubric_public"}
     with pytest.raises(ValueError, match="unknown rubric format 'gsm8k'.*healthbench"):
         load_rubrics(FIX / "healthbench.jsonl", fmt="gsm8k")
     path = _write_jsonl(tmp_path / "odd.jsonl", [{"text": "x"}])

@@ -90,6 +90,16 @@ def test_eval_cli_on_run_checkpoint(tmp_path):
     assert "(step 1)" in res.stdout and "dev" in res.stdout
     out = json.loads((run / "eval.json").read_text())
     assert out["results"]["dev"]["n"] == 4 and "outcome" in out["results"]["average"]
+    # every task keeps its answers; a run compared with itself: each pair ties, no position bias
+    answers = [json.loads(x) for x in (run / "eval_samples.jsonl").read_text().splitlines()]
+    assert len(answers) == 4 and {a["split"] for a in answers} == {"dev"}
+    res = subprocess.run([sys.executable, "-m", "rewards.compare", str(run), str(run),
+                          str(tmp_path / "cmp"), "judge=rule", "criterion=min_chars:1"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads((tmp_path / "cmp" / "compare_summary.json").read_text())
+    assert summary["n_pairs"] == 4 and summary["outcomes"]["tie"]["rate"] == 1.0
+    assert summary["position"]["first_shown_rate"] == 0.5
 
 
 class _QATask:
@@ -158,3 +168,25 @@ def test_eval_config_reads_the_yaml_and_refuses_bad_values():
     ]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             eval_config(_eval_section(**changes))
+
+
+class _ChatTask:
+    """A non-search task: every prompt answered "yes sir", outcome 0.25."""
+
+    name = "chat"
+
+    def prompts(self, split):
+        return [_group("yes sir", ["yes"]).prompt]
+
+    def make_env(self, tokenizer, sampling):
+        return _QATask().make_env(tokenizer, sampling)
+
+    def outcome(self, prompt, traj):
+        return 0.25
+
+
+def test_evaluate_keeps_every_tasks_answers_for_pairwise_comparison():
+    res = evaluate(_ChatTask(), _Policy(), ["dev"], max_new_tokens=4)
+    [rec] = res["_records"]["dev"]
+    assert rec["id"] == "p" and rec["question"] == "q?" and rec["outcome"] == 0.25
+    assert rec["response"].endswith("<answer> yes sir </answer>")
