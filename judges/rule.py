@@ -554,6 +554,15 @@ def rule_bundle(criteria: Sequence[str], weights: Sequence[float], k_min: int, k
     return tuple(Dimension(name, tuple(idx), None) for name, idx in items)
 
 
+def _sub_rule(rule: str, predicates: Mapping[str, Predicate]) -> Predicate | None:
+    """A dimension's sub-rule: ``not:R`` is the negation of all of ``R``, else ``compile_rule``."""
+    head, sep, rest = rule.strip().partition(":")
+    if sep and head.strip().lower() == "not":
+        inner = compile_rule(rest, predicates)
+        return None if inner is None else (lambda c, r: not inner(c, r))
+    return compile_rule(rule, predicates)
+
+
 class RuleJudge:
     """The judge protocol with deterministic predicates (no model, no I/O).
 
@@ -760,8 +769,9 @@ class RuleJudge:
 
     def _sub_rules(self, c: DimensionCriterion, context: str, response: str
                    ) -> list[bool] | None:
-        """Each sub-rule's truth on the response; None when one cannot be compiled."""
-        preds = [compile_rule(rule, self.predicates) for rule in (c.rules or (c.text,))]
+        """Each sub-rule's truth on the response; None when one cannot be compiled. A sub-rule
+        ``not:R`` negates the whole of ``R`` (also when ``R`` is a ``&&`` conjunction)."""
+        preds = [_sub_rule(rule, self.predicates) for rule in (c.rules or (c.text,))]
         if any(p is None for p in preds):
             return None
         return [bool(p(context, response)) for p in preds]  # type: ignore[misc]
