@@ -11,6 +11,14 @@
 * ``raw_and``: the same bundling without failure clauses;
 * ``pass_rate``: ``R = mean_i q'_i``, the unweighted fraction of criteria satisfied (pitfalls
   counted as satisfied when absent);
+* the ProRubric authors' arms (``rewards.dimension_judging.DIMENSION_ARMS``:
+  ``prorubric_official``, ``rubric_rl_official``, ``raw_and_verbatim``, ``prorubric_no_failure``,
+  ``prorubric_k1``, ``prorubric_graded``): ONE ``judge.check_dimensions`` call per response
+  (per draw) with every dimension paragraph, ``R = clip01(sum_d W_d v_d / sum_d max(0, W_d))``;
+  a prompt group with a failed call is judged again ``group_retries`` times, then fails closed
+  (every member 0, ``per_traj`` ``judge_failed = 1``);
+* ``weighted_atomic`` / ``grouped_mean``: the clipped additive sum over re-derived item weights
+  (``reweighted``); ``clip`` (option) clips any check aggregator's reward to [0, 1];
 * ``implicit`` (RaR's implicit aggregation, Gunjal et al. 2025): ONE ``judge.rate`` call per
   response, in which the judge sees the whole weighted checklist and the response and gives an
   integer rating 1..10; ``R = (rating - 1) / 9`` (``rewards.aggregate.rating_reward``).  The

@@ -281,3 +281,20 @@ def test_official_arms_compose_one_algo_away():
             assert opts["group_retries"] == 1
         else:
             assert opts["clip"] is True and cfg["task"]["clip"] is True
+
+
+def test_under_the_rule_judge_the_official_arm_equals_the_digest_product_on_rubric_chat():
+    # the rule judge's dimension verdict is the AND of the items, pitfalls and failure clause:
+    # prod_i q'_i (1 - fail_d); with W_d = sum |w_i| >= 0 the clip is idle, so the two agree
+    from rl.tasks.rubric_chat import RubricChatTask
+
+    prompts = RubricChatTask(size=6, eval_size=2).prompts("train")
+    items = []
+    for p in prompts:
+        r = p.meta["rubric"]
+        for text in (r.reference_answer, r.reference_answer.split(". ")[0], "as an AI I cannot"):
+            items.append(ScoreItem(r.prompt_text(), text, r))
+    official = score_items(RuleJudge(), items, "prorubric_official").reward
+    digest = score_items(RuleJudge(), items, "prorubric").reward
+    np.testing.assert_allclose(official, digest, atol=1e-6)
+    assert official.max() == 1.0 and 0 < np.count_nonzero(official) < len(items)
