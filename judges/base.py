@@ -1,7 +1,8 @@
 """The judge protocol, the backend seam, and shared counters.
 
-A *judge* answers seven batched operations (lists in, lists out, same order) and exposes
-``stats()``: a flat ``dict[str, int]`` of counters for metrics. Two judge classes implement it:
+A *judge* answers eight batched operations (``OPS`` and ``check_dimensions``; lists in, lists
+out, same order) and exposes ``stats()``: a flat ``dict[str, int]`` of counters for metrics.
+Two judge classes implement it:
 ``RuleJudge`` (deterministic predicates) and ``LLMJudge`` (prompts + parsing + re-ask +
 fallback on top of any *backend*). A backend only turns chat message lists into completions;
 see ``Backend``.
@@ -22,6 +23,8 @@ from judges.types import (
     CheckResult,
     Completion,
     ConsolidateRequest,
+    DimensionRequest,
+    DimensionResult,
     Draft,
     EquivRequest,
     EquivResult,
@@ -35,6 +38,13 @@ from judges.types import (
 
 OPS = ("check", "compare", "induce", "consolidate", "bundle", "equivalent", "rate")
 
+# ``check_dimensions`` (not in OPS: a failed call is returned as failed, not as a fallback value)
+DIMENSION_STAT_KEYS = (
+    "requests_dimensions",  # dimension calls asked for (one per response)
+    "retries_dimensions",  # attempts after the first (temperature 0, then the retry temperature)
+    "failures_dimensions",  # calls with no usable verdict after every attempt
+)
+
 # Counters every judge reports (zeros included), so metrics keep a fixed set of keys.
 JUDGE_STAT_KEYS = (
     *(f"requests_{op}" for op in OPS),
@@ -43,6 +53,7 @@ JUDGE_STAT_KEYS = (
     "fallbacks",  # items that ended on their defined fallback
     *(f"fallbacks_{op}" for op in OPS),
     "backend_errors",  # items whose completion the backend gave up on (retries exhausted)
+    *DIMENSION_STAT_KEYS,
 )
 
 # Counters a backend reports; HTTP ones stay 0 for in-process backends.
@@ -117,6 +128,11 @@ class Judge(Protocol):
 
     def equivalent(self, reqs: Sequence[EquivRequest]) -> list[EquivResult]:
         """Does the prediction mean a gold answer (LLM-judge accuracy)?"""
+        ...
+
+    def check_dimensions(self, reqs: Sequence[DimensionRequest]) -> list[DimensionResult]:
+        """All criteria (dimension paragraphs) of one response judged in ONE call, one verdict
+        per criterion (ProRubric authors' judge); failures returned as ``failed``."""
         ...
 
     def stats(self) -> dict[str, int]:

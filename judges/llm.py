@@ -39,6 +39,8 @@ from judges.parsing import (
     ParseError,
     parse_check,
     parse_compare,
+    parse_dimension_grades,
+    parse_dimension_verdicts,
     parse_drafts,
     parse_equiv,
     parse_rating,
@@ -46,6 +48,7 @@ from judges.parsing import (
 )
 from judges.rule import cover_match, normalize_answer
 from judges.types import (
+    GRADE_MAX,
     RATING_MIN,
     TIE,
     Bundle,
@@ -54,6 +57,8 @@ from judges.types import (
     CheckResult,
     ConsolidateRequest,
     Dimension,
+    DimensionRequest,
+    DimensionResult,
     Draft,
     EquivRequest,
     EquivResult,
@@ -98,6 +103,8 @@ class JudgeOptions:
     k_min: int = 2
     k_max: int = 5
     equiv_exact_shortcut: bool = True
+    dimension_attempts: int = 3
+    retry_temperature: float = 0.7
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # config values may arrive as strings or floats
@@ -107,6 +114,8 @@ class JudgeOptions:
         if self.compare_mode not in ("json", "logprob"):
             raise ValueError(f"compare_mode must be 'json' or 'logprob', got "
                              f"{self.compare_mode!r}")
+        if self.dimension_attempts < 1:
+            raise ValueError(f"dimension_attempts must be >= 1, got {self.dimension_attempts}")
         if not 1 <= self.k_min <= self.k_max:
             raise ValueError(f"need 1 <= k_min <= k_max, got {self.k_min}, {self.k_max}")
 
@@ -415,6 +424,84 @@ class LLMJudge:
             return EquivResult(equivalent=em, prob=float(em), fallback=True)
 
         return self._finish("equivalent", results, fallback)
+
+    def check_dimensions(self, reqs: Sequence[DimensionRequest]) -> list[DimensionResult]:
+        """One call per response with every criterion (prompt ``dimensions`` or
+        ``dimensions_graded``), one verdict per criterion (``parse_dimension_verdicts`` /
+        ``parse_dimension_grades``: every number exactly once).
+
+        A call whose completion the backend gave up on or that does not parse is sent again,
+        fresh (no re-ask turn), up to ``dimension_attempts`` in all: attempt 1 at the
+        request's temperature or else ``temperature``, later ones at the request's or else
+        ``retry_temperature``. Still nothing usable: ``DimensionResult((), failed=True)``,
+        counted in ``failures_dimensions``; retries in ``retries_dimensions``.
+        """
+        reqs = list(reqs)
+        self._c.inc("requests_dimensions", len(reqs))
+        for i, r in enumerate(reqs):
+            if r.verdict not in ("binary", "graded") or not r.criteria:
+                raise ValueError(f"dimension request {i}: verdict {r.verdict!r} with "
+                                 f"{len(r.criteria)} criteria (need binary|graded, >= 1)")
+        convs = [P.render_dimensions(r.context, r.response,
+                                     tuple((c.text, float(c.weight)) for c in r.criteria),
+                                     r.verdict == "graded") for r in reqs]
+        results: list[DimensionResult | None] = [None] * len(reqs)
+        errors: dict[int, str] = {}
+        pending = list(range(len(reqs)))
+        for attempt in range(self.dimension_attempts):
+            if attempt:
+                self._c.inc("retries_dimensions", len(pending))
+            pending = self._dimension_round(reqs, convs, pending, attempt, results, errors)
+            if not pending:
+                break
+        for i in pending:
+            self._c.inc("failures_dimensions")
+            results[i] = DimensionResult((), failed=True, error=errors.get(i, "?"),
+                                         attempts=self.dimension_attempts)
+        return [r for r in results if r is not None]
+
+    def _dimension_temperature(self, req: DimensionRequest, attempt: int) -> float:
+        if req.temperature is not None:
+            return float(req.temperature)
+        return self.temperature if attempt == 0 else self.retry_temperature
+
+    def _dimension_round(self, reqs: Sequence[DimensionRequest], convs: Sequence[Messages],
+                         pending: Sequence[int], attempt: int,
+                         results: list[DimensionResult | None], errors: dict[int, str]
+                         ) -> list[int]:
+        """One attempt for every pending call (one backend batch per temperature); returns
+        the calls still without a verdict."""
+        by_temp: dict[float, list[int]] = {}
+        for i in pending:
+            by_temp.setdefault(self._dimension_temperature(reqs[i], attempt), []).append(i)
+        retry: list[int] = []
+        for temp, idx in by_temp.items():
+            comps = self.backend.complete([convs[i] for i in idx], self.max_tokens, temp)
+            if len(comps) != len(idx):
+                raise RuntimeError(f"backend returned {len(comps)} completions for "
+                                   f"{len(idx)} requests")
+            for i, comp in zip(idx, comps):
+                try:
+                    scores = self._dimension_scores(reqs[i], comp)
+                except ParseError as e:
+                    errors[i] = str(e)
+                    retry.append(i)
+                    continue
+                results[i] = DimensionResult(scores, attempts=attempt + 1)
+        return sorted(retry)
+
+    def _dimension_scores(self, req: DimensionRequest, comp: Any) -> tuple[float, ...]:
+        if comp.error is not None:
+            self._c.inc("backend_errors")
+            raise ParseError(f"backend error: {comp.error}")
+        n = len(req.criteria)
+        try:
+            if req.verdict == "graded":
+                return tuple(g / GRADE_MAX for g in parse_dimension_grades(comp.text, n))
+            return tuple(float(v) for v in parse_dimension_verdicts(comp.text, n))
+        except ParseError:
+            self._c.inc("parse_errors")
+            raise
 
     # --- bookkeeping ----------------------------------------------------------------------
 

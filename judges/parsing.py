@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from judges.bundling import bundle_problems
-from judges.types import RATING_MAX, RATING_MIN, Dimension, Draft
+from judges.types import GRADE_MAX, RATING_MAX, RATING_MIN, Dimension, Draft
 
 
 class ParseError(ValueError):
@@ -367,3 +367,54 @@ def parse_rating(text: str) -> int:
         return _rating_value(bare.group(1))
     obj = extract_json(text)
     return _rating_value(_get(obj, ("rating", "score", "grade")))
+
+
+def _indexed_values(values: Any, n: int, key: str) -> list[Any]:
+    """``n`` values from an index-keyed object (``{"1": v, ...}``, 1-based, every index exactly
+    once) or a list of length ``n`` (criterion order)."""
+    if isinstance(values, dict):
+        indexed: dict[int, Any] = {}
+        for k, v in values.items():
+            s = str(k).strip()
+            if not re.fullmatch(r"\d+", s):
+                raise ParseError(f"{key!r} keys must be criterion numbers, got {k!r}")
+            if int(s) in indexed:
+                raise ParseError(f"criterion {int(s)} is judged twice")
+            indexed[int(s)] = v
+        missing = [i for i in range(1, n + 1) if i not in indexed]
+        extra = sorted(set(indexed) - set(range(1, n + 1)))
+        if missing or extra:
+            raise ParseError(f"{key!r} must cover criteria 1..{n} exactly once (missing "
+                             f"{missing or 'none'}, unknown {extra or 'none'})")
+        return [indexed[i] for i in range(1, n + 1)]
+    if isinstance(values, list):
+        if len(values) != n:
+            raise ParseError(f"{key!r} must hold {n} verdicts, got {len(values)}")
+        return list(values)
+    raise ParseError(f"{key!r} must be an object keyed by criterion number")
+
+
+def parse_dimension_verdicts(text: str, n: int) -> tuple[bool, ...]:
+    """``{"satisfied": {"1": true, ...}}`` (also a list in order, or ``criteria_met``) -> one
+    boolean per criterion; every criterion 1..n exactly once."""
+    obj = extract_json(text)
+    values = _indexed_values(_get(obj, ("satisfied", "criteria_met", "verdicts")), n,
+                             "satisfied")
+    return tuple(as_bool(v, f"satisfied.{i}") for i, v in enumerate(values, start=1))
+
+
+def _grade(value: Any, key: str) -> int:
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= GRADE_MAX:
+        raise ParseError(f"{key!r} must be an integer from 0 to {GRADE_MAX}, got {value!r}")
+    return value
+
+
+def parse_dimension_grades(text: str, n: int) -> tuple[int, ...]:
+    """``{"grades": {"1": 0..3, ...}}`` (also a list in order) -> one grade per criterion."""
+    obj = extract_json(text)
+    values = _indexed_values(_get(obj, ("grades", "scores")), n, "grades")
+    return tuple(_grade(v, f"grades.{i}") for i, v in enumerate(values, start=1))

@@ -212,6 +212,50 @@ BUNDLE = PromptTemplate(
     ),
 )
 
+# The ProRubric authors' judging mechanism in our own words: every criterion of a response in one
+# call, one verdict per criterion, the conjunction inside a criterion left to the judge.
+DIMENSIONS = PromptTemplate(
+    name="dimensions",
+    version="dimensions-v1",
+    system=(
+        "You are a strict grader. You are given a response and a numbered list of criteria; "
+        "judge each criterion on its own. A criterion may state several requirements: it is "
+        "satisfied only if the response fulfils every one of them, and a single unmet "
+        "requirement, or any behaviour the criterion says makes it fail, means it is not "
+        "satisfied. A criterion marked PITFALL describes behaviour a good response avoids: "
+        "answer true when that behaviour IS present. Give a verdict for every number, exactly "
+        "once. Reply with only a JSON object of this shape: {shape}"
+    ),
+    user=(
+        "# Conversation\n{context}\n\n"
+        "# Response to grade\n{response}\n\n"
+        "# Criteria\n{criteria}\n\n"
+        "Judge every criterion. Reply with only the JSON object: {shape}"
+    ),
+    shape='{"satisfied": {"1": true or false, "2": true or false, ...}}',
+)
+
+DIMENSIONS_GRADED = PromptTemplate(
+    name="dimensions_graded",
+    version="dimensions_graded-v1",
+    system=(
+        "You are a strict grader. You are given a response and a numbered list of criteria; "
+        "grade each criterion on its own from 0 to 3: 3 = every requirement of the criterion "
+        "is fulfilled; 2 = most are, with one substantive gap; 1 = only a few are; 0 = none, "
+        "or the response does the opposite. A criterion marked PITFALL describes behaviour a "
+        "good response avoids: grade how fully that behaviour IS present (3 = fully present). "
+        "Give a grade for every number, exactly once. Reply with only a JSON object of this "
+        "shape: {shape}"
+    ),
+    user=(
+        "# Conversation\n{context}\n\n"
+        "# Response to grade\n{response}\n\n"
+        "# Criteria\n{criteria}\n\n"
+        "Grade every criterion. Reply with only the JSON object: {shape}"
+    ),
+    shape='{"grades": {"1": <0, 1, 2 or 3>, "2": <0, 1, 2 or 3>, ...}}',
+)
+
 EQUIV = PromptTemplate(
     name="equivalent",
     version="equivalent-v1",
@@ -247,7 +291,7 @@ REASK = PromptTemplate(
 TEMPLATES: dict[str, PromptTemplate] = {
     t.name: t
     for t in (CHECK, CHECK_YESNO, RATE, COMPARE, COMPARE_12, INDUCE, CONSOLIDATE, BUNDLE, EQUIV,
-              REASK)
+              DIMENSIONS, DIMENSIONS_GRADED, REASK)
 }
 
 PROMPT_VERSIONS: dict[str, str] = {name: t.version for name, t in TEMPLATES.items()}
@@ -290,3 +334,15 @@ def render_rate(context: str, response: str, criteria: tuple[str, ...],
     listing = "\n".join(f"{i + 1}. (weight {w:g}) {c}"
                         for i, (c, w) in enumerate(zip(criteria, weights)))
     return RATE.render(context=context, response=response, checklist=listing)
+
+
+def render_dimensions(context: str, response: str, criteria: tuple[tuple[str, float], ...],
+                      graded: bool) -> Messages:
+    """The dimension prompt: criteria numbered from 1, each with its weight; a negative weight is
+    marked PITFALL (the verdict then says the behaviour is present)."""
+    lines = []
+    for i, (text, weight) in enumerate(criteria, start=1):
+        mark = "PITFALL, " if weight < 0 else ""
+        lines.append(f"{i}. ({mark}weight {weight:g}) {text}")
+    template = DIMENSIONS_GRADED if graded else DIMENSIONS
+    return template.render(context=context, response=response, criteria="\n".join(lines))

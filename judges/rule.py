@@ -37,6 +37,7 @@ from core.search_r1 import ParsedTrajectory, normalize_answer, parse_trajectory
 from judges.base import JUDGE_STAT_KEYS, Counters, order_coin, tie_coin
 from judges.bundling import compose_description
 from judges.types import (
+    GRADE_MAX,
     RATING_MIN,
     TIE,
     Bundle,
@@ -45,6 +46,9 @@ from judges.types import (
     CheckResult,
     ConsolidateRequest,
     Dimension,
+    DimensionCriterion,
+    DimensionRequest,
+    DimensionResult,
     Draft,
     EquivRequest,
     EquivResult,
@@ -556,6 +560,15 @@ def rule_bundle(criteria: Sequence[str], weights: Sequence[float], k_min: int, k
     )
 
 
+def _sub_rule(rule: str, predicates: Mapping[str, Predicate]) -> Predicate | None:
+    """A dimension's sub-rule: ``not:R`` is the negation of all of ``R``, else ``compile_rule``."""
+    head, sep, rest = rule.strip().partition(":")
+    if sep and head.strip().lower() == "not":
+        inner = compile_rule(rest, predicates)
+        return None if inner is None else (lambda c, r: not inner(c, r))
+    return compile_rule(rule, predicates)
+
+
 class RuleJudge:
     """The judge protocol with deterministic predicates (no model, no I/O).
 
@@ -730,6 +743,44 @@ class RuleJudge:
             eq = cover_match(r.prediction, r.golds)
             out.append(EquivResult(equivalent=eq, prob=float(eq)))
         return out
+
+    def check_dimensions(self, reqs: Sequence[DimensionRequest]) -> list[DimensionResult]:
+        """The rule judge's stand-in for a holistic judgment of each dimension paragraph: it
+        cannot read the paragraph, so it evaluates the dimension's executable sub-rules
+        (``DimensionCriterion.rules``; the criterion text itself when there are none)::
+
+            binary: verdict = AND_j rule_j(response)
+            graded: grade   = floor(3 * #{j: rule_j holds} / #rules)   (3 only when all hold),
+                    score   = grade / 3
+
+        A criterion with a rule the language cannot read fails the whole call
+        (``DimensionResult((), failed=True)``, counted in ``failures_dimensions``), as an LLM
+        call with no usable verdict does. Deterministic: the temperature is ignored."""
+        self._c.inc("requests_dimensions", len(reqs))
+        return [self._dimensions_one(r) for r in reqs]
+
+    def _dimensions_one(self, r: DimensionRequest) -> DimensionResult:
+        scores = []
+        for k, c in enumerate(r.criteria):
+            passed = self._sub_rules(c, r.context, r.response)
+            if passed is None:
+                self._c.inc("failures_dimensions")
+                return DimensionResult((), failed=True,
+                                       error=f"criterion {k + 1}: a rule the language cannot read")
+            if r.verdict == "graded":
+                scores.append(math.floor(GRADE_MAX * sum(passed) / len(passed)) / GRADE_MAX)
+            else:
+                scores.append(float(all(passed)))
+        return DimensionResult(tuple(scores))
+
+    def _sub_rules(self, c: DimensionCriterion, context: str, response: str
+                   ) -> list[bool] | None:
+        """Each sub-rule's truth on the response; None when one cannot be compiled. A sub-rule
+        ``not:R`` negates the whole of ``R`` (also when ``R`` is a ``&&`` conjunction)."""
+        preds = [_sub_rule(rule, self.predicates) for rule in (c.rules or (c.text,))]
+        if any(p is None for p in preds):
+            return None
+        return [bool(p(context, response)) for p in preds]  # type: ignore[misc]
 
     def stats(self) -> dict[str, int]:
         return self._c.snapshot()

@@ -217,6 +217,61 @@ class Bundle:
         return self.error is None
 
 
+# --- dimension judging (ProRubric authors' mechanism) ----------------------------------------
+
+#: Verdict modes of ``check_dimensions``: one boolean per criterion, or a 0..3 grade per criterion.
+DIMENSION_VERDICTS = ("binary", "graded")
+GRADE_MAX = 3
+
+
+@dataclass(frozen=True)
+class DimensionCriterion:
+    """One criterion of a ``check_dimensions`` call: a dimension written as one paragraph.
+
+    ``text`` is what an LLM judge reads; ``weight < 0`` marks a criterion that describes
+    undesirable behaviour (its verdict is "the behaviour is present").  ``rules`` are the
+    executable sub-rules the rule judge evaluates instead of reading ``text`` (rule language of
+    ``judges.rule``; its verdict is their conjunction).  Empty ``rules``: the rule judge compiles
+    ``text`` itself.
+    """
+
+    text: str
+    weight: float
+    rules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DimensionRequest:
+    """Judge every criterion of one response in ONE call.
+
+    ``verdict``: ``"binary"`` (a criterion is satisfied only when the response meets every
+    requirement in it) or ``"graded"`` (0..3 per criterion).  ``temperature``: None = the
+    judge's retry schedule (first attempt greedy, later attempts at its retry temperature); a
+    number = every attempt at that temperature (the graded arm's sampled draws).
+    """
+
+    context: str
+    response: str
+    criteria: tuple[DimensionCriterion, ...]
+    verdict: str = "binary"
+    temperature: float | None = None
+
+
+@dataclass(frozen=True)
+class DimensionResult:
+    """One score per criterion, same order: 1.0 / 0.0 (binary) or grade / 3 (graded).
+
+    ``failed``: no usable verdict after every attempt (``scores`` is empty and ``error`` says
+    why); the caller decides (the official rewarder retries the prompt group, then gives every
+    member 0).  ``attempts``: calls spent on this request.
+    """
+
+    scores: tuple[float, ...]
+    failed: bool = False
+    error: str | None = None
+    attempts: int = 1
+
+
 # --- answer equivalence ---------------------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
 """Rubric reward aggregators: additive Rubric-RL, pass rate, ProRubric AND-product, raw-AND;
-and the RaR implicit reward of a judge's 1..10 rating (``rating_reward``).
+the RaR implicit reward of a judge's 1..10 rating (``rating_reward``); and the ProRubric
+authors' clipped weighted mean of per-dimension verdicts (``clipped_weighted_mean``).
 
 Every registered aggregator has the signature::
 
@@ -133,6 +134,18 @@ def additive_abs(
 ) -> Array:
     """``additive(..., normalize="abs")``: ``R = sum_i w_i q_i / sum_i |w_i|`` (RaR)."""
     return additive(q, weights, dim_index, fail, mask=mask, num_dims=num_dims, normalize="abs")
+
+
+def clipped_weighted_mean(v: Array, weights: Array, mask: Array | None = None) -> Array:
+    """The ProRubric authors' reward (``reward/judge_client.py``, every arm of theirs)::
+
+        R = clip01( sum_d W_d v_d / sum_d max(0, W_d) )
+
+    ``v`` [B, K] or [K]: one verdict (or grade / 3) per criterion — a dimension for ProRubric,
+    an atomic item for their Rubric-RL arm — with ``v_d = 1`` meaning *present* for ``W_d < 0``.
+    It is ``additive`` (positive normalisation) clipped per example; no positive weight -> 0.
+    """
+    return jnp.clip(additive(v, weights, mask=mask), 0.0, 1.0)
 
 
 def healthbench_dataset_score(rewards: Array) -> Array:

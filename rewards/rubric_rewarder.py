@@ -11,6 +11,14 @@
 * ``raw_and``: the same bundling without failure clauses;
 * ``pass_rate``: ``R = mean_i q'_i``, the unweighted fraction of criteria satisfied (pitfalls
   counted as satisfied when absent);
+* the ProRubric authors' arms (``rewards.dimension_judging.DIMENSION_ARMS``:
+  ``prorubric_official``, ``rubric_rl_official``, ``raw_and_verbatim``, ``prorubric_no_failure``,
+  ``prorubric_k1``, ``prorubric_graded``): ONE ``judge.check_dimensions`` call per response
+  (per draw) with every dimension paragraph, ``R = clip01(sum_d W_d v_d / sum_d max(0, W_d))``;
+  a prompt group with a failed call is judged again ``group_retries`` times, then fails closed
+  (every member 0, ``per_traj`` ``judge_failed = 1``);
+* ``weighted_atomic`` / ``grouped_mean``: the clipped additive sum over re-derived item weights
+  (``reweighted``); ``clip`` (option) clips any check aggregator's reward to [0, 1];
 * ``implicit`` (RaR's implicit aggregation, Gunjal et al. 2025): ONE ``judge.rate`` call per
   response, in which the judge sees the whole weighted checklist and the response and gives an
   integer rating 1..10; ``R = (rating - 1) / 9`` (``rewards.aggregate.rating_reward``).  The
@@ -77,6 +85,7 @@ from core.types import Group, Prompt, RewardOutput, Task
 from judges.base import Judge
 from judges.types import CheckRequest, CheckResult, RateRequest
 from rewards.aggregate import AGGREGATORS, get_aggregator, rating_reward
+from rewards.dimension_judging import DIMENSION_ARMS, DimensionItem, judge_groups
 from rewards.rubric import (
     MAX_DIMS,
     Criterion,
@@ -91,16 +100,32 @@ from rewards.rubric import (
 log = logging.getLogger(__name__)
 
 AND_AGGREGATORS = ("prorubric", "raw_and")
+#: ``RewardOutput.per_traj`` key: 1 = the row's prompt group failed closed (reward 0 for every
+#: member; ``rl.loop.shaped_rewards`` leaves such rows unshaped, keeping the group zero-variance)
+JUDGE_FAILED = "judge_failed"
 JUDGE_RATED = "implicit"  # the reward is the judge's holistic rating, not an aggregate of checks
 #: Judge counters copied into the step metrics as ``judge/<key>`` (cumulative).
 JUDGE_METRIC_KEYS = ("requests_check", "fallbacks_check", "requests_rate", "fallbacks_rate",
                      "parse_errors", "reasks", "backend_errors", "cache_hits", "prompt_tokens",
-                     "completion_tokens")
+                     "completion_tokens", "requests_dimensions", "retries_dimensions",
+                     "failures_dimensions")
+
+
+#: The ProRubric authors' Weighted arm (``data/build_weighted_atomic.py``): each atomic weight
+#: times the multiplier of its label, read from the criterion's tags (``critical`` or
+#: ``weight:critical``, ...); a criterion without a label is ``normal`` (their labeller's
+#: fallback too).
+WEIGHT_LABEL_MULTIPLIERS: Mapping[str, float] = {
+    "critical": 3.0, "normal": 1.0, "format": 0.0, "duplicate": 0.0, "overclinical": -1.0}
+#: Atomic arms whose item weights are re-derived before the clipped additive sum.
+REWEIGHTED = ("weighted_atomic", "grouped_mean")
 
 
 def reward_names() -> list[str]:
-    """Every rubric reward a config may name: the aggregators and ``implicit``."""
-    return sorted([*AGGREGATORS.names(), JUDGE_RATED])
+    """Every rubric reward a config may name: the aggregators, ``implicit``, the official
+    dimension arms (``rewards.dimension_judging.DIMENSION_ARMS``) and the re-weighted atomic
+    arms (``REWEIGHTED``)."""
+    return sorted([*AGGREGATORS.names(), JUDGE_RATED, *DIMENSION_ARMS, *REWEIGHTED])
 
 
 def check_reward_name(name: str, key: str) -> None:
@@ -278,14 +303,47 @@ def padded_batch(rubrics: Sequence[Rubric], checks: Sequence[Checks], criteria_b
     return q, arrays, fail
 
 
+def _label_multiplier(tags: Sequence[str]) -> float:
+    for t in tags:
+        key = t.strip().lower().removeprefix("weight:")
+        if key in WEIGHT_LABEL_MULTIPLIERS:
+            return WEIGHT_LABEL_MULTIPLIERS[key]
+    return WEIGHT_LABEL_MULTIPLIERS["normal"]
+
+
+def reweighted(name: str, rubric: Rubric) -> tuple[float, ...]:
+    """Item weights of a re-weighted atomic arm (both then take the clipped additive sum):
+
+    * ``weighted_atomic``: ``w_i * m(label_i)``, ``m`` = ``WEIGHT_LABEL_MULTIPLIERS``;
+    * ``grouped_mean`` (the authors' ``build_grouped_mean.py``): the dimension weight split back
+      to its items, ``W_d |w_i| / sum_{j in I_d} |w_j|`` with the sign of ``w_i`` (with the
+      default ``W_d = sum |w|`` this is ``w_i``: it differs only for weighted dimensions)."""
+    if name == "weighted_atomic":
+        return tuple(c.weight * _label_multiplier(c.tags) for c in rubric.criteria)
+    if not rubric.dimensions:
+        raise ValueError(f"aggregator {name!r} needs bundled rubrics but prompt "
+                         f"{rubric.prompt_id!r} has no dimensions")
+    out = list(rubric.weights)
+    for d, wd in zip(rubric.dimensions, rubric.dimension_weights()):
+        total = sum(abs(rubric.criteria[i].weight) for i in d.criteria)
+        for i in d.criteria:
+            w = rubric.criteria[i].weight
+            out[i] = wd * abs(w) / total * (1.0 if w >= 0 else -1.0) if total else 0.0
+    return tuple(out)
+
+
 def aggregate_checks(name: str, rubrics: Sequence[Rubric], checks: Sequence[Checks],
-                     criteria_bucket: int = 8) -> np.ndarray:
-    """Rewards [B] of ``checks[b]`` under ``rubrics[b]`` with aggregator ``name`` (jitted).
+                     criteria_bucket: int = 8, clip: bool = False) -> np.ndarray:
+    """Rewards [B] of ``checks[b]`` under ``rubrics[b]`` with aggregator ``name`` (jitted);
+    ``clip``: each reward clipped to [0, 1] (the official Rubric-RL arm). ``REWEIGHTED`` arms:
+    the additive sum over their item weights, always clipped.
 
     The AND-product aggregators need bundled rubrics (``ValueError`` naming the first prompt
     without dimensions: bundle it with ``python -m rewards.bundle``)."""
     if not rubrics:
         return np.zeros((0,), np.float64)
+    if name in REWEIGHTED:
+        return _reweighted_rewards(name, rubrics, checks, criteria_bucket)
     if name in AND_AGGREGATORS:
         for r in rubrics:
             if not r.dimensions:
@@ -296,7 +354,20 @@ def aggregate_checks(name: str, rubrics: Sequence[Rubric], checks: Sequence[Chec
     fn = jitted_aggregator(name, MAX_DIMS)
     r = fn(jnp.asarray(q), jnp.asarray(a.weights), jnp.asarray(a.dim_index), jnp.asarray(fail),
            jnp.asarray(a.mask))
-    return np.asarray(r, np.float64)
+    r = np.asarray(r, np.float64)
+    return np.clip(r, 0.0, 1.0) if clip else r
+
+
+def _reweighted_rewards(name: str, rubrics: Sequence[Rubric], checks: Sequence[Checks],
+                        criteria_bucket: int) -> np.ndarray:
+    q, a, fail = padded_batch(rubrics, checks, criteria_bucket)
+    weights = np.zeros_like(a.weights)
+    for b, r in enumerate(rubrics):
+        weights[b, :r.num_criteria] = reweighted(name, r)
+    fn = jitted_aggregator("additive", MAX_DIMS)
+    r = fn(jnp.asarray(q), jnp.asarray(weights), jnp.asarray(a.dim_index), jnp.asarray(fail),
+           jnp.asarray(a.mask))
+    return np.clip(np.asarray(r, np.float64), 0.0, 1.0)
 
 
 def fitness_rate(checks: Sequence[Checks]) -> np.ndarray:
@@ -312,8 +383,9 @@ def word_count(text: str) -> int:
 @dataclasses.dataclass(frozen=True)
 class Scores:
     """Per-response scores: the aggregator's ``reward``, coverage ``g``, fitness ``c`` (NaN
-    without held-out criteria), ``length`` in words, the raw ``checks``, and the ratings that
-    ended on the judge's fallback (``implicit`` only)."""
+    without held-out criteria), ``length`` in words, the raw ``checks``, the ratings that
+    ended on the judge's fallback (``implicit`` only); for the dimension arms ``judge_failed``
+    per response and the tallies of ``dimension_rewards``."""
 
     reward: np.ndarray
     coverage: np.ndarray
@@ -321,6 +393,8 @@ class Scores:
     length: np.ndarray
     checks: tuple[Checks, ...]
     rating_fallbacks: int = 0
+    judge_failed: np.ndarray | None = None  # dimension arms: 1 where the group failed closed
+    dimension_counts: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 def rated_rewards(judge: Judge, items: Sequence[ScoreItem]) -> tuple[np.ndarray, int]:
@@ -336,21 +410,44 @@ def rated_rewards(judge: Judge, items: Sequence[ScoreItem]) -> tuple[np.ndarray,
             sum(bool(r.fallback) for r in results))
 
 
+def dimension_rewards(judge: Judge, items: Sequence[ScoreItem], aggregator: str,
+                      group_sizes: Sequence[int] | None = None, group_retries: int = 1
+                      ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    """(rewards [B], judge_failed [B], tallies) of an official dimension arm
+    (``rewards.dimension_judging.judge_groups``; ``group_sizes`` None: each item its own
+    group)."""
+    sizes = [1] * len(items) if group_sizes is None else list(group_sizes)
+    g = judge_groups(judge, [DimensionItem(it.context, it.response, it.rubric) for it in items],
+                     sizes, DIMENSION_ARMS[aggregator], group_retries)
+    counts = {"rubric/judge_failed": float(g.judge_failed.sum()),
+              "rubric/judge_failed_groups": float(g.failed_groups),
+              "rubric/group_retries": float(g.group_retries),
+              "rubric/failed_dimension_calls": float(g.failed_calls)}
+    return g.reward, g.judge_failed, counts
+
+
 def score_items(judge: Judge, items: Sequence[ScoreItem], aggregator: str = "prorubric",
-                use_probs: bool = False, criteria_bucket: int = 8) -> Scores:
+                use_probs: bool = False, criteria_bucket: int = 8, clip: bool = False,
+                group_sizes: Sequence[int] | None = None, group_retries: int = 1) -> Scores:
     """Judge (one batched check call) and aggregate: reward, coverage g, fitness c, length.
-    ``implicit``: the reward is the judge's rating (one more batched call, ``rated_rewards``)."""
+    ``implicit``: the reward is the judge's rating (one more batched call, ``rated_rewards``);
+    a dimension arm: one more batched ``check_dimensions`` call (``dimension_rewards``);
+    ``clip``: rewards of the check aggregators clipped to [0, 1]."""
     checks = judge_checks(judge, items, use_probs)
     rubrics = [it.rubric for it in items]
-    fallbacks = 0
+    fallbacks, failed, counts = 0, None, {}
     if aggregator == JUDGE_RATED:
         reward, fallbacks = rated_rewards(judge, items)
+    elif aggregator in DIMENSION_ARMS:
+        reward, failed, counts = dimension_rewards(judge, items, aggregator, group_sizes,
+                                                   group_retries)
     else:
-        reward = aggregate_checks(aggregator, rubrics, checks, criteria_bucket)
+        reward = aggregate_checks(aggregator, rubrics, checks, criteria_bucket, clip)
     coverage = aggregate_checks("additive", rubrics, checks, criteria_bucket)
     return Scores(reward=reward, coverage=coverage, fitness=fitness_rate(checks),
                   length=np.asarray([word_count(it.response) for it in items], np.float64),
-                  checks=tuple(checks), rating_fallbacks=fallbacks)
+                  checks=tuple(checks), rating_fallbacks=fallbacks, judge_failed=failed,
+                  dimension_counts=counts)
 
 
 def _nanmean(x: np.ndarray) -> float:
@@ -397,10 +494,13 @@ def resolve_judge(judge: Judge | None, task: Any, who: str = "rubric rewarder") 
 class RubricRewarder:
     """Rewards = a rubric aggregator over judge checks (module docstring).
 
-    Options (``algo.rewarder_options``): ``aggregator`` (a name in ``AGGREGATORS``, or
-    ``implicit``: the judge's holistic rating), ``use_probs``
-    (aggregate the judge's probabilities instead of booleans), ``fitness`` (also check the
-    held-out criteria for the ``rubric/fitness`` metric), ``criteria_bucket`` (padding multiple).
+    Options (``algo.rewarder_options``): ``aggregator`` (a name in ``reward_names()``:
+    ``AGGREGATORS``, ``implicit``: the judge's holistic rating, an official dimension arm, a
+    re-weighted atomic arm), ``use_probs`` (aggregate the judge's probabilities instead of
+    booleans), ``fitness`` (also check the held-out criteria for the ``rubric/fitness``
+    metric), ``criteria_bucket`` (padding multiple), ``clip`` (each reward of a check
+    aggregator clipped to [0, 1]: the official Rubric-RL arm), ``group_retries`` (dimension
+    arms: whole-group re-judgings of a group with a failed call before it fails closed).
     """
 
     task: Task
@@ -409,9 +509,17 @@ class RubricRewarder:
     use_probs: bool = False
     fitness: bool = True
     criteria_bucket: int = 8
+    clip: bool = False
+    group_retries: int = 1
 
     def __post_init__(self) -> None:
         check_reward_name(self.aggregator, "algo.rewarder_options.aggregator")
+        if not isinstance(self.clip, bool):
+            raise ValueError(f"algo.rewarder_options.clip: expected true or false, got "
+                             f"{self.clip!r}")
+        if isinstance(self.group_retries, bool) or int(self.group_retries) < 0:
+            raise ValueError(f"algo.rewarder_options.group_retries: must be an integer >= 0, "
+                             f"got {self.group_retries!r}")
         object.__setattr__(self, "judge", resolve_judge(self.judge, self.task))
 
     def init_state(self) -> None:
@@ -429,7 +537,8 @@ class RubricRewarder:
     def __call__(self, groups: Sequence[Group], state: Any, step: int) -> RewardOutput:
         items = self.items(groups)
         assert self.judge is not None
-        s = score_items(self.judge, items, self.aggregator, self.use_probs, self.criteria_bucket)
+        s = score_items(self.judge, items, self.aggregator, self.use_probs, self.criteria_bucket,
+                        self.clip, [len(g.trajectories) for g in groups], self.group_retries)
         shape = (len(groups), len(groups[0].trajectories) if groups else 0)
         rubrics = [it.rubric for it in items]
         fail_rate, pitfall_rate = _rates(rubrics, s.checks)
@@ -444,6 +553,7 @@ class RubricRewarder:
             "rubric/check_fallbacks": float(sum(ch.fallbacks for ch in s.checks)),
             "rubric/fitness_fallbacks": float(sum(ch.fitness_fallbacks for ch in s.checks)),
             "rubric/rating_fallbacks": float(s.rating_fallbacks),
+            **s.dimension_counts,
             **{f"judge/{k}": float(stats[k]) for k in JUDGE_METRIC_KEYS if k in stats},
         }
         per_traj = []
@@ -451,12 +561,16 @@ class RubricRewarder:
         for g in groups:
             row = []
             for _ in g.trajectories:
-                row.append({"reward": float(s.reward[j]), "coverage": float(s.coverage[j]),
-                            "fitness": float(s.fitness[j]), "words": int(s.length[j])})
+                rec = {"reward": float(s.reward[j]), "coverage": float(s.coverage[j]),
+                       "fitness": float(s.fitness[j]), "words": int(s.length[j])}
+                if s.judge_failed is not None:
+                    rec[JUDGE_FAILED] = int(s.judge_failed[j])
+                row.append(rec)
                 j += 1
             per_traj.append(tuple(row))
         return RewardOutput(rewards=s.reward.reshape(shape), outcome=s.coverage.reshape(shape),
-                            metrics=metrics, state=None, per_traj=tuple(per_traj))
+                            metrics=metrics, state=None, per_traj=tuple(per_traj),
+                            counts=dict(s.dimension_counts))
 
     def state_to_json(self, state: Any) -> Any:
         return None

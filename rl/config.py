@@ -72,7 +72,9 @@ class TrainerConfig:
 @dataclasses.dataclass(frozen=True)
 class OverlongConfig:
     enabled: bool
-    buffer_len: int | None
+    max_len: int | None  # L_max; null = the response budget
+    buffer_len: int | None  # B; null = buffer_frac x L_max
+    buffer_frac: float
     penalty: float
 
 
@@ -395,16 +397,29 @@ def check(run: RunConfig) -> None:
     if a.overlong.enabled:
         _require(a.overlong.penalty >= 0, "algo.overlong.penalty",
                  f"must be >= 0, got {a.overlong.penalty}")
+        _require(0 <= a.overlong.buffer_frac < 1, "algo.overlong.buffer_frac",
+                 f"must be in [0, 1), got {a.overlong.buffer_frac}")
+        _require(a.overlong.max_len is None or a.overlong.max_len >= 1, "algo.overlong.max_len",
+                 f"must be >= 1 or null, got {a.overlong.max_len}")
     run.optim_config()  # the optimizer's own checks
 
 
+def overlong_max_len(run: RunConfig, budget: int) -> int:
+    """DAPO's L_max: algo.overlong.max_len tokens (null: the response budget)."""
+    value = run.algo.overlong.max_len
+    return budget if value is None else int(value)
+
+
 def overlong_buffer(run: RunConfig, budget: int) -> int:
-    """DAPO's soft-punishment buffer: algo.overlong.buffer_len tokens before the response
-    budget (null: a quarter of it; DAPO used 4,096 of 20,480)."""
-    value = run.algo.overlong.buffer_len
-    buffer = budget // 4 if value is None else value
-    _require(0 <= buffer < budget, "algo.overlong.buffer_len",
-             f"must be in [0, {budget}) (the response budget), got {buffer}")
+    """DAPO's soft-punishment buffer: algo.overlong.buffer_len tokens before L_max
+    (``overlong_max_len``; null: algo.overlong.buffer_frac of it, rounded down: DAPO used 4,096
+    of 20,480, the ProRubric authors 4,096 of 8,192)."""
+    o = run.algo.overlong
+    max_len = overlong_max_len(run, budget)
+    buffer = int(max_len * o.buffer_frac) if o.buffer_len is None else o.buffer_len
+    _require(0 <= buffer < max_len, "algo.overlong.buffer_len",
+             f"must be in [0, {max_len}) (L_max: algo.overlong.max_len, null = the response "
+             f"budget), got {buffer}")
     return buffer
 
 

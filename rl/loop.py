@@ -28,7 +28,7 @@ from models.sampler import group_logprobs
 from models.sharding import batch_sharding, batch_shards
 from rl.advantages import batch_advantages
 from rl.batch import build_batch
-from rl.config import RunConfig, overlong_buffer
+from rl.config import RunConfig, overlong_buffer, overlong_max_len
 from rl.dapo import dynamic_sample, overlong_penalty
 from rl.data import PromptStream
 from rl.envs import SamplerPolicy
@@ -134,17 +134,31 @@ def collect(c: Components, loop: LoopState) -> tuple[LoopState, Collected]:
     return loop, Collected(drawn.groups, drawn.out, info)
 
 
-def shaped_rewards(c: Components, groups: Sequence[Group], rewards: np.ndarray) -> np.ndarray:
+def shaped_rewards(c: Components, groups: Sequence[Group], rewards: np.ndarray,
+                   per_traj: Sequence[Sequence[Mapping[str, Any]]] = ()) -> np.ndarray:
     """DAPO's overlong shaping when algo.overlong.enabled: the whole response (a multi-turn
-    one with its observations) against the response budget."""
+    one with its observations) against L_max (algo.overlong.max_len, null = the response
+    budget). Training rows only (evaluation never calls it); rows whose prompt group failed
+    closed (``per_traj`` ``judge_failed``) stay unshaped, so the group keeps zero variance."""
     ov = c.run.algo.overlong
     if not ov.enabled:
         return rewards
     lengths = np.asarray([[len(tr.tokens) for tr in g.trajectories] for g in groups])
     budget = c.response_budget
-    pen = overlong_penalty(jnp.asarray(lengths), budget, overlong_buffer(c.run, budget),
-                           ov.penalty)
-    return rewards + np.asarray(pen)
+    pen = np.asarray(overlong_penalty(jnp.asarray(lengths), overlong_max_len(c.run, budget),
+                                      overlong_buffer(c.run, budget), ov.penalty))
+    return rewards + np.where(judge_failed_rows(per_traj, pen.shape), 0.0, pen)
+
+
+def judge_failed_rows(per_traj: Sequence[Sequence[Mapping[str, Any]]],
+                      shape: tuple[int, ...]) -> np.ndarray:
+    """[N, G] bool: True where a rewarder marked the row ``judge_failed`` (all False when the
+    rewarder keeps no per-row records)."""
+    failed = np.zeros(shape, bool)
+    for g, row in enumerate(per_traj[:shape[0]]):
+        for k, rec in enumerate(row[:shape[1]]):
+            failed[g, k] = bool(rec.get("judge_failed"))
+    return failed
 
 
 def training_batch(c: Components, groups: Sequence[Group], rewards: np.ndarray,
@@ -218,7 +232,7 @@ def _step(c: Components, loop: LoopState) -> tuple[LoopState, StepResult]:
     """One whole step: collect, shape, batch, old/reference log-probs, update."""
     t_start = time.perf_counter()
     loop, col = collect(c, loop)
-    rewards = shaped_rewards(c, col.groups, col.out.rewards)
+    rewards = shaped_rewards(c, col.groups, col.out.rewards, col.out.per_traj)
     batch = training_batch(c, col.groups, rewards, col.out.outcome)
     t0 = t1 = time.perf_counter()
     train_metrics: list[dict] = []

@@ -447,7 +447,8 @@ class RubricChatTask:
     """``size`` train prompts; dev/test from other seeds (``1000 * seed + split``).
 
     ``aggregator``: the reward ``outcome()`` reports (any of
-    ``rewards.rubric_rewarder.reward_names()``); ``max_words``: the held-out concision limit.
+    ``rewards.rubric_rewarder.reward_names()``) and ``clip`` (its per-example clip to [0, 1],
+    linked to ``algo.rewarder_options.clip``); ``max_words``: the held-out concision limit.
     """
 
     size: int = 256
@@ -455,6 +456,7 @@ class RubricChatTask:
     seed: int = 0
     aggregator: str = "prorubric"
     max_words: int = 100
+    clip: bool = False
     name: str = "rubric_chat"
 
     #: the criteria are rule-language predicates: the rubric rewarder may default to RuleJudge
@@ -492,7 +494,7 @@ class RubricChatTask:
         for p, text in zip(prompts, responses, strict=True):
             r = prompt_rubric(p)
             items.append(ScoreItem(r.prompt_text(), text, r, fitness_criteria(r)))
-        s = score_items(judge or _rule_judge(), items, self.aggregator)
+        s = score_items(judge or _rule_judge(), items, self.aggregator, clip=bool(self.clip))
         summary = {"reward": _nanmean(s.reward), "coverage": _nanmean(s.coverage),
                    "fitness": _nanmean(s.fitness), "length": _nanmean(s.length)}
         return EvalReport(s.reward, s.coverage, s.fitness, s.length, summary)
