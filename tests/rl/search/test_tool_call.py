@@ -311,3 +311,31 @@ def test_shipped_smollm2_with_the_shipped_chatml_tools_template():
         assert list(t.prompt_tokens) + list(t.tokens) == ids
         assert [0] * len(t.prompt_tokens) + list(t.loss_mask) == mask
         assert t.info["template_mismatches"] == 0
+
+
+def test_oracle_demonstrations_in_the_tool_call_protocol(tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    from rl.wiring import make_task
+    from tests.paths import CONF
+
+    template_file = CONF / "chat_templates" / "chatml_tools.jinja"
+    task = make_task({"name": "search_qa", "n_entities": 200, "n_train": 40, "n_dev": 4,
+                      "n_test": 8, "max_obs_tokens": 48, "max_turns": 3, "topk": 2,
+                      "max_response_tokens": 600, "cache_dir": str(tmp_path),
+                      "protocol": "tool_call", "chat_template": str(template_file)})
+    tok = cached_tokenizer(str(shipped_gguf_path()))
+    groups = task.demonstrations("train", tok, n=6, max_new_tokens=96)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok.backend, eos_token=tok.eos_token,
+                                 chat_template=template_file.read_text())
+    for g in groups:
+        t = g.trajectories[0]
+        assert task.outcome(g.prompt, t) == 1.0, t.text  # valid format, the gold answer
+        searches = min(len(dict.fromkeys(g.prompt.meta["supporting_docs"])), task.max_turns)
+        assert t.info["searches"] == searches and t.finish == "answer"
+        observed = tok.decode([x for x, m in zip(t.tokens, t.loss_mask) if not m],
+                              skip_special_tokens=False)
+        assert observed.count("<tool_response>") == searches
+        ids = hf.apply_chat_template(list(t.info["messages"]), tools=[SEARCH_TOOL],
+                                     tokenize=True, return_dict=False)
+        assert list(t.prompt_tokens) + list(t.tokens) == list(ids)
