@@ -17,6 +17,10 @@ and the batch advances in chunks of ``chunk_tokens`` instead of whole turns: a r
 ended (its action executed, its observation appended) starts its next turn in the next chunk
 while the others go on with theirs, so no row waits for the batch's slowest turn. Turn
 boundaries, stop strings and budgets are exactly those of turn-by-turn generation.
+
+The protocol lives in a few methods (``encode_prompt``, ``_stop_strings``, ``_act``,
+``_append_observation``, ``_texts``, ``_info``); ``rl.search.tool_env.ToolCallSearchEnv``
+overrides them for the chat template's native tool calls (``task.protocol=tool_call``).
 """
 
 from __future__ import annotations
