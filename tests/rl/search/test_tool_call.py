@@ -339,3 +339,14 @@ def test_oracle_demonstrations_in_the_tool_call_protocol(tmp_path):
         ids = hf.apply_chat_template(list(t.info["messages"]), tools=[SEARCH_TOOL],
                                      tokenize=True, return_dict=False)
         assert list(t.prompt_tokens) + list(t.tokens) == list(ids)
+
+
+def test_our_renderer_writes_tool_schemas_as_transformers_does(folder, hf):
+    """tojson keeps non-ASCII as transformers' renderer does (json.dumps would escape it)."""
+    tool = {"type": "function", "function": {"name": "suche", "description": "Recherche – café",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    conv = [{"role": "user", "content": "Où?"}]
+    ours = load_hf_tokenizer(folder).apply_chat_template(conv, True, tools=[tool])
+    assert ours == hf.apply_chat_template(conv, tools=[tool], tokenize=False,
+                                          add_generation_prompt=True)
+    assert "Recherche – café" in ours
