@@ -6,6 +6,7 @@ library needs neither torch nor a particular transformers tokenizer class.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
@@ -96,6 +97,12 @@ class Tokenizer:
             messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kw)
 
+    def with_chat_template(self, template: str) -> Tokenizer:
+        """The same tokenizer rendering chats with ``template`` (a jinja chat template)."""
+        out = copy.copy(self)
+        out.chat_template = template
+        return out
+
     def encode_chat(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
         return self.encode(self.apply_chat_template(messages, add_generation_prompt))
 
@@ -126,8 +133,16 @@ def _compile(template: str) -> jinja2.Template:
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                        extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = _raise
-    env.filters["tojson"] = lambda x, **kw: json.dumps(x, **kw)
+    env.filters["tojson"] = _tojson
     return env.from_string(template)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """``tojson`` as transformers' chat-template renderer defines it (non-ASCII kept as is), so
+    a template renders tool schemas here byte for byte as ``apply_chat_template`` does."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
 
 
 def _token_content(value: Any) -> str | None:

@@ -21,6 +21,7 @@ from core.types import Group, Prompt
 from models.sampler import Generation, SamplingParams
 from models.tokenizer import Tokenizer
 from rl.search.corpus import parse_contents
+from rl.search.tool_call import TOOL_NAME
 
 
 def search_turn(query: str) -> str:
@@ -32,7 +33,18 @@ def answer_turn(answer: str) -> str:
             f"<answer> {answer} </answer>")
 
 
-def oracle_turns(prompt: Prompt, titles: Mapping[str, str], max_turns: int) -> list[str]:
+def tool_search_turn(query: str) -> str:
+    """A search in the tool-call protocol, the call written as Qwen3's template renders one."""
+    call = json.dumps({"name": TOOL_NAME, "arguments": {"query": query}}, ensure_ascii=False)
+    return f"I need information about {query}.\n<tool_call>\n{call}\n</tool_call>"
+
+
+def tool_answer_turn(answer: str) -> str:
+    return f"The information above answers the question.\n<answer> {answer} </answer>"
+
+
+def oracle_turns(prompt: Prompt, titles: Mapping[str, str], max_turns: int,
+                 protocol: str = "search_r1") -> list[str]:
     """The scripted turns for one question: a search per supporting document (at most
     ``max_turns``), then the answer. Needs ``supporting_docs`` (corpus document ids) in the
     prompt's meta: the shipped world records them; the real-dataset loaders do not (HotpotQA
@@ -45,7 +57,9 @@ def oracle_turns(prompt: Prompt, titles: Mapping[str, str], max_turns: int) -> l
     if missing:
         raise ValueError(f"prompt {prompt.id}: supporting docs {missing} are not in the corpus")
     queries = list(dict.fromkeys(titles[d] for d in docs))[:max_turns]
-    return [*(search_turn(q) for q in queries), answer_turn(prompt.answer[0])]
+    search, answer = ((tool_search_turn, tool_answer_turn) if protocol == "tool_call"
+                      else (search_turn, answer_turn))
+    return [*(search(q) for q in queries), answer(prompt.answer[0])]
 
 
 def corpus_titles(path: str | Path) -> dict[str, str]:
@@ -62,10 +76,13 @@ def corpus_titles(path: str | Path) -> dict[str, str]:
 class ScriptedTurnsPolicy:
     """Replays fixed turns per trajectory. A row is recognised by its prompt (the context the
     environment sends starts with it), and each call serves that row's next turn, cut right
-    after the first stop string as the sampler would."""
+    after the first stop string as the sampler would. With ``eos_id`` each turn ends with that
+    token (a message in the tool-call protocol), finishing with "eos"."""
 
-    def __init__(self, tokenizer: Tokenizer, scripts: Mapping[tuple[int, ...], Sequence[str]]):
+    def __init__(self, tokenizer: Tokenizer, scripts: Mapping[tuple[int, ...], Sequence[str]],
+                 eos_id: int | None = None):
         self.tokenizer = tokenizer
+        self.eos_id = eos_id
         self.scripts = {k: list(v) for k, v in scripts.items()}
         self._lengths = sorted({len(k) for k in scripts})
         self._served: dict[tuple[int, ...], int] = {}
@@ -91,6 +108,8 @@ class ScriptedTurnsPolicy:
                 if s in text:
                     text, reason = text[: text.index(s) + len(s)], "stop"
             ids = self.tokenizer.encode(text)
+            if self.eos_id is not None:
+                ids, reason = [*ids, self.eos_id], "eos"
             limit = sampling.max_new_tokens if max_new_per_row is None else min(
                 sampling.max_new_tokens, max_new_per_row[i])
             if len(ids) > limit:
@@ -107,10 +126,14 @@ class ScriptedTurnsPolicy:
 
 
 def oracle_demonstrations(env, prompts: Sequence[Prompt], titles: Mapping[str, str],
-                          tokenizer: Tokenizer) -> list[Group]:
-    """One scripted trajectory per prompt through ``env`` (a SearchEnv): groups of size 1."""
-    encoded = [tuple(tokenizer.encode_chat(list(p.messages))) for p in prompts]
+                          protocol: str = "search_r1") -> list[Group]:
+    """One scripted trajectory per prompt through ``env`` (a SearchEnv, or a
+    ToolCallSearchEnv with ``protocol="tool_call"``): groups of size 1."""
+    encoded = [tuple(env.encode_prompt(p)) for p in prompts]
     if len(set(encoded)) != len(encoded):
         raise ValueError("oracle demonstrations need distinct prompts")
-    scripts = {e: oracle_turns(p, titles, env.max_turns) for e, p in zip(encoded, prompts)}
-    return env.rollout(ScriptedTurnsPolicy(tokenizer, scripts), prompts, 1, seed=0)
+    scripts = {e: oracle_turns(p, titles, env.max_turns, protocol)
+               for e, p in zip(encoded, prompts)}
+    eos_id = (env.tokenizer.backend.token_to_id(env.template.eos_text)
+              if protocol == "tool_call" else None)
+    return env.rollout(ScriptedTurnsPolicy(env.tokenizer, scripts, eos_id), prompts, 1, seed=0)

@@ -17,6 +17,10 @@ and the batch advances in chunks of ``chunk_tokens`` instead of whole turns: a r
 ended (its action executed, its observation appended) starts its next turn in the next chunk
 while the others go on with theirs, so no row waits for the batch's slowest turn. Turn
 boundaries, stop strings and budgets are exactly those of turn-by-turn generation.
+
+The protocol lives in a few methods (``encode_prompt``, ``_stop_strings``, ``_act``,
+``_append_observation``, ``_texts``, ``_info``); ``rl.search.tool_env.ToolCallSearchEnv``
+overrides them for the chat template's native tool calls (``task.protocol=tool_call``).
 """
 
 from __future__ import annotations
@@ -117,19 +121,37 @@ class SearchEnv:
         """The ``retrieval/*`` counters (``rl.search.faults``); empty without a guard."""
         return {} if self.guard is None else self.guard.stats(self.retriever)
 
-    def _observe(self, rows: list[_Row], queries: list[str]) -> None:
-        for row, docs in zip(rows, self._retrieve(queries)):
-            text = SEARCH_FAILED if docs is None else render_docs(docs, self.quote_titles).strip()
-            ids = self.tokenizer.encode(f"\n\n<information>{text}</information>\n\n")
-            if len(ids) > self.max_obs_tokens:  # keep the closing tag so the format stays valid
-                tail = self.tokenizer.encode("...</information>\n\n")
-                ids = ids[: self.max_obs_tokens - len(tail)] + tail
-            row.add(ids, action=False)
+    def _observe(self, searching: list[tuple[_Row, list[str]]]) -> None:
+        """Retrieve for every row's queries at once, then append each row's observation."""
+        results = self._retrieve([q for _, queries in searching for q in queries])
+        start = 0
+        for row, queries in searching:
+            self._append_observation(row, results[start:start + len(queries)])
+            start += len(queries)
+
+    def _append_observation(self, row: _Row, results: Sequence[list[Doc] | None]) -> None:
+        """Search-R1: the documents of the turn's one search in an ``<information>`` block."""
+        (docs,) = results
+        text = SEARCH_FAILED if docs is None else render_docs(docs, self.quote_titles).strip()
+        ids = self.tokenizer.encode(f"\n\n<information>{text}</information>\n\n")
+        if len(ids) > self.max_obs_tokens:  # keep the closing tag so the format stays valid
+            tail = self.tokenizer.encode("...</information>\n\n")
+            ids = ids[: self.max_obs_tokens - len(tail)] + tail
+        row.add(ids, action=False)
+
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        """The prompt's tokens: its messages in the chat template, with the generation prompt."""
+        return self.tokenizer.encode_chat(list(prompt.messages))
+
+    def _new_row(self, prompt: Prompt, prompt_tokens: list[int]) -> _Row:
+        del prompt  # a Search-R1 row needs only its tokens
+        return _Row(prompt_tokens)
 
     def rollout(self, policy: Policy, prompts: Sequence[Prompt], group_size: int,
                 seed: int) -> list[Group]:
-        base = [self.tokenizer.encode_chat(list(p.messages)) for p in prompts]
-        rows = [_Row(list(ids)) for ids in base for _ in range(group_size)]
+        base = [self.encode_prompt(p) for p in prompts]
+        rows = [self._new_row(p, list(ids)) for p, ids in zip(prompts, base)
+                for _ in range(group_size)]
         decoding = self._decoding(policy)
         state = None  # the latest generation's continuation state, if the policy has one
         for call in itertools.count():
@@ -138,12 +160,12 @@ class SearchEnv:
                 break
             gen, limits = self._generate(policy, decoding, state, active, seed * 1000 + call)
             state = getattr(gen, "state", None)
-            searching: list[tuple[_Row, str]] = []
+            searching: list[tuple[_Row, list[str]]] = []
             for i, r in enumerate(active):
-                query = self._advance(r, gen, i, limits[i], decoding)
-                if query is not None:
-                    searching.append((r, query))
-            self._observe([r for r, _ in searching], [q for _, q in searching])
+                queries = self._advance(r, gen, i, limits[i], decoding)
+                if queries is not None:
+                    searching.append((r, queries))
+            self._observe(searching)
         return self._groups(prompts, rows, group_size)
 
     def _decoding(self, policy: Policy) -> _Decoding:
@@ -152,12 +174,16 @@ class SearchEnv:
         # generates whole turns, the batch in lockstep, the last one without search.
         chunked = hasattr(policy, "continue_from")
         chunk = min(self.chunk_tokens, per_turn) if chunked else per_turn
-        with_search = dataclasses.replace(self.sampling, stop=("</search>", "</answer>"),
-                                          max_new_tokens=chunk)
+        stops, final_stops = self._stop_strings()
+        with_search = dataclasses.replace(self.sampling, stop=stops, max_new_tokens=chunk)
         return _Decoding(chunked=chunked, chunk=chunk, per_turn=per_turn,
                          with_search=with_search,
-                         answer_only=dataclasses.replace(with_search, stop=("</answer>",)),
+                         answer_only=dataclasses.replace(with_search, stop=final_stops),
                          invalid_ids=tuple(self.tokenizer.encode(INVALID_ACTION)))
+
+    def _stop_strings(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Where a turn stops: while searching is allowed, and in the final turn."""
+        return ("</search>", "</answer>"), ("</answer>",)
 
     def _unfinished(self, rows: list[_Row]) -> list[_Row]:
         """The rows still going; a row whose response reached its budget finishes here."""
@@ -188,9 +214,10 @@ class SearchEnv:
         return gen, limits
 
     def _advance(self, r: _Row, gen: Generation, i: int, limit: int,
-                 decoding: _Decoding) -> str | None:
+                 decoding: _Decoding) -> list[str] | None:
         """Append generation row ``i`` to ``r``; if that ends the row's turn, act on the turn.
-        Returns the query of a search (the caller retrieves for all searching rows at once)."""
+        Returns the queries of a turn that gets an observation (the caller retrieves for all
+        searching rows at once), None for a turn that does not."""
         r.slot, r.unread = i, []
         n = int(gen.lengths[i])
         generated = gen.tokens[i, :n].tolist()
@@ -207,31 +234,43 @@ class SearchEnv:
                 and not out_of_budget):
             return None  # a final turn ignores `</search>`
         r.turns += 1
-        r.turn_tokens = []
+        turn, r.turn_tokens = r.turn_tokens, []
+        return self._act(r, turn, text, gen.finish[i], final, decoding)
+
+    def _act(self, r: _Row, turn: list[int], text: str, finish: str, final: bool,
+             decoding: _Decoding) -> list[str] | None:
+        """Search-R1: the turn's first ``<search>``/``<answer>`` (``turn``: its tokens)."""
+        del turn  # the decoded text is enough here
         kind, content = parse_action(text)
         if kind == "answer":
             r.done, r.finish = True, "answer"
         elif kind == "search" and not final:
             r.searches += 1
-            return content
-        elif gen.finish[i] == "eos" or final:
-            r.done, r.finish = True, gen.finish[i]
+            return [content]
+        elif finish == "eos" or final:
+            r.done, r.finish = True, finish
         else:
             r.invalid += 1
             r.add(decoding.invalid_ids, action=False)
         return None
 
+    def _texts(self, rows: list[_Row]) -> list[str]:
+        """Each trajectory's response text (what the rewards read)."""
+        return [_end_at_answer(text) if r.finish == "answer" else text
+                for r, text in zip(rows, self.tokenizer.decode_batch([r.tokens for r in rows]))]
+
+    def _info(self, r: _Row) -> dict[str, int]:
+        return {"turns": r.turns, "searches": r.searches, "invalid_actions": r.invalid}
+
     def _groups(self, prompts: Sequence[Prompt], rows: list[_Row],
                 group_size: int) -> list[Group]:
-        texts = [_end_at_answer(text) if r.finish == "answer" else text
-                 for r, text in zip(rows, self.tokenizer.decode_batch([r.tokens for r in rows]))]
+        texts = self._texts(rows)
         groups = []
         for i, prompt in enumerate(prompts):
             trajs = tuple(
                 Trajectory(prompt_tokens=tuple(r.prompt_tokens), tokens=tuple(r.tokens),
                            loss_mask=tuple(r.mask), logprobs=tuple(r.logprobs), text=text,
-                           finish=r.finish, info={"turns": r.turns, "searches": r.searches,
-                                                  "invalid_actions": r.invalid})
+                           finish=r.finish, info=self._info(r))
                 for r, text in zip(rows[i * group_size:(i + 1) * group_size],
                                    texts[i * group_size:(i + 1) * group_size]))
             groups.append(Group(prompt, trajs))

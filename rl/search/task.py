@@ -1,4 +1,6 @@
-"""`task=search_qa`: multi-hop QA with a search tool (Search-R1 protocol).
+"""`task=search_qa`: multi-hop QA with a search tool, in Search-R1's tags
+(``protocol=search_r1``) or the model's native tool calls (``protocol=tool_call``,
+rl/search/tool_call.py).
 
 By default it trains on the shipped benchmark: a fictional multi-hop world generated from a
 seed (rl/search/world.py), written once to a cache folder, with a local BM25 retriever over its
@@ -29,13 +31,16 @@ from rl.search.datasets import QAExample, load_qa
 from rl.search.demos import corpus_titles, oracle_demonstrations
 from rl.search.env import SearchEnv
 from rl.search.faults import RetrievalGuard, RetrievalSettings
+from rl.search.tool_call import PROTOCOLS, tool_prompt, tool_template
+from rl.search.tool_env import ToolCallSearchEnv
 from rl.search.world import WORLD_FILES, world_problem, world_settings, write_world
 
 log = logging.getLogger(__name__)
 
 
-def example_to_prompt(ex: QAExample) -> Prompt:
-    return Prompt(id=ex.id, messages=({"role": "user", "content": search_prompt(ex.question)},),
+def example_to_prompt(ex: QAExample, protocol: str = "search_r1") -> Prompt:
+    instruction = tool_prompt if protocol == "tool_call" else search_prompt
+    return Prompt(id=ex.id, messages=({"role": "user", "content": instruction(ex.question)},),
                   answer=tuple(ex.golds),
                   meta={"question": ex.question, "source": ex.source, **dict(ex.meta or {})})
 
@@ -99,6 +104,9 @@ class SearchQATask:
     quote_titles: bool = False  # Search-R1's rendering of wiki-18 titles (with quotes)
     # fault handling of retrieval (rl.search.faults); None: a failed retrieval ends the run
     retrieval: Mapping[str, Any] | None = None
+    # how the policy calls the search tool: Search-R1's tags, or the chat template's tool calls
+    protocol: str = "search_r1"
+    chat_template: str | None = None  # a jinja file replacing the tokenizer's chat template
 
     def __post_init__(self) -> None:
         needs = REWARD_METRIC[QA_REWARDS.get(self.reward)]  # fails early on an unknown name
@@ -110,6 +118,11 @@ class SearchQATask:
                 raise ValueError(f"task.reward_metrics={self.reward_metrics} has no {needs!r}, "
                                  f"which task.reward={self.reward} needs")
         self.retrieval_settings()  # and on bad fault-handling settings
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"task.protocol: must be one of {', '.join(PROTOCOLS)}, got "
+                             f"{self.protocol!r}")
+        if self.chat_template is not None and not Path(self.chat_template).is_file():
+            raise ValueError(f"task.chat_template: {self.chat_template}: no such file")
 
     def retrieval_settings(self) -> RetrievalSettings | None:
         return None if self.retrieval is None else RetrievalSettings.parse(self.retrieval)
@@ -139,7 +152,7 @@ class SearchQATask:
         if len(kept) < len(examples):
             log.info("task.search_qa: %s: left out %d unanswerable question(s)", paths[split],
                      len(examples) - len(kept))
-        return [example_to_prompt(ex) for ex in kept]
+        return [example_to_prompt(ex, self.protocol) for ex in kept]
 
     def _retriever_json(self) -> str:
         """The retriever's config: ``task.retriever`` (default: BM25 over the shipped world's
@@ -157,13 +170,29 @@ class SearchQATask:
     def make_retriever(self) -> Any:
         return _cached_retriever(self._retriever_json())
 
+    def tokenizer_for(self, tokenizer: Tokenizer) -> Tokenizer:
+        """The model's tokenizer, rendering chats with ``chat_template`` when it is set."""
+        if self.chat_template is None:
+            return tokenizer
+        return tokenizer.with_chat_template(Path(self.chat_template).read_text(encoding="utf-8"))
+
     def make_env(self, tokenizer: Tokenizer, sampling: SamplingParams) -> SearchEnv:
+        """The environment of ``protocol``; with ``tool_call`` the chat template is checked
+        first (``rl.search.tool_call.tool_template``: an error naming the key)."""
+        tokenizer = self.tokenizer_for(tokenizer)
+        # the template is checked before the retriever is built (a BM25 index takes a while)
+        template = (tool_template(tokenizer, self.chat_template)
+                    if self.protocol == "tool_call" else None)
         settings = self.retrieval_settings()
         guard = None if settings is None else _cached_guard(self._retriever_json(), settings)
-        return SearchEnv(tokenizer, sampling, self.make_retriever(), topk=self.topk,
-                         max_turns=self.max_turns, max_response_tokens=self.max_response_tokens,
-                         max_obs_tokens=self.max_obs_tokens, chunk_tokens=self.chunk_tokens,
-                         quote_titles=self.quote_titles, guard=guard)
+        kw: dict[str, Any] = dict(
+            topk=self.topk, max_turns=self.max_turns, max_response_tokens=self.max_response_tokens,
+            max_obs_tokens=self.max_obs_tokens, chunk_tokens=self.chunk_tokens,
+            quote_titles=self.quote_titles, guard=guard)
+        if template is not None:
+            return ToolCallSearchEnv(tokenizer, sampling, self.make_retriever(),
+                                     template=template, **kw)
+        return SearchEnv(tokenizer, sampling, self.make_retriever(), **kw)
 
     def answer_score(self) -> AnswerScore:
         """The answer matching of `reward_metrics` (``rewards.qa.AnswerScore``)."""
@@ -193,4 +222,4 @@ class SearchQATask:
         prompts = self.prompts(split)[:n]
         env = self.make_env(tokenizer, SamplingParams(max_new_tokens=max_new_tokens,
                                                       temperature=0.0))
-        return oracle_demonstrations(env, prompts, corpus_titles(corpus), tokenizer)
+        return oracle_demonstrations(env, prompts, corpus_titles(corpus), self.protocol)
