@@ -185,16 +185,18 @@ def _decode_params_jit(params: Params, dtype: Any) -> Params:
 @dataclasses.dataclass(frozen=True)
 class DecodeSettings:
     """What a sampler kernel is compiled for (a static jit argument: each distinct value
-    compiles once): the decode loop's length and the sampling distribution."""
+    compiles once): the decode loop's length, the sampling distribution and the mesh whose
+    data-parallel axes its rows are sharded over (None: no constraint, one device)."""
 
     max_new: int
     temperature: float
     top_p: float
+    mesh: Mesh | None = None
 
     @staticmethod
-    def of(sampling: SamplingParams) -> DecodeSettings:
+    def of(sampling: SamplingParams, mesh: Mesh | None = None) -> DecodeSettings:
         return DecodeSettings(sampling.max_new_tokens, float(sampling.temperature),
-                              float(sampling.top_p))
+                              float(sampling.top_p), mesh)
 
 
 class Stopping(NamedTuple):
@@ -262,17 +264,16 @@ class ContinuePlan(NamedTuple):
 
 
 def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: int,
-                key: jax.Array, stopping: Stopping, settings: DecodeSettings,
-                mesh: Mesh | None = None) -> Decoded:
+                key: jax.Array, stopping: Stopping, settings: DecodeSettings) -> Decoded:
     """The decode loop shared by a fresh generation and a continued one.
 
     params are per layer (see unstack_layers), as is the cache; ``first_slot`` is the first
     free cache slot. Every sampled token is written to the cache while its row is still
     running, so the returned frontier describes each row's whole sequence and can be
-    continued. With a ``mesh``, the loop's carry (cache, logits, tokens, ...) stays sharded
-    along its rows (``models.sharding.row_shardings``) at every step.
+    continued. With ``settings.mesh``, the loop's carry (cache, logits, tokens, ...) stays
+    sharded along its rows (``models.sharding.row_shardings``) at every step.
     """
-    b, n = start.logits.shape[0], settings.max_new
+    b, n, mesh = start.logits.shape[0], settings.max_new, settings.mesh
     init = constrain_rows(DecodeLoop(
         step=jnp.zeros((), jnp.int32), key=key,
         tokens=jnp.full((b, n), stopping.pad_id, jnp.int32),
@@ -317,7 +318,7 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
                    Frontier(s.cache, s.logits, start.n_tokens + s.lengths, s.stop_state))
 
 
-_STATIC = ("cfg", "settings", "mesh")
+_STATIC = ("cfg", "settings")
 
 
 def _take_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
@@ -333,12 +334,10 @@ def _take_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=(*_STATIC, "cache_len"))
 def _generate(cfg: ModelConfig, params: Params, prompts: PromptBatch, key: jax.Array,
-              stopping: Stopping, *, settings: DecodeSettings, cache_len: int,
-              mesh: Mesh | None = None) -> Decoded:
+              stopping: Stopping, *, settings: DecodeSettings, cache_len: int) -> Decoded:
     params = unstack_layers(params)  # a no-op for decode_params
-    start = prefill(cfg, params, prompts, cache_len, mesh)
-    return decode_loop(cfg, params, start, prompts.tokens.shape[1], key, stopping, settings,
-                       mesh)
+    start = prefill(cfg, params, prompts, cache_len, settings.mesh)
+    return decode_loop(cfg, params, start, prompts.tokens.shape[1], key, stopping, settings)
 
 
 def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: int,
@@ -365,13 +364,12 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
 @functools.partial(jax.jit, static_argnames=(*_STATIC, "keep"))
 def _continue(cfg: ModelConfig, params: Params, previous: Frontier, plan: ContinuePlan,
               key: jax.Array, stopping: Stopping, *, settings: DecodeSettings,
-              keep: int, mesh: Mesh | None = None) -> Decoded:
+              keep: int) -> Decoded:
     # The continuing rows' cache, compacted to `keep` slots (>= every row's real-token
     # count) with room for the chunk and the new tokens; the rows that read new tokens
     # append them; then decoding proceeds from there. Under a mesh (plan.rows [S,B/S])
     # every row stays on its shard and every row reads its own chunk line: no rows move.
-    params = unstack_layers(params)
-    rows = plan.rows
+    params, rows, mesh = unstack_layers(params), plan.rows, settings.mesh
     grow = plan.chunk.shape[1] + round_up(settings.max_new, 16)
     start = constrain_rows(Frontier(
         _compact(previous.cache, rows, keep, grow), _take_rows(previous.logits, rows),
@@ -379,8 +377,7 @@ def _continue(cfg: ModelConfig, params: Params, previous: Frontier, plan: Contin
         jnp.where(plan.resume, _take_rows(previous.stop_state, rows), 0)), mesh)
     if plan.chunk.shape[1]:
         start = constrain_rows(_read_chunk(cfg, params, start, plan, keep), mesh)
-    return decode_loop(cfg, params, start, keep + plan.chunk.shape[1], key, stopping, settings,
-                       mesh)
+    return decode_loop(cfg, params, start, keep + plan.chunk.shape[1], key, stopping, settings)
 
 
 def _compact(cache: KVCache, rows: jax.Array, keep: int, grow: int) -> KVCache:
@@ -456,9 +453,10 @@ class DecodeState:
     ``stops``, so a row continued without new tokens still catches a stop string that
     straddles the two calls.
 
-    Under a mesh the arrays are the sampler's device rows, in ``shards`` equal blocks (one per
-    data-parallel shard, which holds their cache); ``layout[i]`` is the device row of the
-    generation's output row i (None: row i is device row i)."""
+    With a ``mesh`` (the one the generation ran on, and its continuations run on) the arrays
+    are the sampler's device rows, in equal blocks, one per data-parallel shard (which holds
+    their cache); ``layout[i]`` is the device row of the generation's output row i (None: row
+    i is device row i)."""
 
     cache: KVCache
     logits: jax.Array
@@ -466,7 +464,7 @@ class DecodeState:
     stop_state: np.ndarray | None = None
     stops: tuple[str, ...] = ()
     layout: np.ndarray | None = None
-    shards: int = 1
+    mesh: Mesh | None = None
 
     @property
     def rows(self) -> int:
@@ -536,7 +534,7 @@ def _key(seed: int | jax.Array) -> jax.Array:
 
 def _result(tokenizer: Tokenizer, decoded: Decoded, n_rows: int, decode_text: bool,
             stops: tuple[str, ...], order: np.ndarray | None = None,
-            shards: int = 1) -> Generation:
+            mesh: Mesh | None = None) -> Generation:
     """The host's copy of a decode (output row i is device row ``order[i]``, default i) and
     the state a continuation starts from (left on device)."""
     front = decoded.frontier
@@ -552,7 +550,7 @@ def _result(tokenizer: Tokenizer, decoded: Decoded, n_rows: int, decode_text: bo
                       finish=tuple(FINISH_REASONS[int(f)] for f in finish), texts=texts,
                       state=DecodeState(front.cache, front.logits, np.asarray(n_host),
                                         np.asarray(stop_host), _canonical(stops), order,
-                                        shards))
+                                        mesh))
 
 
 def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
@@ -578,17 +576,14 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
                           np.int32)
         tokens, mask = left_pad([list(p) for p in distinct], tokenizer.pad_id)
         batch = PromptBatch(jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(rows))
-        shards = 1
     else:
-        shards = batch_shards(mesh)
-        host, limits = _sharded_prompts(prompts, limits, shards, tokenizer.pad_id)
+        host, limits = _sharded_prompts(prompts, limits, batch_shards(mesh), tokenizer.pad_id)
         batch = jax.device_put(host, row_shardings(host, mesh))
     stopping = _stopping(cfg, tokenizer, sampling, limits, mesh)
     decoded = _generate(
-        cfg, params, batch, _key(seed), stopping, settings=DecodeSettings.of(sampling),
-        cache_len=batch.tokens.shape[1] + round_up(sampling.max_new_tokens, 16), mesh=mesh)
-    return _result(tokenizer, decoded, len(prompts), decode_text, sampling.stop,
-                   shards=shards)
+        cfg, params, batch, _key(seed), stopping, settings=DecodeSettings.of(sampling, mesh),
+        cache_len=batch.tokens.shape[1] + round_up(sampling.max_new_tokens, 16))
+    return _result(tokenizer, decoded, len(prompts), decode_text, sampling.stop, mesh=mesh)
 
 
 def _sharded_prompts(prompts: Sequence[Sequence[int]], limits: np.ndarray, shards: int,
@@ -618,7 +613,7 @@ def _sharded_prompts(prompts: Sequence[Sequence[int]], limits: np.ndarray, shard
 def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
                         state: DecodeState, continuation: Continuation,
                         sampling: SamplingParams = SamplingParams(), seed: int | jax.Array = 0,
-                        decode_text: bool = True, mesh: Mesh | None = None) -> Generation:
+                        decode_text: bool = True) -> Generation:
     """Extend rows of an earlier generation without re-reading their context.
 
     Output row i continues row ``continuation.rows[i]`` of the generation that produced
@@ -630,9 +625,10 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     matching afresh. Row counts are padded to a multiple of 4 (fewer recompiles), the rows
     that read appended tokens to 1, 2 or a multiple of 4.
 
-    With a ``mesh`` (the one the state was generated with) every row stays on the shard that
-    holds its cache (:func:`_sharded_continue_plan`): the cache is compacted shard by shard,
-    nothing of it moves between devices, and only the sampled tokens come to the host.
+    A state generated over a mesh is continued over it (``state.mesh``): every row stays on
+    the shard that holds its cache (:func:`_sharded_continue_plan`), the cache is compacted
+    shard by shard, nothing of it moves between devices, and only the sampled tokens come to
+    the host.
     """
     rows, n_state = continuation.rows, state.rows
     if min(rows) < 0 or max(rows) >= n_state:
@@ -642,7 +638,7 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     limits = _limits(len(rows), sampling, continuation.max_new_per_row)
     same_stops = state.stop_state is not None and state.stops == _canonical(sampling.stop)
     keep = round_up(int(state.n_tokens[device_rows].max()), 64)
-    front, order, shards = state.frontier(), None, 1
+    front, order, mesh = state.frontier(), None, state.mesh
     if mesh is None:
         b = round_up(len(rows), 4)
         padded = np.zeros(b, np.int32)  # padding rows: done before they start
@@ -652,9 +648,6 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
         plan = _continue_plan(continuation, b, tokenizer.pad_id, same_stops)
     else:
         shards = batch_shards(mesh)
-        if state.shards != shards or len(state.n_tokens) % shards:
-            raise ValueError(f"continue_generation: the state was generated over "
-                             f"{state.shards} batch shard(s), the mesh has {shards}")
         host, padded, order = _sharded_continue_plan(
             continuation, device_rows, len(state.n_tokens) // shards, shards, limits,
             tokenizer.pad_id, same_stops)
@@ -663,8 +656,8 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     decoded = _continue(
         cfg, params, front, plan, _key(seed),
         _stopping(cfg, tokenizer, sampling, padded, mesh),
-        settings=DecodeSettings.of(sampling), keep=keep, mesh=mesh)
-    return _result(tokenizer, decoded, len(rows), decode_text, sampling.stop, order, shards)
+        settings=DecodeSettings.of(sampling, mesh), keep=keep)
+    return _result(tokenizer, decoded, len(rows), decode_text, sampling.stop, order, mesh)
 
 
 def _sharded_continue_plan(continuation: Continuation, device_rows: np.ndarray,

@@ -57,7 +57,7 @@ class SamplerPolicy:
         environments: the observation), from its KV cache instead of re-reading the context."""
         return continue_generation(self.cfg, self.params, self.tokenizer, state,
                                    Continuation(rows, appended, max_new_per_row), sampling,
-                                   seed=seed, mesh=self.mesh)
+                                   seed=seed)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -107,11 +107,11 @@ SCRIPT = textwrap.dedent("""
     assert any(t.info["turns"] > 1 for g in rm for t in g.trajectories)
     print("SEARCH_ENV_OK")
 
-    try:
-        many.continue_from(g1.state, [0], [[]], sp, 0)
-    except ValueError as e:
-        assert "batch shard" in str(e), e
-        print("MISMATCH_OK")
+    # a state remembers its mesh: continued over it by any caller
+    cont_any = one.continue_from(gm.state, *again, sp, 2)
+    same(one.continue_from(g1.state, *again, sp, 2), cont_any)
+    state_sharded(cont_any, cont_any.state.cache.k[0].shape[0])
+    print("STATE_MESH_OK")
 """)
 
 
@@ -145,8 +145,8 @@ def test_search_env_chunked_multi_turn_equal_to_one_device(mesh_run):
     _expect(mesh_run, "SEARCH_ENV_OK")
 
 
-def test_state_from_another_layout_refused(mesh_run):
-    _expect(mesh_run, "MISMATCH_OK")
+def test_a_state_is_continued_over_its_own_mesh(mesh_run):
+    _expect(mesh_run, "STATE_MESH_OK")
 
 
 def test_prompt_layout_per_shard():
@@ -171,3 +171,36 @@ def test_continue_layout_keeps_rows_on_their_shard():
     np.testing.assert_array_equal(plan.readers, [0, 1, 2, 3])  # each row its own line
     np.testing.assert_array_equal(plan.chunk_mask.sum(1), [0, 0, 1, 2])
     np.testing.assert_array_equal(plan.resume, [True, True, False, False])
+
+
+TRAIN_SCRIPT = textwrap.dedent("""
+    import os, runpy, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import models.sampler as S
+    seen = []  # the data-parallel shards of every rollout's KV cache
+    orig = S._result
+    def spy(tokenizer, decoded, *a, **k):
+        shards = decoded.frontier.cache.k[0].addressable_shards
+        seen.append(len({(s.index[0].start, s.index[0].stop) for s in shards}))
+        return orig(tokenizer, decoded, *a, **k)
+    S._result = spy
+    sys.argv = ["rl.train"] + sys.argv[1:]
+    try:
+        runpy.run_module("rl.train", run_name="__main__")
+    except SystemExit as e:
+        assert not e.code, e.code
+    print("ROLLOUT_SHARDS", sorted(set(seen)))
+""")
+
+
+def test_rl_train_rolls_out_over_the_mesh(tmp_path):
+    """rl.train on 8 CPU devices (mesh=auto: data 8): every rollout's cache is cut in 8."""
+    res = subprocess.run(
+        [sys.executable, "-c", TRAIN_SCRIPT, "model=tiny", "trainer.max_steps=1",
+         "trainer.batch_prompts=4", "algo.group_size=2", "trainer.max_new_tokens=4",
+         "trainer.eval_at_ends=false", f"trainer.run_dir={tmp_path / 'run'}",
+         "trainer.progress=false", f"hydra.run.dir={tmp_path / 'hydra'}"],
+        capture_output=True, text=True, timeout=900)
+    assert "ROLLOUT_SHARDS [8]" in res.stdout, res.stdout[-2000:] + res.stderr[-4000:]
+    assert (tmp_path / "run" / "metrics.jsonl").exists()
