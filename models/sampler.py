@@ -583,7 +583,8 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     decoded = _generate(
         cfg, params, batch, _key(seed), stopping, settings=DecodeSettings.of(sampling, mesh),
         cache_len=batch.tokens.shape[1] + round_up(sampling.max_new_tokens, 16))
-    return _result(tokenizer, decoded, len(prompts), decode_text, sampling.stop, mesh=mesh)
+    order = None if mesh is None else np.arange(len(prompts))  # the padding rows: not rows
+    return _result(tokenizer, decoded, len(prompts), decode_text, sampling.stop, order, mesh)
 
 
 def _sharded_prompts(prompts: Sequence[Sequence[int]], limits: np.ndarray, shards: int,

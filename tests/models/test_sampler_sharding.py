@@ -112,6 +112,12 @@ SCRIPT = textwrap.dedent("""
     same(one.continue_from(g1.state, *again, sp, 2), cont_any)
     state_sharded(cont_any, cont_any.state.cache.k[0].shape[0])
     print("STATE_MESH_OK")
+
+    try:  # the padding rows of a generation are no rows to continue
+        many.continue_from(gm.state, [9], [[]], sp, 0)
+    except ValueError as e:
+        assert "9 rows" in str(e), e
+        print("PADDING_ROWS_OK")
 """)
 
 
@@ -147,6 +153,10 @@ def test_search_env_chunked_multi_turn_equal_to_one_device(mesh_run):
 
 def test_a_state_is_continued_over_its_own_mesh(mesh_run):
     _expect(mesh_run, "STATE_MESH_OK")
+
+
+def test_padding_rows_cannot_be_continued(mesh_run):
+    _expect(mesh_run, "PADDING_ROWS_OK")
 
 
 def test_prompt_layout_per_shard():
