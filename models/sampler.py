@@ -20,9 +20,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from models.config import ModelConfig
 from models.constraints import shard_rows
+from models.sharding import batch_shards, constrain_rows, row_shardings
 from models.stops import stop_tables
 from models.tokenizer import Tokenizer
 from models.transformer import (
@@ -184,16 +186,18 @@ def _decode_params_jit(params: Params, dtype: Any) -> Params:
 @dataclasses.dataclass(frozen=True)
 class DecodeSettings:
     """What a sampler kernel is compiled for (a static jit argument: each distinct value
-    compiles once): the decode loop's length and the sampling distribution."""
+    compiles once): the decode loop's length, the sampling distribution and the mesh whose
+    data-parallel axes its rows are sharded over (None: no constraint, one device)."""
 
     max_new: int
     temperature: float
     top_p: float
+    mesh: Mesh | None = None
 
     @staticmethod
-    def of(sampling: SamplingParams) -> DecodeSettings:
+    def of(sampling: SamplingParams, mesh: Mesh | None = None) -> DecodeSettings:
         return DecodeSettings(sampling.max_new_tokens, float(sampling.temperature),
-                              float(sampling.top_p))
+                              float(sampling.top_p), mesh)
 
 
 class Stopping(NamedTuple):
@@ -261,21 +265,22 @@ class ContinuePlan(NamedTuple):
 
 
 def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: int,
-            key: jax.Array, stopping: Stopping, settings: DecodeSettings) -> Decoded:
+                key: jax.Array, stopping: Stopping, settings: DecodeSettings) -> Decoded:
     """The decode loop shared by a fresh generation and a continued one.
 
     params are per layer (see unstack_layers), as is the cache; ``first_slot`` is the first
     free cache slot. Every sampled token is written to the cache while its row is still
     running, so the returned frontier describes each row's whole sequence and can be
-    continued.
+    continued. With ``settings.mesh``, the loop's carry (cache, logits, tokens, ...) stays
+    sharded along its rows (``models.sharding.row_shardings``) at every step.
     """
-    b, n = start.logits.shape[0], settings.max_new
-    init = DecodeLoop(
+    b, n, mesh = start.logits.shape[0], settings.max_new, settings.mesh
+    init = constrain_rows(DecodeLoop(
         step=jnp.zeros((), jnp.int32), key=key,
         tokens=jnp.full((b, n), stopping.pad_id, jnp.int32),
         logprobs=jnp.zeros((b, n), jnp.float32), lengths=jnp.zeros((b,), jnp.int32),
         finish=jnp.zeros((b,), jnp.int32), done=stopping.max_new_per_row <= 0,
-        cache=start.cache, logits=start.logits, stop_state=start.stop_state)
+        cache=start.cache, logits=start.logits, stop_state=start.stop_state), mesh)
 
     logp_scale = settings.temperature or 1.0  # the sampled distribution's temperature
 
@@ -299,7 +304,7 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
             cfg, params, tok[:, None], ~s.done[:, None],
             positions=(start.n_tokens + s.step)[:, None], cache=s.cache,
             cache_index=first_slot + s.step)
-        return DecodeLoop(
+        return constrain_rows(DecodeLoop(
             step=s.step + 1, key=s.key,
             tokens=s.tokens.at[:, s.step].set(tok), logprobs=s.logprobs.at[:, s.step].set(logp),
             lengths=jnp.where(s.done, s.lengths, s.step + 1),
@@ -307,7 +312,7 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
             cache=cache,
             logits=jnp.where(s.done[:, None], s.logits, unembed(cfg, params, hidden[:, 0])),
             stop_state=jnp.where(s.done, s.stop_state,
-                                 stopping.stop_next[s.stop_state, tok]))
+                                 stopping.stop_next[s.stop_state, tok])), mesh)
 
     s = jax.lax.while_loop(running, step, init)
     return Decoded(s.tokens, s.logprobs, s.lengths, s.finish,
@@ -317,29 +322,44 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
 _STATIC = ("cfg", "settings")
 
 
+def _take_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
+    """Rows of `x` by index: ``rows`` [B] indexes all of x's rows; ``rows`` [S,B/S] (under a
+    mesh: S data-parallel shards) indexes, for shard s, the s-th of S equal blocks of x's
+    rows, so that under jit each shard gathers from its own rows only (a batched gather,
+    partitioned along S without moving rows between devices)."""
+    if rows.ndim == 1:
+        return x[rows]
+    blocks = x.reshape(rows.shape[0], -1, *x.shape[1:])
+    return jax.vmap(lambda block, r: block[r])(blocks, rows).reshape(-1, *x.shape[1:])
+
+
 @functools.partial(jax.jit, static_argnames=(*_STATIC, "cache_len"))
 def _generate(cfg: ModelConfig, params: Params, prompts: PromptBatch, key: jax.Array,
               stopping: Stopping, *, settings: DecodeSettings, cache_len: int) -> Decoded:
     params = unstack_layers(params)  # a no-op for decode_params
-    start = prefill(cfg, params, prompts, cache_len)
+    start = prefill(cfg, params, prompts, cache_len, settings.mesh)
     return decode_loop(cfg, params, start, prompts.tokens.shape[1], key, stopping, settings)
 
 
-def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: int) -> Frontier:
+def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: int,
+            mesh: Mesh | None = None) -> Frontier:
     """Prefill each distinct prompt once (GRPO samples a group per prompt) into a cache of
     `cache_len` slots, then give every row a copy of its prompt's cache: the frontier the
     decode loop starts from (the first half of a fresh generation; ``rl.plan`` compiles the
-    two halves apart)."""
+    two halves apart). With ``prompts.rows`` [S,B/S] (a mesh's S shards, see
+    :func:`_take_rows`) every shard's rows copy from the shard's own prompts."""
     params = unstack_layers(params)
     rows = prompts.rows
-    cache = KVCache.zeros(cfg, prompts.tokens.shape[0], cache_len)
+    cache = constrain_rows(KVCache.zeros(cfg, prompts.tokens.shape[0], cache_len), mesh)
     hidden, cache = forward_with_cache(cfg, params, prompts.tokens, prompts.mask, cache=cache,
                                        cache_index=0)
-    cache = KVCache(tuple(k[rows] for k in cache.k), tuple(v[rows] for v in cache.v),
-                    cache.valid[rows])
-    return Frontier(cache, logits=unembed(cfg, params, hidden[rows, -1]),
-                    n_tokens=jnp.sum(prompts.mask, axis=1).astype(jnp.int32)[rows],
-                    stop_state=jnp.zeros(rows.shape, jnp.int32))
+    cache = KVCache(tuple(_take_rows(k, rows) for k in cache.k),
+                    tuple(_take_rows(v, rows) for v in cache.v), _take_rows(cache.valid, rows))
+    last = hidden[rows, -1] if rows.ndim == 1 else _take_rows(hidden[:, -1], rows)
+    return constrain_rows(Frontier(
+        cache, logits=unembed(cfg, params, last),
+        n_tokens=_take_rows(jnp.sum(prompts.mask, axis=1).astype(jnp.int32), rows),
+        stop_state=jnp.zeros((rows.size,), jnp.int32)), mesh)
 
 
 @functools.partial(jax.jit, static_argnames=(*_STATIC, "keep"))
@@ -348,15 +368,16 @@ def _continue(cfg: ModelConfig, params: Params, previous: Frontier, plan: Contin
               keep: int) -> Decoded:
     # The continuing rows' cache, compacted to `keep` slots (>= every row's real-token
     # count) with room for the chunk and the new tokens; the rows that read new tokens
-    # append them; then decoding proceeds from there.
-    params = unstack_layers(params)
-    rows = plan.rows
+    # append them; then decoding proceeds from there. Under a mesh (plan.rows [S,B/S])
+    # every row stays on its shard and every row reads its own chunk line: no rows move.
+    params, rows, mesh = unstack_layers(params), plan.rows, settings.mesh
     grow = plan.chunk.shape[1] + round_up(settings.max_new, 16)
-    start = Frontier(_compact(previous.cache, rows, keep, grow), previous.logits[rows],
-                     previous.n_tokens[rows],
-                     jnp.where(plan.resume, previous.stop_state[rows], 0))
+    start = constrain_rows(Frontier(
+        _compact(previous.cache, rows, keep, grow), _take_rows(previous.logits, rows),
+        _take_rows(previous.n_tokens, rows),
+        jnp.where(plan.resume, _take_rows(previous.stop_state, rows), 0)), mesh)
     if plan.chunk.shape[1]:
-        start = _read_chunk(cfg, params, start, plan, keep)
+        start = constrain_rows(_read_chunk(cfg, params, start, plan, keep), mesh)
     return decode_loop(cfg, params, start, keep + plan.chunk.shape[1], key, stopping, settings)
 
 
@@ -364,8 +385,9 @@ def _compact(cache: KVCache, rows: jax.Array, keep: int, grow: int) -> KVCache:
     """The cache of state rows ``rows`` with each row's real slots right-aligned (a stable sort
     keeps their order) in `keep` slots, then `grow` empty ones: the holes that left padding
     and early stops left in the cache cost nothing in the next turn. The cache is per layer
-    (see unstack_layers): each layer is gathered once, straight into its new buffer."""
-    valid = cache.valid[rows]
+    (see unstack_layers): each layer is gathered once, straight into its new buffer. ``rows``
+    [S,B/S] index each shard's own rows (see :func:`_take_rows`)."""
+    valid = _take_rows(cache.valid, rows)
     extra = max(0, keep - valid.shape[1])
     valid = jnp.pad(valid, ((0, 0), (extra, 0)))
     order = jnp.argsort(valid, axis=1, stable=True)[:, -keep:]  # [B, keep] slots to keep
@@ -377,7 +399,14 @@ def _compact(cache: KVCache, rows: jax.Array, keep: int, grow: int) -> KVCache:
         # one row at a time (vmap): XLA:CPU gathers the keys' minor slot axis ~2x faster
         # this way than with a take_along_axis index broadcast over the other axes
         slots = (slice(None),) * (axis - 1)
-        layer = jax.vmap(lambda r, o: layer[r][slots + (o,)])(rows, source)
+        if rows.ndim == 1:
+            layer = jax.vmap(lambda r, o: layer[r][slots + (o,)])(rows, source)
+        else:  # per shard: the shard's rows of its own block
+            blocks = layer.reshape(rows.shape[0], -1, *layer.shape[1:])
+            per_shard = source.reshape(*rows.shape, source.shape[-1])
+            layer = jax.vmap(lambda block, rs, os: jax.vmap(
+                lambda r, o: block[r][slots + (o,)])(rs, os))(blocks, rows, per_shard)
+            layer = layer.reshape(-1, *layer.shape[2:])
         pad = [(0, 0)] * layer.ndim
         return jnp.pad(layer, pad[:axis] + [(0, grow)] + pad[axis + 1:])
 
@@ -423,13 +452,25 @@ class DecodeState:
     token, and each row's count of real tokens (``n_tokens``, on the host too: it sizes the
     next call). ``stop_state`` is each row's stop-string automaton state for the strings
     ``stops``, so a row continued without new tokens still catches a stop string that
-    straddles the two calls."""
+    straddles the two calls.
+
+    With a ``mesh`` (the one the generation ran on, and its continuations run on) the arrays
+    are the sampler's device rows, in equal blocks, one per data-parallel shard (which holds
+    their cache); ``layout[i]`` is the device row of the generation's output row i (None: row
+    i is device row i)."""
 
     cache: KVCache
     logits: jax.Array
     n_tokens: np.ndarray
     stop_state: np.ndarray | None = None
     stops: tuple[str, ...] = ()
+    layout: np.ndarray | None = None
+    mesh: Mesh | None = None
+
+    @property
+    def rows(self) -> int:
+        """How many output rows a continuation may index."""
+        return len(self.n_tokens) if self.layout is None else len(self.layout)
 
     def frontier(self) -> Frontier:
         """This state as the jitted continuation reads it."""
@@ -459,8 +500,9 @@ class Continuation:
 
 
 def _stopping(cfg: ModelConfig, tokenizer: Tokenizer, sampling: SamplingParams,
-              max_new_per_row: np.ndarray) -> Stopping:
-    """The rows' token budgets, EOS ids and stop-string automaton tables as device arrays."""
+              max_new_per_row: np.ndarray, mesh: Mesh | None = None) -> Stopping:
+    """The rows' token budgets (sharded along the rows under a mesh), EOS ids and
+    stop-string automaton tables as device arrays."""
     if sampling.stop:
         stop_next, stop_hit = stop_tables(tokenizer.token_bytes, sampling.stop)
     else:
@@ -468,7 +510,9 @@ def _stopping(cfg: ModelConfig, tokenizer: Tokenizer, sampling: SamplingParams,
         stop_hit = np.zeros((1, cfg.vocab_size), bool)
     eos_ids = () if sampling.ignore_eos else (tokenizer.eos_ids or cfg.eos_token_ids)
     eos = np.asarray(tuple(eos_ids) or (-1,), np.int32)
-    return Stopping(jnp.asarray(max_new_per_row), jnp.asarray(eos), jnp.asarray(stop_next),
+    budgets = (jnp.asarray(max_new_per_row) if mesh is None else
+               jax.device_put(max_new_per_row, row_shardings(max_new_per_row, mesh)))
+    return Stopping(budgets, jnp.asarray(eos), jnp.asarray(stop_next),
                     jnp.asarray(stop_hit), jnp.asarray(tokenizer.pad_id, jnp.int32))
 
 
@@ -490,25 +534,30 @@ def _key(seed: int | jax.Array) -> jax.Array:
 
 
 def _result(tokenizer: Tokenizer, decoded: Decoded, n_rows: int, decode_text: bool,
-            stops: tuple[str, ...]) -> Generation:
+            stops: tuple[str, ...], order: np.ndarray | None = None,
+            mesh: Mesh | None = None) -> Generation:
+    """The host's copy of a decode (output row i is device row ``order[i]``, default i) and
+    the state a continuation starts from (left on device)."""
     front = decoded.frontier
     out, logp, length, finish, n_host, stop_host = jax.device_get(
         (decoded.tokens, decoded.logprobs, decoded.lengths, decoded.finish, front.n_tokens,
          front.stop_state))
-    out, logp, length, finish = out[:n_rows], logp[:n_rows], length[:n_rows], finish[:n_rows]
+    pick = (lambda a: a[:n_rows]) if order is None else (lambda a: a[order])  # noqa: E731
+    out, logp, length, finish = pick(out), pick(logp), pick(length), pick(finish)
     lists = [row[:k].tolist() for row, k in zip(out, length)]
     texts = tuple(tokenizer.decode_batch(lists)) if decode_text else ()
     return Generation(tokens=np.asarray(out), logprobs=np.asarray(logp),
                       lengths=np.asarray(length),
                       finish=tuple(FINISH_REASONS[int(f)] for f in finish), texts=texts,
                       state=DecodeState(front.cache, front.logits, np.asarray(n_host),
-                                        np.asarray(stop_host), _canonical(stops)))
+                                        np.asarray(stop_host), _canonical(stops), order,
+                                        mesh))
 
 
 def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
              prompts: Sequence[Sequence[int]], sampling: SamplingParams = SamplingParams(),
              seed: int | jax.Array = 0, max_new_per_row: Sequence[int] | None = None,
-             decode_text: bool = True) -> Generation:
+             decode_text: bool = True, mesh: Mesh | None = None) -> Generation:
     """Sample continuations of token-id prompts (apply chat templates beforehand).
 
     Generation of a row ends at an EOS token (the tokenizer's; none with
@@ -516,17 +565,51 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     `max_new_per_row[b]` (default `sampling.max_new_tokens`) tokens. Same seed and inputs give
     the same samples. The result's ``state`` lets :func:`continue_generation` extend the rows
     later.
+
+    With a ``mesh`` the rows are data-parallel (:func:`_sharded_prompts`): prompts, KV cache
+    and outputs sharded along the rows over the mesh's data axes, the weights as they come
+    (``models.sharding.decode_param_shardings``); greedy results equal the mesh-less ones.
     """
-    distinct: dict[tuple[int, ...], int] = {}
-    rows = np.asarray([distinct.setdefault(tuple(p), len(distinct)) for p in prompts], np.int32)
-    tokens, mask = left_pad([list(p) for p in distinct], tokenizer.pad_id)
     limits = _limits(len(prompts), sampling, max_new_per_row)
+    if mesh is None:
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = np.asarray([distinct.setdefault(tuple(p), len(distinct)) for p in prompts],
+                          np.int32)
+        tokens, mask = left_pad([list(p) for p in distinct], tokenizer.pad_id)
+        batch = PromptBatch(jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(rows))
+    else:
+        host, limits = _sharded_prompts(prompts, limits, batch_shards(mesh), tokenizer.pad_id)
+        batch = jax.device_put(host, row_shardings(host, mesh))
+    stopping = _stopping(cfg, tokenizer, sampling, limits, mesh)
     decoded = _generate(
-        cfg, params, PromptBatch(jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(rows)),
-        _key(seed), _stopping(cfg, tokenizer, sampling, limits),
-        settings=DecodeSettings.of(sampling),
-        cache_len=tokens.shape[1] + round_up(sampling.max_new_tokens, 16))
-    return _result(tokenizer, decoded, len(prompts), decode_text, sampling.stop)
+        cfg, params, batch, _key(seed), stopping, settings=DecodeSettings.of(sampling, mesh),
+        cache_len=batch.tokens.shape[1] + round_up(sampling.max_new_tokens, 16))
+    order = None if mesh is None else np.arange(len(prompts))  # the padding rows: not rows
+    return _result(tokenizer, decoded, len(prompts), decode_text, sampling.stop, order, mesh)
+
+
+def _sharded_prompts(prompts: Sequence[Sequence[int]], limits: np.ndarray, shards: int,
+                     pad_id: int) -> tuple[PromptBatch, np.ndarray]:
+    """The rows laid out for `shards` data-parallel shards: rows cut in order into shards
+    blocks of ceil(B/shards) (padding rows at the end: token budget 0, so done before they
+    start, copying their shard's first prompt; they never reach the output). Each shard
+    prefills its own distinct prompts (all shards as many: a shorter list repeats its first),
+    so prompts [shards*P, T] and ``rows`` [shards, B/shards] index within the shard. Returns
+    the batch (host arrays) and the padded token budgets."""
+    per = -(-len(prompts) // shards)
+    rows = np.zeros((shards, per), np.int32)
+    lists: list[list[tuple[int, ...]]] = []
+    for s in range(shards):
+        distinct: dict[tuple[int, ...], int] = {}
+        for j, p in enumerate(prompts[s * per:(s + 1) * per]):
+            rows[s, j] = distinct.setdefault(tuple(p), len(distinct))
+        lists.append(list(distinct) or [tuple(prompts[0])])
+    width = max(len(ps) for ps in lists)
+    tokens, mask = left_pad([ps[k] if k < len(ps) else ps[0] for ps in lists
+                             for k in range(width)], pad_id)
+    padded = np.zeros(shards * per, np.int32)
+    padded[:len(limits)] = limits
+    return PromptBatch(tokens, mask, rows), padded
 
 
 def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
@@ -543,21 +626,79 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     matching where it was (a stop string may straddle the two calls); any other row starts
     matching afresh. Row counts are padded to a multiple of 4 (fewer recompiles), the rows
     that read appended tokens to 1, 2 or a multiple of 4.
+
+    A state generated over a mesh is continued over it (``state.mesh``): every row stays on
+    the shard that holds its cache (:func:`_sharded_continue_plan`), the cache is compacted
+    shard by shard, nothing of it moves between devices, and only the sampled tokens come to
+    the host.
     """
-    rows, n_state = continuation.rows, len(state.n_tokens)
+    rows, n_state = continuation.rows, state.rows
     if min(rows) < 0 or max(rows) >= n_state:
         raise ValueError(f"rows must index the {n_state} rows of the state, got {list(rows)}")
-    b = round_up(len(rows), 4)
-    limits = np.zeros(b, np.int32)  # padding rows: done before they start
-    limits[:len(rows)] = _limits(len(rows), sampling, continuation.max_new_per_row)
+    device_rows = (np.asarray(rows, np.int32) if state.layout is None
+                   else state.layout[np.asarray(rows)])
+    limits = _limits(len(rows), sampling, continuation.max_new_per_row)
     same_stops = state.stop_state is not None and state.stops == _canonical(sampling.stop)
-    plan = _continue_plan(continuation, b, tokenizer.pad_id, same_stops)
-    keep = round_up(int(state.n_tokens[np.asarray(rows)].max()), 64)
+    keep = round_up(int(state.n_tokens[device_rows].max()), 64)
+    front, order, mesh = state.frontier(), None, state.mesh
+    if mesh is None:
+        b = round_up(len(rows), 4)
+        padded = np.zeros(b, np.int32)  # padding rows: done before they start
+        padded[:len(rows)] = limits
+        if state.layout is not None:
+            continuation = dataclasses.replace(continuation, rows=device_rows.tolist())
+        plan = _continue_plan(continuation, b, tokenizer.pad_id, same_stops)
+    else:
+        shards = batch_shards(mesh)
+        host, padded, order = _sharded_continue_plan(
+            continuation, device_rows, len(state.n_tokens) // shards, shards, limits,
+            tokenizer.pad_id, same_stops)
+        plan = jax.device_put(host, row_shardings(host, mesh))
+        front = jax.device_put(front, row_shardings(front, mesh))
     decoded = _continue(
-        cfg, params, state.frontier(), plan, _key(seed),
-        _stopping(cfg, tokenizer, sampling, limits), settings=DecodeSettings.of(sampling),
-        keep=keep)
-    return _result(tokenizer, decoded, len(rows), decode_text, sampling.stop)
+        cfg, params, front, plan, _key(seed),
+        _stopping(cfg, tokenizer, sampling, padded, mesh),
+        settings=DecodeSettings.of(sampling, mesh), keep=keep)
+    return _result(tokenizer, decoded, len(rows), decode_text, sampling.stop, order, mesh)
+
+
+def _sharded_continue_plan(continuation: Continuation, device_rows: np.ndarray,
+                           per_state: int, shards: int, limits: np.ndarray, pad_id: int,
+                           same_stops: bool) -> tuple[ContinuePlan, np.ndarray, np.ndarray]:
+    """The continuation laid out for `shards` data-parallel shards, no row leaving its shard:
+    state device row d lives on shard d // per_state; shard s's continuing rows, in order,
+    become its first output rows, each shard padded to the busiest shard's count (exact up to
+    4, then a multiple of 4) with rows that copy the shard's first state row, read nothing
+    and have token budget 0. Every output row reads its own chunk line (no gather of reader
+    rows across shards). Returns the plan (host arrays; ``rows`` [shards, B/shards] index
+    within the shard), the padded token budgets and ``order``: output row i is device row
+    order[i]."""
+    shard = device_rows // per_state
+    most = int(np.bincount(shard, minlength=shards).max())
+    per = round_up(most, 4) if most > 4 else most
+    order = np.zeros(len(device_rows), np.int32)
+    filled = np.zeros(shards, np.int32)
+    for i, s in enumerate(shard):
+        order[i] = s * per + filled[s]
+        filled[s] += 1
+    rows = np.zeros(shards * per, np.int32)
+    rows[order] = device_rows % per_state
+    appended = continuation.appended
+    longest = max(len(a) for a in appended)
+    width = round_up(longest, 16) if longest else 0
+    chunk = np.full((shards * per, width), pad_id, np.int32)
+    chunk_mask = np.zeros((shards * per, width), bool)
+    for i, ids in zip(order, appended):
+        if len(ids):
+            chunk[i, width - len(ids):] = ids
+            chunk_mask[i, width - len(ids):] = True
+    resume = np.zeros(shards * per, bool)
+    if same_stops:
+        resume[order] = [len(a) == 0 for a in appended]
+    padded = np.zeros(shards * per, np.int32)
+    padded[order] = limits
+    return (ContinuePlan(rows.reshape(shards, per), np.arange(shards * per, dtype=np.int32),
+                         chunk, chunk_mask, resume), padded, order)
 
 
 def _continue_plan(continuation: Continuation, b: int, pad_id: int,

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from models.transformer import Params
+from models.transformer import KVCache, Params
 
 log = logging.getLogger(__name__)
 
@@ -183,3 +183,25 @@ def cache_shardings(cache: Any, mesh: Mesh, rules: Mapping[str, Any] = DEFAULT_R
     return type(cache)(tuple(spec(k, per_layer) for k in cache.k),
                        tuple(spec(v, per_layer) for v in cache.v),
                        spec(cache.valid, ("batch", None)))
+
+
+def row_shardings(tree: Any, mesh: Mesh, rules: Mapping[str, Any] = DEFAULT_RULES) -> Any:
+    """NamedSharding for every array of `tree` whose leading axis is rows (a batch): rows over
+    the data-parallel axes (:func:`batch_sharding`), a ``KVCache`` by :func:`cache_shardings`,
+    scalars replicated. What the sampler constrains its prompts, cache and outputs to."""
+    def one(x: Any) -> Any:
+        if isinstance(x, KVCache):
+            return cache_shardings(x, mesh, rules)
+        if x.ndim == 0:
+            return NamedSharding(mesh, PartitionSpec())
+        return batch_sharding(mesh, x.ndim, x.shape[0], rules)
+
+    return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, KVCache))
+
+
+def constrain_rows(tree: Any, mesh: Mesh | None) -> Any:
+    """`tree` under jit with :func:`row_shardings` (``with_sharding_constraint``); unchanged
+    without a mesh."""
+    if mesh is None:
+        return tree
+    return jax.lax.with_sharding_constraint(tree, row_shardings(tree, mesh))

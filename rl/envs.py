@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
+
+import jax
 
 from core.types import Group, Policy, Prompt, Trajectory
 from models.config import ModelConfig
@@ -17,6 +20,7 @@ from models.sampler import (
     decode_params,
     generate,
 )
+from models.sharding import decode_param_shardings
 from models.tokenizer import Tokenizer
 from models.transformer import Params
 
@@ -25,20 +29,26 @@ from models.transformer import Params
 class SamplerPolicy:
     """The policy as the environments see it: current parameters behind the jitted sampler
     (kept in the sampler's per-layer form, made once per policy; ``dtype`` "bfloat16" samples
-    with bfloat16 matmuls, see models.sampler.decode_params)."""
+    with bfloat16 matmuls, see models.sampler.decode_params). With a ``mesh`` the rollouts
+    are data-parallel: rows, KV cache and outputs sharded over its data axes, the weights by
+    ``models.sharding.decode_param_shardings``."""
 
     cfg: ModelConfig
     params: Params
     tokenizer: Tokenizer
     dtype: str | None = None
+    mesh: Any = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "params", decode_params(self.params, self.dtype))
+        params = decode_params(self.params, self.dtype)
+        if self.mesh is not None:
+            params = jax.device_put(params, decode_param_shardings(params, self.mesh))
+        object.__setattr__(self, "params", params)
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seed: int,
                  max_new_per_row: Sequence[int] | None = None) -> Generation:
         return generate(self.cfg, self.params, self.tokenizer, prompts, sampling, seed=seed,
-                        max_new_per_row=max_new_per_row)
+                        max_new_per_row=max_new_per_row, mesh=self.mesh)
 
     def continue_from(self, state: DecodeState, rows: Sequence[int],
                       appended: Sequence[Sequence[int]], sampling: SamplingParams, seed: int,

@@ -69,7 +69,7 @@ class Components:
         """The sampler on `params`; training rollouts in trainer.rollout_dtype, evaluation
         always in float32 (numbers comparable across runs)."""
         dtype = "float32" if evaluation else self.run.trainer.rollout_dtype
-        return SamplerPolicy(self.model_cfg, params, self.tokenizer, dtype=dtype)
+        return SamplerPolicy(self.model_cfg, params, self.tokenizer, dtype=dtype, mesh=self.mesh)
 
     def update_slices(self) -> int:
         """How many equal parts an update cuts the batch into along its group axis: mini-

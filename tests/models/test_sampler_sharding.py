@@ -1,0 +1,216 @@
+"""Data-parallel rollouts: the sampler under an 8-device CPU mesh against one device.
+
+The mesh runs in a subprocess (XLA's host device count is fixed when JAX starts). Expected
+values come from the mesh-less sampler (one device), which the other sampler tests check
+against an independent forward pass; the layouts are checked against hand-derived ones.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from models.sampler import Continuation, _sharded_continue_plan, _sharded_prompts
+
+SCRIPT = textwrap.dedent("""
+    import os, re, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax, numpy as np
+    import models.sampler as S
+    from core.search_r1 import search_prompt
+    from core.types import Prompt
+    from models import load_params
+    from models.sharding import batch_shards, make_mesh, param_shardings, shard
+    from rl.envs import SamplerPolicy
+    from rl.search.corpus import Doc
+    from rl.search.env import SearchEnv
+
+    assert len(jax.devices()) == 8
+    mesh = make_mesh(eval(sys.argv[1]))
+    shards = batch_shards(mesh)
+    cfg, params, tok = load_params("tiny", seed=3)
+    programs = {}  # the sampler's jitted kernels as last called: to read their HLO
+    for name in ("_generate", "_continue"):
+        def spy(*a, _o=getattr(S, name), _n=name, **k):
+            programs[_n] = (_o, a, k)
+            return _o(*a, **k)
+        setattr(S, name, spy)
+
+    def rows_sharded(x, rows):
+        # the leading axis cut into `shards` blocks of rows / shards, one per data shard
+        assert x.shape[0] == rows, (x.shape, rows)
+        assert len(x.sharding.device_set) == 8
+        blocks = {(s.index[0].start, s.index[0].stop) for s in x.addressable_shards}
+        assert len(blocks) == shards, blocks
+        assert {s.data.shape[0] for s in x.addressable_shards} == {rows // shards}
+
+    def same(a, b):
+        assert a.token_lists() == b.token_lists() and a.finish == b.finish
+        np.testing.assert_array_equal(a.lengths, b.lengths)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+    def state_sharded(g, rows):
+        for x in (g.state.cache.k + g.state.cache.v + (g.state.cache.valid, g.state.logits)):
+            rows_sharded(x, rows)
+
+    one = SamplerPolicy(cfg, params, tok)
+    many = SamplerPolicy(cfg, shard(params, param_shardings(params, mesh)), tok, mesh=mesh)
+    prompts = [tok.encode(t) for t in ["hello", "a much longer prompt with more tokens", "x"]]
+    rows = [p for p in prompts for _ in range(3)]           # 9 rows: padded to the shards
+    sp = S.SamplingParams(10, temperature=0, stop=("ab",))
+    limits = [10, 4, 10, 7, 10, 1, 10, 10, 3]
+    g1, gm = one.generate(rows, sp, 0, limits), many.generate(rows, sp, 0, limits)
+    same(g1, gm)
+    per = -(-9 // shards)
+    state_sharded(gm, shards * per)
+    if mesh.shape["tensor"] > 1:  # KV heads by the rules too
+        assert gm.state.cache.k[0].sharding.spec[1] == "tensor"
+    print("GENERATE_OK")
+
+    # multi-turn: rows continue (some after reading tokens), then again from that state
+    cont = ([8, 0, 3, 4, 1, 6], [[5, 6, 7], [9] * 20, [], [], [11], []])
+    c1, cm = one.continue_from(g1.state, *cont, sp, 1), many.continue_from(gm.state, *cont, sp, 1)
+    same(c1, cm)
+    state_sharded(cm, cm.state.cache.k[0].shape[0])
+    again = ([1, 2, 5], [[3, 4], [], [7] * 3])
+    same(one.continue_from(c1.state, *again, sp, 2), many.continue_from(cm.state, *again, sp, 2))
+    print("CONTINUE_OK")
+
+    if mesh.shape["fsdp"] == mesh.shape["tensor"] == 1:
+        # weights replicated: any collective but a scalar reduction would move rows
+        for name, (fn, a, k) in programs.items():
+            hlo = fn.lower(*a, **k).compile().as_text()
+            ops = re.findall(r"= (\\S+) (all-gather|all-to-all|collective-permute|"
+                             r"all-reduce|reduce-scatter)\\(", hlo)
+            assert ops and all(shape.endswith("[]") and op == "all-reduce"
+                               for shape, op in ops), (name, ops)
+        print("NO_ROW_MOVES_OK")
+
+    class Retriever:
+        def retrieve(self, queries, topk=3):
+            return [[Doc(id="d", title=q, text="about " + q, score=1.0)] * topk
+                    for q in queries]
+
+    questions = [Prompt(id=str(i), messages=({"role": "user", "content": search_prompt(q)},))
+                 for i, q in enumerate(["who?", "where is the big old tower of the city?"])]
+    env = SearchEnv(tok, S.SamplingParams(12, temperature=0), Retriever(), topk=1,
+                    max_turns=2, max_response_tokens=120, chunk_tokens=5)
+    r1 = env.rollout(one, questions, group_size=3, seed=3)
+    rm = env.rollout(many, questions, group_size=3, seed=3)
+    for g_one, g_many in zip(r1, rm):
+        for a, b in zip(g_one.trajectories, g_many.trajectories):
+            assert a.tokens == b.tokens and a.loss_mask == b.loss_mask and a.info == b.info
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+    assert any(t.info["turns"] > 1 for g in rm for t in g.trajectories)
+    print("SEARCH_ENV_OK")
+
+    # a state remembers its mesh: continued over it by any caller
+    cont_any = one.continue_from(gm.state, *again, sp, 2)
+    same(one.continue_from(g1.state, *again, sp, 2), cont_any)
+    state_sharded(cont_any, cont_any.state.cache.k[0].shape[0])
+    print("STATE_MESH_OK")
+
+    try:  # the padding rows of a generation are no rows to continue
+        many.continue_from(gm.state, [9], [[]], sp, 0)
+    except ValueError as e:
+        assert "9 rows" in str(e), e
+        print("PADDING_ROWS_OK")
+""")
+
+
+@pytest.fixture(scope="module", params=['{"data": 8}', '{"data": 2, "fsdp": 2, "tensor": 2}'])
+def mesh_run(request):
+    res = subprocess.run([sys.executable, "-c", SCRIPT, request.param], capture_output=True,
+                         text=True, timeout=900)
+    return request.param, res
+
+
+def _expect(mesh_run, marker):
+    shape, res = mesh_run
+    assert marker in res.stdout, f"mesh {shape}: {res.stdout[-2000:]}\n{res.stderr[-4000:]}"
+
+
+def test_generate_sharded_and_equal_to_one_device(mesh_run):
+    _expect(mesh_run, "GENERATE_OK")
+
+
+def test_continuations_sharded_and_equal_to_one_device(mesh_run):
+    _expect(mesh_run, "CONTINUE_OK")
+
+
+def test_no_rows_move_between_devices(mesh_run):
+    if "fsdp" in mesh_run[0]:
+        pytest.skip("sharded weights are gathered (FSDP); rows checked on the data-only mesh")
+    _expect(mesh_run, "NO_ROW_MOVES_OK")
+
+
+def test_search_env_chunked_multi_turn_equal_to_one_device(mesh_run):
+    _expect(mesh_run, "SEARCH_ENV_OK")
+
+
+def test_a_state_is_continued_over_its_own_mesh(mesh_run):
+    _expect(mesh_run, "STATE_MESH_OK")
+
+
+def test_padding_rows_cannot_be_continued(mesh_run):
+    _expect(mesh_run, "PADDING_ROWS_OK")
+
+
+def test_prompt_layout_per_shard():
+    a, b, c = [1], [2, 3], [4, 5, 6]
+    batch, limits = _sharded_prompts([a, a, b, b, c], np.asarray([7, 6, 5, 4, 3]), 2, pad_id=0)
+    # 5 rows over 2 shards: blocks of 3, [a a b] and [b c pad]; each shard its own prompts
+    np.testing.assert_array_equal(batch.rows, [[0, 0, 1], [0, 1, 0]])
+    np.testing.assert_array_equal(batch.mask.sum(1), [1, 2, 2, 3])  # a, b | b, c
+    np.testing.assert_array_equal(batch.tokens[:, -3:], [[0, 0, 1], [0, 2, 3], [0, 2, 3],
+                                                         [4, 5, 6]])
+    np.testing.assert_array_equal(limits, [7, 6, 5, 4, 3, 0])  # the padding row: no budget
+
+
+def test_continue_layout_keeps_rows_on_their_shard():
+    # state: 2 shards of 3 device rows; continue device rows 5, 0, 3, 1 (shards 1, 0, 1, 0)
+    plan, limits, order = _sharded_continue_plan(
+        Continuation([5, 0, 3, 1], [[9], [], [8, 8], []]), np.asarray([5, 0, 3, 1]),
+        per_state=3, shards=2, limits=np.asarray([4, 3, 2, 1]), pad_id=0, same_stops=True)
+    np.testing.assert_array_equal(order, [2, 0, 3, 1])  # shard 0 first: rows 0, 1; then 5, 3
+    np.testing.assert_array_equal(plan.rows, [[0, 1], [2, 0]])  # within-shard state rows
+    np.testing.assert_array_equal(limits, [3, 1, 4, 2])
+    np.testing.assert_array_equal(plan.readers, [0, 1, 2, 3])  # each row its own line
+    np.testing.assert_array_equal(plan.chunk_mask.sum(1), [0, 0, 1, 2])
+    np.testing.assert_array_equal(plan.resume, [True, True, False, False])
+
+
+TRAIN_SCRIPT = textwrap.dedent("""
+    import os, runpy, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import models.sampler as S
+    seen = []  # the data-parallel shards of every rollout's KV cache
+    orig = S._result
+    def spy(tokenizer, decoded, *a, **k):
+        shards = decoded.frontier.cache.k[0].addressable_shards
+        seen.append(len({(s.index[0].start, s.index[0].stop) for s in shards}))
+        return orig(tokenizer, decoded, *a, **k)
+    S._result = spy
+    sys.argv = ["rl.train"] + sys.argv[1:]
+    try:
+        runpy.run_module("rl.train", run_name="__main__")
+    except SystemExit as e:
+        assert not e.code, e.code
+    print("ROLLOUT_SHARDS", sorted(set(seen)))
+""")
+
+
+def test_rl_train_rolls_out_over_the_mesh(tmp_path):
+    """rl.train on 8 CPU devices (mesh=auto: data 8): every rollout's cache is cut in 8."""
+    res = subprocess.run(
+        [sys.executable, "-c", TRAIN_SCRIPT, "model=tiny", "trainer.max_steps=1",
+         "trainer.batch_prompts=4", "algo.group_size=2", "trainer.max_new_tokens=4",
+         "trainer.eval_at_ends=false", f"trainer.run_dir={tmp_path / 'run'}",
+         "trainer.progress=false", f"hydra.run.dir={tmp_path / 'hydra'}"],
+        capture_output=True, text=True, timeout=900)
+    assert "ROLLOUT_SHARDS [8]" in res.stdout, res.stdout[-2000:] + res.stderr[-4000:]
+    assert (tmp_path / "run" / "metrics.jsonl").exists()
