@@ -139,9 +139,7 @@ class Trainer:
     def checkpoint(self) -> None:
         """Save the loop state, the run's settings and the judge's counters at its step."""
         lp = self.loop
-        if self.prefetcher is not None and self.prefetcher.in_flight:
-            raise RuntimeError("a checkpoint with a rollout in flight could not be resumed "
-                               "exactly; take it with step() first")
+        self._nothing_in_flight("a checkpoint")
         meta = {"step": lp.step, "data_position": lp.data_position,
                 "reward_state": self.parts.rewarder.state_to_json(lp.reward),
                 "fingerprint": fingerprint(self.parts.run, self.parts.model_cfg),
@@ -156,6 +154,7 @@ class Trainer:
 
     def evaluate(self, step: int) -> dict[str, Any]:
         """Greedy rollouts on the eval split: mean outcome, logged as eval/* at `step`."""
+        self._nothing_in_flight("an evaluation")
         c, t = self.parts, self.parts.run.trainer
         prompts = list(c.eval_prompts) or c.task.prompts(t.eval_split)
         env = c.task.make_env(c.tokenizer, SamplingParams(max_new_tokens=t.max_new_tokens,
@@ -215,6 +214,13 @@ class Trainer:
                 self.checkpoint()
         bar.close()
         return history
+
+    def _nothing_in_flight(self, what: str) -> None:
+        """A checkpoint must not hold a rollout in flight (its resume would not be exact), and
+        an evaluation must not share the retriever with one."""
+        if self.prefetcher is not None and self.prefetcher.in_flight:
+            raise RuntimeError(f"{what} while the next step's rollout is in flight; take it "
+                               f"with step() first")
 
     def _prefetches_after(self, step: int, eval_every: int, until: int | None) -> bool:
         """Off-policy: start the next rollout during this step's update unless a checkpoint

@@ -17,6 +17,11 @@ from rl.config import ConfigError, parse
 from rl.off_policy import mismatch_stats
 from rl.resume import changes
 from rl.trainer import build_trainer
+from tests.rl.test_arbor_e2e import (
+    compose_cfg,
+    tiny_overrides,
+    world_dir,  # noqa: F401  (a fixture)
+)
 from tests.rl.test_resume_matrix import GRPO, _assert_identical, _straight_and_resumed
 from tests.rl.test_trainer import LEARN, make_cfg
 
@@ -190,6 +195,20 @@ def test_off_policy_resume_equals_uninterrupted(tmp_path):
     straight, resumed = _straight_and_resumed(
         tmp_path, lambda d, *more: make_cfg(d, *GRPO, OFF, *more))
     _assert_identical(straight, resumed)
+    assert [r["offpolicy/staleness"] for r in straight[2]] == [0, 1, 1, 1]
+
+
+def test_arbor_off_policy_resume_equals_uninterrupted(tmp_path, world_dir):  # noqa: F811
+    """The rubric memory and the rule judge on the rollout thread: the memory each rollout is
+    scored against is the one the previous rollout left, resumed exactly."""
+    def cfg(d, *more):
+        return compose_cfg(*tiny_overrides(d, world_dir, "task.name=search_qa_scripted",
+                                           "algo.k_consol=4", "trainer.max_steps=4",
+                                           "trainer.save_every=2", OFF, *more))
+
+    straight, resumed = _straight_and_resumed(tmp_path, cfg)
+    _assert_identical(straight, resumed)
+    assert straight[1]["commons"]  # the memory did evolve
     assert [r["offpolicy/staleness"] for r in straight[2]] == [0, 1, 1, 1]
 
 
