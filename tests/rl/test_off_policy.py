@@ -14,6 +14,7 @@ from core.types import Group, Prompt, Trajectory
 from rl import loop as L
 from rl.batch import build_batch
 from rl.config import ConfigError, parse
+from rl.eval import restore_run_params
 from rl.off_policy import mismatch_stats
 from rl.resume import changes
 from rl.trainer import build_trainer
@@ -189,6 +190,10 @@ def test_the_pipelined_run_equals_the_sequential_run_and_itself(tmp_path):
     for state, recs in others:
         jax.tree.map(np.testing.assert_array_equal, state, ref)
         assert recs == ref_recs
+    # rl.eval, rl.export and trainer.init_from read the parameters of an off-policy checkpoint
+    params, step = restore_run_params(tmp_path / "pipelined", ref[0].params)
+    assert step == 4
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), ref[0].params)
 
 
 def test_off_policy_resume_equals_uninterrupted(tmp_path):
