@@ -11,6 +11,8 @@ micro-batches):
     tokens, attn_mask    [N,G,R]  each trajectory's tokens after the prefix, right padded
     loss_mask            [N,G,R]  1 where the policy generated the token (the loss applies)
     advantages           [N,G]    (build_batch only)
+    logp_sampler         [N,G,R]  the sampler's log-prob of each token where loss_mask = 1, else 0
+                                  (with_logprobs only: the behaviour policy of an off-policy step)
 P is rounded up to a multiple of 32 and R to 16 and at least the run's response budget, so
 shapes, and compilations, rarely change from step to step.
 """
@@ -45,7 +47,7 @@ def split_groups(groups: Sequence[Sequence[Trajectory]],
 
 
 def trajectory_arrays(groups: Sequence[Sequence[Trajectory]], pad_id: int,
-                      resp_len: int = 16) -> dict[str, np.ndarray]:
+                      resp_len: int = 16, with_logprobs: bool = False) -> dict[str, np.ndarray]:
     """The batch arrays without advantages (the SFT warm-up trains on these; one trajectory
     per group there). The prefix is the longest prompt prefix all of a group's trajectories
     share (their whole prompt in every environment here); any rest of a prompt goes before
@@ -61,6 +63,7 @@ def trajectory_arrays(groups: Sequence[Sequence[Trajectory]], pad_id: int,
     tokens = np.full((n, g, r), pad_id, np.int32)
     attn = np.zeros((n, g, r), bool)
     loss = np.zeros((n, g, r), np.float32)
+    logp = np.zeros((n, g, r), np.float32)
     for i, (group, c, row) in enumerate(zip(groups, shared, rests)):
         prefix[i, p - c:] = group[0].prompt_tokens[:c]
         prefix_mask[i, p - c:] = True
@@ -69,12 +72,15 @@ def trajectory_arrays(groups: Sequence[Sequence[Trajectory]], pad_id: int,
             tokens[i, j, :k] = (*rest, *t.tokens)
             attn[i, j, :k] = True
             loss[i, j, len(rest):k] = t.loss_mask
-    return {"prefix": prefix, "prefix_mask": prefix_mask, "tokens": tokens,
-            "attn_mask": attn, "loss_mask": loss}
+            logp[i, j, len(rest):k] = np.where(np.asarray(t.loss_mask) > 0, t.logprobs, 0.0)
+    arrays = {"prefix": prefix, "prefix_mask": prefix_mask, "tokens": tokens,
+              "attn_mask": attn, "loss_mask": loss}
+    return arrays | ({"logp_sampler": logp} if with_logprobs else {})
 
 
 def build_batch(groups: Sequence[Group], advantages: np.ndarray, pad_id: int,
-                resp_len: int = 16, slices: int = 1) -> dict[str, np.ndarray]:
+                resp_len: int = 16, slices: int = 1,
+                with_logprobs: bool = False) -> dict[str, np.ndarray]:
     """The training batch of a step: groups [N] with advantages [N,G] (see the module doc);
     `slices` as in :func:`split_groups`. When the trajectories cannot be cut into `slices`
     equal parts at all (a DAPO batch that ended short of its target), copies of the last group
@@ -88,7 +94,7 @@ def build_batch(groups: Sequence[Group], advantages: np.ndarray, pad_id: int,
                       for t in trajs[-1])
         trajs += [blank] * pad
         adv = np.concatenate([adv, np.zeros((pad, adv.shape[1]), np.float32)])
-    batch = trajectory_arrays(split_groups(trajs, slices), pad_id, resp_len)
+    batch = trajectory_arrays(split_groups(trajs, slices), pad_id, resp_len, with_logprobs)
     n, g = batch["tokens"].shape[:2]
     return {**batch, "advantages": adv.reshape(n, g)}
 

@@ -117,12 +117,25 @@ class Checkpointer:
 
     def _restore_saved(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
         """Everything saved at `step`, with the old ``rng`` entry when the checkpoint has one."""
+        like = {**self._saved_beyond(step, like), **like}
         try:
             return self._restore(step, like)
         except ValueError as e:
             if "rng:" not in str(e) or "rng" in like:
                 raise
         return self._restore(step, {**like, "rng": jax.random.key_data(jax.random.key(0))})
+
+    def _saved_beyond(self, step: int, like: Any) -> dict[str, Any]:
+        """Host-memory shapes for the entries saved at `step` that `like` does not ask for (an
+        off-policy run's sampler weights, when ``rl.eval`` reads its parameters): restored
+        and verified with the rest, then dropped by the callers."""
+        try:
+            saved = ocp.StandardCheckpointHandler().metadata(self.dir / str(step) / "state").tree
+        except Exception:  # no readable metadata: the restore itself says what is wrong
+            return {}
+        cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+        return {k: jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=cpu),
+                                v) for k, v in dict(saved).items() if k not in like and k != "rng"}
 
     def _restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)

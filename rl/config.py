@@ -65,6 +65,7 @@ class TrainerConfig:
     eval_at_ends: bool
     progress: bool
     ignore_eos: bool
+    off_policy_steps: int  # 0 on-policy; 1: one step stale rollouts (rl.off_policy)
     loggers: tuple[str, ...]  # rl.loggers.LOGGERS names: tensorboard, wandb
     wandb: WandbOptions
 
@@ -171,7 +172,9 @@ class RunConfig:
             policy_loss=a.policy_loss, eps_low=a.eps_low, eps_high=a.eps_high,
             dual_clip=a.dual_clip, beta=a.beta,
             kl_estimator=a.kl_estimator, loss_agg=a.loss_agg, max_len_norm=response_budget,
-            entropy_coef=a.entropy_coef, on_policy=self.updates_per_batch == 1,
+            entropy_coef=a.entropy_coef,
+            # off-policy: logp_old is the sampler's (the behaviour policy), never logp itself
+            on_policy=self.updates_per_batch == 1 and self.trainer.off_policy_steps == 0,
             micro_batches=t.micro_batches, remat=t.remat, compute_dtype=self.model.dtype,
             temperature=t.temperature, logits_chunk=t.logits_chunk)
 
@@ -386,6 +389,7 @@ def check(run: RunConfig) -> None:
     _require(rows % per_update == 0, "trainer.micro_batches",
              f"batch of {rows} trajectories does not split into mini_batches x micro_batches "
              f"= {t.mini_batches} x {t.micro_batches}")
+    check_off_policy(run)
     if a.dynamic_sampling:
         _require(a.max_gen_batches >= 1, "algo.max_gen_batches", "must be >= 1")
     for key, registry in (("advantage", ADVANTAGES), ("kl_estimator", KL_ESTIMATORS),
@@ -408,6 +412,24 @@ def overlong_max_len(run: RunConfig, budget: int) -> int:
     """DAPO's L_max: algo.overlong.max_len tokens (null: the response budget)."""
     value = run.algo.overlong.max_len
     return budget if value is None else int(value)
+
+
+def check_off_policy(run: RunConfig) -> None:
+    """trainer.off_policy_steps: 0 or 1 (one step of staleness; deeper queues are not built),
+    and 1 only in one process: a second host thread dispatching the rollout while the main
+    thread dispatches the update would launch a multi-process job's collectives in a different
+    order on each process. DAPO's dynamic sampling and ARBOR's memory pipeline as they are:
+    every draw of a step samples from the same snapshot and filters on rewards only, and the
+    memory the next rollout is scored against is the one this step's rollout left, which the
+    update does not touch."""
+    t = run.trainer
+    _require(t.off_policy_steps in (0, 1), "trainer.off_policy_steps",
+             f"must be 0 (on-policy) or 1 (one-step off-policy), got {t.off_policy_steps}")
+    if t.off_policy_steps:
+        _require((run.mesh.num_processes or 1) == 1, "trainer.off_policy_steps",
+                 f"=1 runs the rollout on a second host thread, which a multi-process job "
+                 f"(mesh.num_processes={run.mesh.num_processes}) cannot order the same way on "
+                 f"every process; set trainer.off_policy_steps=0")
 
 
 def overlong_buffer(run: RunConfig, budget: int) -> int:

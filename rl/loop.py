@@ -4,6 +4,11 @@
               --update---> (LoopState'', metrics)       old/reference log-probs + optimizer
     step = collect, shape rewards, advantages, batch, update; the host loop folds `step`.
 
+With trainer.off_policy_steps=1 the rollout samples from ``LoopState.behaviour`` (the weights
+before the previous step's update) instead of the current ones, and its own log-probs are the
+update's old log-probs (``rl.off_policy``); the host loop may then run the next step's collect
+while this step updates, with the same result.
+
 ``LoopState`` is everything that changes from step to step (train state, rewarder state, data
 position, step); a checkpoint is that value plus its fingerprint. ``Components`` is everything
 that stays fixed over a run (config, model, task, environment, rewarder, compiled update). The
@@ -33,17 +38,21 @@ from rl.dapo import dynamic_sample, overlong_penalty
 from rl.data import PromptStream
 from rl.envs import SamplerPolicy
 from rl.group_stats import all_wrong_frac, converted_frac, homogeneous_frac
+from rl.off_policy import Behaviour, mismatch_stats, snapshot, staleness
 from rl.train_step import LossConfig, TrainState, in_compute_dtype
 
 
 @dataclasses.dataclass(frozen=True)
 class LoopState:
-    """What a step changes. ``step`` is the index of the next step to run."""
+    """What a step changes. ``step`` is the index of the next step to run; ``behaviour``
+    the weights its rollout samples from under trainer.off_policy_steps=1 (None: the current
+    ones, on-policy)."""
 
     train: TrainState
     reward: Any  # the rewarder's host-side state (the rubric memory for ARBOR)
     data_position: int
     step: int
+    behaviour: Behaviour | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +95,9 @@ class Collected:
     groups: list[Group]
     out: RewardOutput
     info: Mapping[str, float]
+    # the judge's and the retriever's cumulative counters once this rollout was scored (read
+    # by the thread that ran it: the step record never reads a service another thread uses)
+    services: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +118,24 @@ def step_seed(seed: int, step: int, draw: int = 0) -> int:
 # ------------------------------------------------------------------------------ phases
 
 
+def rollout_params(loop: LoopState) -> Any:
+    """The weights a step's rollout samples from: the behaviour snapshot off-policy, else the
+    current ones."""
+    return loop.train.params if loop.behaviour is None else loop.behaviour.params
+
+
+def service_counters(c: Components) -> dict[str, Any]:
+    """The judge's (calls, retries, fallbacks, cache hits) and the retriever's (calls,
+    failures, degraded searches, breaker) cumulative counters, as ``judge/*``, ``retrieval/*``."""
+    out = {}
+    if c.judge is not None:
+        out |= {f"judge/{k}": v for k, v in c.judge.stats().items()}
+    retrieval = getattr(c.env, "retrieval_stats", None)
+    if callable(retrieval):
+        out |= {f"retrieval/{k}": v for k, v in retrieval().items()}
+    return out
+
+
 def collect(c: Components, loop: LoopState) -> tuple[LoopState, Collected]:
     """Rollout + rewards. With DAPO dynamic sampling, keep drawing until the batch is full of
     informative groups or algo.max_gen_batches is spent (``rl.dapo.dynamic_sample``); every
@@ -116,7 +146,7 @@ def collect(c: Components, loop: LoopState) -> tuple[LoopState, Collected]:
     def draw(i: int, state: Any) -> tuple[list[Group], RewardOutput]:
         prompts = c.stream.batch(loop.data_position + i)
         t0 = time.perf_counter()
-        groups = c.env.rollout(c.policy(loop.train.params), prompts, a.group_size,
+        groups = c.env.rollout(c.policy(rollout_params(loop)), prompts, a.group_size,
                                step_seed(t.seed, loop.step, i))
         t1 = time.perf_counter()
         out = c.rewarder(groups, state, loop.step)
@@ -131,7 +161,19 @@ def collect(c: Components, loop: LoopState) -> tuple[LoopState, Collected]:
     info = spent | {f"dapo/{k}": v for k, v in drawn.info.items()}
     loop = dataclasses.replace(loop, reward=drawn.out.state,
                                data_position=loop.data_position + drawn.draws)
-    return loop, Collected(drawn.groups, drawn.out, info)
+    return loop, Collected(drawn.groups, drawn.out, info, service_counters(c))
+
+
+def next_rollout_state(loop: LoopState) -> LoopState | None:
+    """Off-policy: the loop state the next step's collect reads, known once this step's rollout
+    is in (`loop` is the state after it): the next step, the rewarder state and data position
+    this rollout left, and a snapshot of the weights before this step's update. Its ``train``
+    is this step's, whose buffers the update donates: collect does not read it off-policy.
+    None on-policy (the next rollout needs this step's update)."""
+    if loop.behaviour is None:
+        return None
+    return dataclasses.replace(loop, step=loop.step + 1,
+                               behaviour=snapshot(loop.train.params, loop.step))
 
 
 def shaped_rewards(c: Components, groups: Sequence[Group], rewards: np.ndarray,
@@ -167,7 +209,8 @@ def training_batch(c: Components, groups: Sequence[Group], rewards: np.ndarray,
     default `rewards`, is their verifiable part), laid out as ``rl.batch`` describes."""
     counts = np.asarray([[tr.num_action_tokens for tr in g.trajectories] for g in groups])
     adv = batch_advantages(c.run.algo, rewards, rewards if outcome is None else outcome, counts)
-    return build_batch(groups, adv, c.tokenizer.pad_id, c.response_budget, c.update_slices())
+    return build_batch(groups, adv, c.tokenizer.pad_id, c.response_budget, c.update_slices(),
+                       with_logprobs=c.run.trainer.off_policy_steps > 0)
 
 
 def logprobs_with(c: Components, params: Any, batch: dict) -> np.ndarray:
@@ -181,14 +224,28 @@ def logprobs_with(c: Components, params: Any, batch: dict) -> np.ndarray:
 
 
 def with_old_and_reference(c: Components, loop: LoopState, batch: dict) -> dict:
-    """The batch with the KL reference's log-probs (beta > 0) and the sampling policy's
-    (several updates per batch; with one, logp_old = stop_gradient(logp) in the update)."""
+    """The batch with the KL reference's log-probs (beta > 0) and the sampling policy's:
+    off-policy the sampler's own (``logp_sampler``, the behaviour policy); on-policy with
+    several updates per batch the current weights' (with one, logp_old = stop_gradient(logp)
+    in the update)."""
     batch = dict(batch)
     if c.loss_cfg.beta > 0:
         batch["logp_ref"] = logprobs_with(c, c.ref_params, batch)
-    if not c.loss_cfg.on_policy:
+    if "logp_sampler" in batch:
+        batch["logp_old"] = batch.pop("logp_sampler")
+    elif not c.loss_cfg.on_policy:
         batch["logp_old"] = logprobs_with(c, loop.train.params, batch)
     return batch
+
+
+def off_policy_record(c: Components, loop: LoopState, batch: dict | None) -> dict[str, Any]:
+    """offpolicy/staleness, and with a batch to train on the sampler/trainer mismatch of its
+    tokens under the current weights (``rl.off_policy.mismatch_stats``; one forward pass)."""
+    record: dict[str, Any] = {"offpolicy/staleness": staleness(loop.step, loop.behaviour)}
+    if batch is not None:
+        record |= mismatch_stats(batch["logp_old"], logprobs_with(c, loop.train.params, batch),
+                                 batch["loss_mask"])
+    return record
 
 
 def update(c: Components, loop: LoopState, batch: dict) -> tuple[LoopState, list[dict]]:
@@ -218,35 +275,58 @@ def skips_update(c: Components, batch: dict) -> bool:
 
 def mesh_context(mesh: Any) -> contextlib.AbstractContextManager:
     """``jax.set_mesh(mesh)`` (the models' activation constraints, ``models.constraints``,
-    follow it), or nothing without a mesh."""
+    follow it; thread-local, so an off-policy rollout thread runs without it, its sampler
+    shards rows itself), or nothing without a mesh."""
     return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
 
 
-def step(c: Components, loop: LoopState) -> tuple[LoopState, StepResult]:
-    """One whole step under the run's mesh (:func:`mesh_context`)."""
+Collect = Callable[[], tuple[LoopState, Collected]]
+
+
+def step(c: Components, loop: LoopState, collected: Collect | None = None,
+         prefetch: Callable[[LoopState], None] | None = None) -> tuple[LoopState, StepResult]:
+    """One whole step under the run's mesh (:func:`mesh_context`): collect, shape, batch,
+    old/reference log-probs, update.
+
+    Off-policy only: `collected` hands over this step's collect already started elsewhere
+    (it returns what ``collect(c, loop)`` returns), and `prefetch` receives the next step's
+    collect input (:func:`next_rollout_state`) before the update, to start it meanwhile."""
     with mesh_context(c.mesh):
-        return _step(c, loop)
+        return _step(c, loop, collected, prefetch)
 
 
-def _step(c: Components, loop: LoopState) -> tuple[LoopState, StepResult]:
-    """One whole step: collect, shape, batch, old/reference log-probs, update."""
+def _step(c: Components, loop: LoopState, collected: Collect | None,
+          prefetch: Callable[[LoopState], None] | None) -> tuple[LoopState, StepResult]:
     t_start = time.perf_counter()
-    loop, col = collect(c, loop)
+    if collected is None:
+        loop, col = collect(c, loop)
+    else:  # collected from next_rollout_state: everything but the train state, which is ours
+        train = loop.train
+        loop, col = collected()
+        loop = dataclasses.replace(loop, train=train)
+    t_collected = time.perf_counter()
+    upcoming = next_rollout_state(loop)
+    if prefetch is not None and upcoming is not None:
+        prefetch(upcoming)
     rewards = shaped_rewards(c, col.groups, col.out.rewards, col.out.per_traj)
     batch = training_batch(c, col.groups, rewards, col.out.outcome)
-    t0 = t1 = time.perf_counter()
+    t0 = time.perf_counter()
     train_metrics: list[dict] = []
-    if not skips_update(c, batch):
-        batch = with_old_and_reference(c, loop, batch)
-        t1 = time.perf_counter()
-        loop, train_metrics = update(c, loop, batch)
+    trained = None if skips_update(c, batch) else with_old_and_reference(c, loop, batch)
+    off = off_policy_record(c, loop, trained) if upcoming is not None else {}
+    t1 = time.perf_counter()
+    if trained is not None:
+        loop, train_metrics = update(c, loop, trained)
     t2 = time.perf_counter()
     times = {"time/reference_s": t1 - t0, "time/train_s": t2 - t1, "time/step_s": t2 - t_start}
-    record = step_record(c, col, rewards, train_metrics, times)
+    if upcoming is not None:
+        off["time/rollout_wait_s"] = t_collected - t_start
+    record = step_record(c, col, rewards, train_metrics, times) | off
     every = c.run.trainer.sample_every
     samples = sample_records(col, rewards, n=4) if every and loop.step % every == 0 else []
-    return dataclasses.replace(loop, step=loop.step + 1), StepResult(record, col.out.events,
-                                                                     samples)
+    loop = dataclasses.replace(loop, step=loop.step + 1,
+                               behaviour=upcoming.behaviour if upcoming is not None else None)
+    return loop, StepResult(record, col.out.events, samples)
 
 
 # ------------------------------------------------------------------------------ records
@@ -278,11 +358,7 @@ def step_record(c: Components, col: Collected, rewards: np.ndarray,
         **times, "tokens_per_s": tokens / times["time/step_s"],
         **info, **dict(out.metrics),
     }
-    if c.judge is not None:  # cumulative counters: calls, retries, fallbacks, cache hits
-        record |= {f"judge/{k}": v for k, v in c.judge.stats().items()}
-    retrieval = getattr(c.env, "retrieval_stats", None)
-    if callable(retrieval):  # cumulative too: calls, failures, degraded searches, breaker
-        record |= {f"retrieval/{k}": v for k, v in retrieval().items()}
+    record |= col.services  # cumulative judge/* and retrieval/* counters (service_counters)
     record["rollout/tokens_per_s"] = record["rollout/generated_tokens"] / max(
         record["time/rollout_s"], 1e-9)
     return record

@@ -42,6 +42,9 @@ FREE = (
 # trainer.max_steps too, unless the learning rate follows a cosine over all the steps
 SCHEDULE_SPANS_MAX_STEPS = ("cosine",)
 NEVER_ALLOWED = ("model_config",)
+# keys added after checkpoints were written without them, with the value those runs computed
+# with: a checkpoint lacking the key compares as having it
+ADDED_LATER = {"trainer.off_policy_steps": 0}
 
 
 def _under(key: str, prefixes: Sequence[str]) -> bool:
@@ -103,6 +106,7 @@ _ABSENT = "(absent)"
 def changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """{key: (checkpoint's value, this run's value)} of the settings that differ and are not
     free to change."""
+    old = {**{k: v for k, v in ADDED_LATER.items() if k in new}, **old}
     keys = sorted(set(old) | set(new))
     return {k: (old.get(k, _ABSENT), new.get(k, _ABSENT)) for k in keys
             if old.get(k, _ABSENT) != new.get(k, _ABSENT) and not free(k, old, new)}

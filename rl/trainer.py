@@ -33,6 +33,7 @@ from rl.checkpoint import Checkpointer, CheckpointError
 from rl.config import ConfigError, RunConfig, overlong_buffer, parse
 from rl.data import PromptStream
 from rl.eval import greedy_rollouts, restore_run_params, run_config
+from rl.off_policy import Behaviour, RolloutPrefetch, snapshot
 from rl.optim import lr_schedule, make_optimizer
 from rl.resume import SETTINGS, refuse_changes, settings
 from rl.runlog import RunLog
@@ -85,6 +86,8 @@ class Trainer:
     # the judge/* metrics continue the run's totals across resumes
     # the services' counters (judge/*, retrieval/*) of the steps before a resume
     counter_base: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # trainer.off_policy_steps=1: the next step's rollout, started while this step updates
+    prefetcher: RolloutPrefetch | None = None
 
     # read-only views for callers and tests
     @property
@@ -103,10 +106,15 @@ class Trainer:
     def loss_cfg(self) -> Any:
         return self.parts.loss_cfg
 
-    def step(self) -> dict[str, Any]:
-        """Run the next step and log it; returns its metrics record."""
+    def step(self, prefetch: bool = False) -> dict[str, Any]:
+        """Run the next step and log it; returns its metrics record. Off-policy, `prefetch`
+        starts the next step's rollout on the background thread while this step updates (the
+        same values as collecting it in the next step): the caller must take it with the next
+        ``step()`` before evaluating, saving or closing."""
         step = self.loop.step
-        self.loop, result = L.step(self.parts, self.loop)
+        pending = self.prefetcher.take(step, self.loop.data_position) if self.prefetcher else None
+        start = self.prefetcher.start if prefetch and self.prefetcher else None
+        self.loop, result = L.step(self.parts, self.loop, collected=pending, prefetch=start)
         if result.events:
             self.runlog.events(step, result.events)
         if result.samples:
@@ -131,16 +139,22 @@ class Trainer:
     def checkpoint(self) -> None:
         """Save the loop state, the run's settings and the judge's counters at its step."""
         lp = self.loop
+        self._nothing_in_flight("a checkpoint")
         meta = {"step": lp.step, "data_position": lp.data_position,
                 "reward_state": self.parts.rewarder.state_to_json(lp.reward),
                 "fingerprint": fingerprint(self.parts.run, self.parts.model_cfg),
                 "seed": self.parts.run.trainer.seed, SETTINGS: dict(self.settings),
                 "counter_totals": self.counter_totals(),
                 "judge_sampling": _judge_sampling(self.parts.judge)}
-        self.ckpt.save(lp.step, {"state": lp.train._asdict()}, meta)
+        tree = {"state": lp.train._asdict()}
+        if lp.behaviour is not None:  # the weights the next rollout samples from (rl.off_policy)
+            tree["behaviour"] = lp.behaviour.params
+            meta["behaviour_version"] = lp.behaviour.version
+        self.ckpt.save(lp.step, tree, meta)
 
     def evaluate(self, step: int) -> dict[str, Any]:
         """Greedy rollouts on the eval split: mean outcome, logged as eval/* at `step`."""
+        self._nothing_in_flight("an evaluation")
         c, t = self.parts, self.parts.run.trainer
         prompts = list(c.eval_prompts) or c.task.prompts(t.eval_split)
         env = c.task.make_env(c.tokenizer, SamplingParams(max_new_tokens=t.max_new_tokens,
@@ -174,6 +188,8 @@ class Trainer:
         return history
 
     def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
         self.runlog.close()
         self.ckpt.close()
 
@@ -186,7 +202,7 @@ class Trainer:
         for step in bar:
             if until is not None and step >= until:
                 break
-            rec = self.step()
+            rec = self.step(prefetch=self._prefetches_after(step, eval_every, until))
             history.append(rec)
             bar.set_postfix(reward=f"{rec['reward/mean']:.3f}", kl=f"{rec.get('kl', 0):.4f}",
                             tok_s=f"{rec['tokens_per_s']:.0f}")
@@ -198,6 +214,23 @@ class Trainer:
                 self.checkpoint()
         bar.close()
         return history
+
+    def _nothing_in_flight(self, what: str) -> None:
+        """A checkpoint must not hold a rollout in flight (its resume would not be exact), and
+        an evaluation must not share the retriever with one."""
+        if self.prefetcher is not None and self.prefetcher.in_flight:
+            raise RuntimeError(f"{what} while the next step's rollout is in flight; take it "
+                               f"with step() first")
+
+    def _prefetches_after(self, step: int, eval_every: int, until: int | None) -> bool:
+        """Off-policy: start the next rollout during this step's update unless a checkpoint
+        or an evaluation follows this step, or the run stops after it (a checkpoint holds no
+        rollout in flight, and the judge and retriever serve one thread at a time)."""
+        t, after = self.parts.run.trainer, step + 1
+        saves = (t.save_every and after % t.save_every == 0) or after == t.max_steps
+        evaluates = eval_every and after % eval_every == 0
+        return bool(t.off_policy_steps and not saves and not evaluates
+                    and (until is None or after < until))
 
 
 # ------------------------------------------------------------------------------ building
@@ -345,7 +378,8 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
         ref_params=ref_params, loss_cfg=lc, mesh=inp.mesh, judge=inp.judge,
         response_budget=inp.budget, eval_prompts=inp.eval_prompts)
     loop = L.LoopState(train=init_train_state(params, optimizer), reward=rewarder.init_state(),
-                       data_position=0, step=0)
+                       data_position=0, step=0,
+                       behaviour=snapshot(params, 0) if t.off_policy_steps else None)
     now = settings(run.raw, model_config_hash(model_cfg), inp.train_prompts)
     resumed = _resume(parts, ckpt, loop, now) if steps else None
     if resumed is not None:
@@ -353,6 +387,8 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
         log.info("resumed %s at step %d", t.run_dir, loop.step)
     trainer = Trainer(parts=parts, loop=loop, ckpt=ckpt, start_step=loop.step, settings=now,
                       counter_base=resumed.counter_totals if resumed else {},
+                      prefetcher=(RolloutPrefetch(lambda state: L.collect(parts, state))
+                                  if t.off_policy_steps else None),
                       runlog=RunLog(Path(t.run_dir), resume_step=loop.step if resumed else None,
                                     loggers=t.loggers, wandb=t.wandb, config=run.raw))
     _record_config(trainer, config_text, resumed)
@@ -382,18 +418,37 @@ def _resume(parts: L.Components, ckpt: Checkpointer, fresh: L.LoopState,
                                           run.trainer.resume_allow_changes, where))
         else:
             _check_fingerprint(run, meta, where, parts.model_cfg)
+        _check_behaviour(run, meta, where)
 
+    like = {"state": fresh.train._asdict()}
+    if fresh.behaviour is not None:
+        like["behaviour"] = fresh.behaviour.params
     try:
-        _, restored, meta = ckpt.restore_latest_valid({"state": fresh.train._asdict()}, check)
+        _, restored, meta = ckpt.restore_latest_valid(like, check)
     except CheckpointError as e:
         raise CheckpointError(f"trainer.resume: {e}") from None
     loop = L.LoopState(train=TrainState(**restored["state"]),
                        reward=parts.rewarder.state_from_json(meta.get("reward_state")),
-                       data_position=int(meta["data_position"]), step=int(meta["step"]))
+                       data_position=int(meta["data_position"]), step=int(meta["step"]),
+                       behaviour=(Behaviour(restored["behaviour"], int(meta["behaviour_version"]))
+                                  if fresh.behaviour is not None else None))
     restore = getattr(parts.judge, "restore_sampling_state", None)
     if callable(restore) and meta.get("judge_sampling"):
         restore(meta["judge_sampling"])  # a local judge samples on from where it was
     return Resumed(loop, dict(changed), _counter_totals(meta))
+
+
+def _check_behaviour(run: RunConfig, meta: Mapping[str, Any], where: str) -> None:
+    """A checkpoint holds the off-policy sampler's weights exactly when its run had
+    trainer.off_policy_steps=1; resuming it with the other value (an allowed change) cannot
+    continue the same trajectory, and is refused."""
+    has = "behaviour_version" in meta
+    if has != bool(run.trainer.off_policy_steps):
+        raise ConfigError(
+            f"trainer.off_policy_steps: the checkpoint {where} was written with "
+            f"trainer.off_policy_steps={int(has)} (it {'holds' if has else 'holds no'} the "
+            f"sampler's weights), this run has {run.trainer.off_policy_steps}; resume with "
+            f"{int(has)} or start a new run_dir")
 
 
 def _judge_sampling(judge: Any) -> dict[str, Any]:
