@@ -50,6 +50,9 @@ def restore_run_params(run_dir: str | Path, params: Any,
     run_cfg = run_config(run_dir)
     lora = run_lora_config(run_cfg)
     if lora is not None:  # the checkpoint holds adapters: merged into the run's base
+        init_from = dict(run_cfg.get("trainer") or {}).get("init_from")
+        if init_from:  # the base that run trained on
+            params, _ = restore_run_params(init_from, params)
         return restore_merged(run_dir, run_cfg, params, lora, step)
     ckpt = Checkpointer(run_dir / "checkpoints")
     step = ckpt.latest_step() if step is None else step

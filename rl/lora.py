@@ -34,7 +34,10 @@ from models.lora import (
     merge,
 )
 from models.transformer import Params
-from rl.config import ConfigError
+from rl.checkpoint import Checkpointer
+from rl.config import ConfigError, optim_config, section
+from rl.optim import make_optimizer
+from rl.train_step import init_train_state
 
 BASE_META = "lora_base"  # the checkpoint metadata entry naming the base weights
 ADAPTER_SEED_SALT = 0x10A  # the adapters' init key: fold_in(key(trainer.seed), this)
@@ -108,8 +111,6 @@ def fresh_adapters(lr: LoraRun, seed: int, mesh: Any = None) -> Params:
 
 def run_lora_config(run_cfg: Mapping[str, Any]) -> LoraConfig | None:
     """A run folder's model.lora (None: off, or a run from before LoRA existed)."""
-    from rl.config import section
-
     raw = dict(run_cfg.get("model") or {}).get("lora")
     if not raw:
         return None
@@ -119,18 +120,11 @@ def run_lora_config(run_cfg: Mapping[str, Any]) -> LoraConfig | None:
 
 def restore_merged(run_dir: str | Path, run_cfg: Mapping[str, Any], base: Params,
                    lora: LoraConfig, step: int | None) -> tuple[Params, int]:
-    """(merged params, step) of a LoRA run's checkpoint; `base` is the run's model.path
-    weights (its trainer.init_from is applied here, as the run did). The checkpoint's base
-    fingerprint must match: ConfigError naming the key otherwise."""
-    from rl.checkpoint import Checkpointer
-    from rl.config import optim_config
-    from rl.eval import restore_run_params
-    from rl.optim import make_optimizer
-    from rl.train_step import init_train_state
-
+    """(merged params, step) of a LoRA run's checkpoint; `base` is the weights the run
+    trained on (its model.path weights, with its trainer.init_from applied by the caller,
+    ``rl.eval.restore_run_params``). The checkpoint's base fingerprint must match: ConfigError
+    naming the key otherwise."""
     trainer = dict(run_cfg.get("trainer") or {})
-    if trainer.get("init_from"):
-        base, _ = restore_run_params(trainer["init_from"], base)
     source = {"model.path": str(run_cfg["model"]["path"]),
               "trainer.init_from": str(trainer.get("init_from") or "")}
     lr = LoraRun(lora, base, base_fingerprint(base), source)

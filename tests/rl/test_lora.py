@@ -42,7 +42,8 @@ def _adapter_count():
 
 
 def test_two_steps_train_adapters_only(tmp_path, model_dir):
-    t = build_trainer(make_cfg(tmp_path / "r", *COMMON, "trainer.max_steps=2"))
+    t = build_trainer(make_cfg(tmp_path / "r", *COMMON, "trainer.max_steps=2",
+                               "trainer.micro_batches=2"))
     _, base, _ = load_params(str(model_dir))
     before = jax.device_get(t.state.params)
     assert sorted(before) == sorted(TARGETS) and all(
@@ -169,3 +170,29 @@ def test_rank_zero_keeps_full_weight_training(tmp_path, model_dir):
     t.close()
     shutil.rmtree(tmp_path / "r")
     assert Path(model_dir).exists()
+
+
+def test_lora_on_an_init_from_run_trains_on_and_exports_from_those_weights(tmp_path,
+                                                                          model_dir):
+    from rl.eval import restore_run_params
+    from rl.export import main
+
+    warm = build_trainer(make_cfg(tmp_path / "warm", *LEARN, "trainer.max_steps=1",
+                                  "trainer.batch_prompts=2", "algo.group_size=4",
+                                  "trainer.max_new_tokens=6", "optim.lr=1e-2",
+                                  "trainer.eval_at_ends=false",
+                                  "trainer.skip_zero_advantage=false"))
+    warm.run()
+    warm.close()
+    t = build_trainer(make_cfg(tmp_path / "r", *COMMON, "trainer.max_steps=1",
+                               f"trainer.init_from={tmp_path / 'warm'}"))
+    _, loaded, _ = load_params(str(model_dir))
+    warm_params, _ = restore_run_params(tmp_path / "warm", loaded)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(t.parts.lora.base), warm_params)
+    t.run()
+    t.close()
+    assert main([str(tmp_path / "r"), str(tmp_path / "hf")]) == 0
+    cfg, exported, _ = load_params(str(tmp_path / "hf"))
+    tokens = jnp.asarray([[3, 8, 21, 4, 30, 11]])
+    want = forward(cfg, adapted(warm_params, t.state.params, t.parts.lora.config), tokens)
+    np.testing.assert_allclose(forward(cfg, exported, tokens), want, atol=1e-5)
