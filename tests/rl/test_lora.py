@@ -196,3 +196,58 @@ def test_lora_on_an_init_from_run_trains_on_and_exports_from_those_weights(tmp_p
     tokens = jnp.asarray([[3, 8, 21, 4, 30, 11]])
     want = forward(cfg, adapted(warm_params, t.state.params, t.parts.lora.config), tokens)
     np.testing.assert_allclose(forward(cfg, exported, tokens), want, atol=1e-5)
+
+
+def test_sharded_lora_step_matches_single_device():
+    """Base sharded over an 8-device mesh, adapters replicated (rl.lora.fresh_adapters): the
+    adapters' update equals the single-device one."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        import functools
+        import jax, numpy as np, optax
+        from models.lora import LoraConfig
+        from models.presets import tiny_config
+        from models.sharding import batch_sharding, make_mesh, param_shardings, shard
+        from models.transformer import init_params
+        from rl.lora import LoraRun, fresh_adapters
+        from rl.train_step import LossConfig, init_train_state, make_train_step
+        cfg = tiny_config(vocab_size=256)
+        base = init_params(cfg, jax.random.key(0))
+        lora = LoraConfig(4, 8.0, ("wq", "w_up", "w_down"))
+        rng = np.random.default_rng(0)
+        adapters = fresh_adapters(LoraRun(lora, base, "", {}), 0)
+        adapters = jax.tree.map(lambda a: a + 0.01 * rng.standard_normal(a.shape), adapters)
+        opt = optax.sgd(1.0)
+        lc = LossConfig(beta=0.01, on_policy=False, micro_batches=2)
+        n, g, p, r = 16, 2, 6, 10
+        batch = {"prefix": rng.integers(0, 256, (n, p)).astype(np.int32),
+                 "prefix_mask": np.ones((n, p), bool),
+                 "tokens": rng.integers(0, 256, (n, g, r)).astype(np.int32),
+                 "attn_mask": np.ones((n, g, r), bool),
+                 "loss_mask": (rng.random((n, g, r)) < 0.7).astype(np.float32),
+                 "advantages": rng.normal(size=(n, g)).astype(np.float32),
+                 "logp_old": -5.5 + 0.1 * rng.normal(size=(n, g, r)).astype(np.float32),
+                 "logp_ref": -5.5 + 0.1 * rng.normal(size=(n, g, r)).astype(np.float32)}
+        step = make_train_step(cfg, lc, opt, donate=False, lora=lora)
+        ref, _ = step(init_train_state(adapters, opt), batch, base)
+        mesh = make_mesh({"data": 4, "fsdp": 2, "tensor": 1})
+        sbase = shard(base, param_shardings(base, mesh))
+        sad = fresh_adapters(LoraRun(lora, sbase, "", {}), 0, mesh)
+        sad = jax.tree.map(lambda s, a: jax.device_put(a, s.sharding), sad, adapters)
+        state, _ = step(init_train_state(sad, opt), jax.device_put(
+            batch, batch_sharding(mesh, 1, None)), sbase)
+        for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref.params)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
+        assert any(np.any(np.asarray(a) != np.asarray(b)) for a, b in zip(
+            jax.tree.leaves(state.params), jax.tree.leaves(adapters)))
+        print("SHARDED_LORA_OK")
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600, cwd=str(Path(__file__).resolve().parents[2]))
+    assert "SHARDED_LORA_OK" in res.stdout, res.stderr[-3000:]
