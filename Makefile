@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m bench.decode
 	$(BIN)/python -m bench.grpo_step
+	$(BIN)/python -m bench.lora
 	$(BIN)/python -m bench.retrieval
 	$(BIN)/python -m bench.search_rollout
 	$(BIN)/python -m bench.judge

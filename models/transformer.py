@@ -10,6 +10,8 @@ Parameters are a plain dict of arrays (:func:`init_params`, or the loaders); the
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -188,11 +190,30 @@ def unstack_layers(params: Params) -> Params:
                                      for i in range(n))}
 
 
-def dense(x: jax.Array, w: jax.Array) -> jax.Array:
+@functools.partial(jax.tree_util.register_dataclass, data_fields=("w", "a", "b"),
+                   meta_fields=("scale",))
+@dataclasses.dataclass(frozen=True)
+class LowRank:
+    """A weight with a low-rank update (LoRA, arXiv:2106.09685): W + scale * A @ B, kept
+    factored. w [..., D, F], a [..., D, r], b [..., r, F] (a leading layers axis when stacked:
+    ``lax.scan`` and :func:`unstack_layers` slice all three). :func:`dense` computes
+    x @ W + scale * (x @ A) @ B, so the backward pass forms no [D, F] weight gradient for the
+    update. Built by ``models.lora.adapted``."""
+
+    w: jax.Array
+    a: jax.Array
+    b: jax.Array
+    scale: float
+
+
+def dense(x: jax.Array, w: jax.Array | LowRank) -> jax.Array:
     """x [..., D] @ w [D, F] as one 2-D matmul over the flattened leading axes (XLA:CPU runs
     the weight gradient of a 3-D x, which contracts two axes, ~1.5x slower). x is cast to w's
     dtype and the product accumulated in float32, returned in x's dtype: bfloat16 decode
-    weights (see models.sampler.decode_params) keep a float32 residual stream."""
+    weights (see models.sampler.decode_params) keep a float32 residual stream. A
+    :class:`LowRank` weight adds its update factored: x @ W + scale * (x @ A) @ B."""
+    if isinstance(w, LowRank):
+        return dense(x, w.w) + w.scale * dense(dense(x, w.a), w.b)
     y = jnp.dot(x.reshape(-1, x.shape[-1]).astype(w.dtype), w,
                 preferred_element_type=jnp.float32)
     return y.astype(x.dtype).reshape(*x.shape[:-1], w.shape[-1])

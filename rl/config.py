@@ -20,6 +20,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from models.lora import LoraConfig, lora_problem
 from models.sampler import SamplingParams
 from rewards.qa_metrics import METRIC_SETS, NORMALIZERS
 from rl.advantages import ADVANTAGES
@@ -108,6 +109,7 @@ class AlgoConfig:
 class ModelSection:
     path: str
     dtype: str
+    lora: LoraConfig  # model.lora.{rank,alpha,targets}; rank 0 = off (models.lora)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,6 +351,8 @@ def _require(ok: bool, key: str, msg: str) -> None:
 def check(run: RunConfig) -> None:
     """Check the values the loop relies on, naming the offending key."""
     a, t = run.algo, run.trainer
+    problem = lora_problem(run.model.lora)
+    _require(problem is None, *(problem or ("", "")))
     _require(a.group_size >= 2, "algo.group_size", f"must be >= 2, got {a.group_size}")
     _require(a.std_ddof in (0, 1), "algo.std_ddof", f"must be 0 or 1, got {a.std_ddof}")
     _require(a.whiten in ("trajectory", "token"), "algo.whiten",
@@ -466,4 +470,8 @@ def parse_plan(cfg: Mapping[str, Any]) -> tuple[RunConfig, PlanConfig]:
     for key in ("prompt_len", "response_budget"):
         _require(getattr(plan, key) >= 1, f"plan.{key}", f"must be >= 1, got "
                  f"{getattr(plan, key)}")
-    return parse(rest), plan
+    run = parse(rest)
+    _require(not run.model.lora.enabled, "model.lora.rank", "rl.plan plans full-weight "
+             "updates; a LoRA run's plan is not computed yet (model.lora.rank=0 plans an upper "
+             "bound)")
+    return run, plan

@@ -40,14 +40,22 @@ log = logging.getLogger("rl.eval")
 def restore_run_params(run_dir: str | Path, params: Any,
                        step: int | None = None) -> tuple[Any, int]:
     """(params, step) from a run folder's checkpoint (``rl.train`` or ``rl.sft``), restored
-    into the structure of ``params`` (the base model of that run)."""
+    into the structure of ``params`` (the base model of that run); a LoRA run's adapters
+    come merged into its base (``rl.lora.restore_merged``)."""
     from rl.checkpoint import Checkpointer
     from rl.config import optim_config
+    from rl.lora import restore_merged, run_lora_config
     from rl.optim import make_optimizer
     from rl.train_step import init_train_state
 
     run_dir = Path(run_dir)
     run_cfg = run_config(run_dir)
+    lora = run_lora_config(run_cfg)
+    if lora is not None:  # the checkpoint holds adapters: merged into the run's base
+        init_from = dict(run_cfg.get("trainer") or {}).get("init_from")
+        if init_from:  # the base that run trained on
+            params, _ = restore_run_params(init_from, params)
+        return restore_merged(run_dir, run_cfg, params, lora, step)
     ckpt = Checkpointer(run_dir / "checkpoints")
     step = ckpt.latest_step() if step is None else step
     if step is None:

@@ -7,12 +7,14 @@
 
 The run's parameters are restored as ``rl.eval`` does (the base model named in the run's
 config.yaml, then its checkpoint with checksums verified) and written by
-``models.export.export_hf``; ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)``
-loads the folder with our logits. The dtype defaults to the source config.json's (float32 for
-a GGUF or a preset). Bad input (no run folder, no checkpoint, an unknown step, an OUT_DIR
-that exists and is not empty without --force) is named on stderr with exit code 2 before
-anything is loaded or written. The command lives in ``rl`` because run folders do; the writer
-is in ``models``.
+``models.export.export_hf``; a LoRA run's adapters are merged into its base first
+(W + alpha/rank A @ B, ``rl.lora.restore_merged``; refused, naming ``model.path``, when the
+base weights are not the ones the adapters were trained on).
+``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` loads the folder with our
+logits. The dtype defaults to the source config.json's (float32 for a GGUF or a preset).
+Bad input (no run folder, no checkpoint, an unknown step, an OUT_DIR that exists and is not
+empty without --force) is named on stderr with exit code 2 before anything is loaded or
+written. The command lives in ``rl`` because run folders do; the writer is in ``models``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from models.config import ModelLoadError
 from models.export import DTYPES, ExportError, ExportOptions, check_out_dir, export_hf
 from models.presets import PRESETS
 from rl.checkpoint import CheckpointError
+from rl.config import ConfigError
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
          "GIB": 2**30}
@@ -113,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--step is for a run folder, not --model")
     try:
         print(export(args))
-    except (ExportError, ModelLoadError, FileNotFoundError, CheckpointError) as e:
+    except (ExportError, ModelLoadError, FileNotFoundError, CheckpointError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -73,12 +73,20 @@ class Components:
     judge: Any
     response_budget: int  # most tokens a trajectory holds after its prompt
     eval_prompts: tuple[Prompt, ...] = ()  # trainer.eval_split, read before the model loaded
+    lora: Any = None  # rl.lora.LoraRun when model.lora.rank > 0: train params are adapters
 
     def policy(self, params: Any, evaluation: bool = False) -> SamplerPolicy:
-        """The sampler on `params`; training rollouts in trainer.rollout_dtype, evaluation
-        always in float32 (numbers comparable across runs)."""
+        """The sampler on the train state's `params` (with LoRA: adapters merged into the
+        base); training rollouts in trainer.rollout_dtype, evaluation always in float32
+        (numbers comparable across runs)."""
         dtype = "float32" if evaluation else self.run.trainer.rollout_dtype
+        if self.lora is not None:
+            params = self.lora.sampling(params)
         return SamplerPolicy(self.model_cfg, params, self.tokenizer, dtype=dtype, mesh=self.mesh)
+
+    def scoring_params(self, params: Any) -> Any:
+        """The model parameters the update's forward runs for the train state's `params`."""
+        return params if self.lora is None else self.lora.scoring(params)
 
     def update_slices(self) -> int:
         """How many equal parts an update cuts the batch into along its group axis: mini-
@@ -234,7 +242,7 @@ def with_old_and_reference(c: Components, loop: LoopState, batch: dict) -> dict:
     if "logp_sampler" in batch:
         batch["logp_old"] = batch.pop("logp_sampler")
     elif not c.loss_cfg.on_policy:
-        batch["logp_old"] = logprobs_with(c, loop.train.params, batch)
+        batch["logp_old"] = logprobs_with(c, c.scoring_params(loop.train.params), batch)
     return batch
 
 
@@ -243,8 +251,8 @@ def off_policy_record(c: Components, loop: LoopState, batch: dict | None) -> dic
     tokens under the current weights (``rl.off_policy.mismatch_stats``; one forward pass)."""
     record: dict[str, Any] = {"offpolicy/staleness": staleness(loop.step, loop.behaviour)}
     if batch is not None:
-        record |= mismatch_stats(batch["logp_old"], logprobs_with(c, loop.train.params, batch),
-                                 batch["loss_mask"])
+        current = logprobs_with(c, c.scoring_params(loop.train.params), batch)
+        record |= mismatch_stats(batch["logp_old"], current, batch["loss_mask"])
     return record
 
 

@@ -4,7 +4,8 @@ Every checkpoint stores the run's *settings* (:func:`settings`): the resolved co
 to dotted keys (``optim.lr``, ``algo.beta``, ``task.train_path``...), plus values derived from
 it that the config text does not show: the model architecture's hash (``model_config``), the
 SHA-256 of every file a setting names (``<key>#sha256``: datasets, rubric files) and of the
-training prompts (``task#train_prompts_sha256``, whatever produced them). On resume
+training prompts (``task#train_prompts_sha256``, whatever produced them); ``model.lora.*``
+only when LoRA is on (rank > 0), so a run from before LoRA existed resumes as rank 0. On resume
 :func:`refuse_changes` compares them with the checkpoint's and refuses any difference outside
 :data:`FREE` (what only decides how long, how often or where the run logs), naming each key
 with both values, unless ``trainer.resume_allow_changes`` lists it (a key, or a section name
@@ -83,6 +84,8 @@ def settings(raw: Mapping[str, Any], model_config_hash: str, train_prompts: Sequ
              ) -> dict[str, Any]:
     """The run's settings as a checkpoint stores them (JSON)."""
     flat = flatten({k: v for k, v in raw.items() if k != "hydra"})
+    if not flat.get("model.lora.rank"):  # LoRA off: its alpha and targets compute nothing
+        flat = {k: v for k, v in flat.items() if not _under(k, ["model.lora"])}
     out = dict(flat)
     for key, value in flat.items():  # the contents of the files the settings name
         if isinstance(value, str) and not _under(key, FREE) and value and Path(value).is_file():

@@ -140,7 +140,11 @@ def _checked(cfg: Mapping[str, Any]) -> tuple[Any, SftConfig, Any]:
     for key in ("examples", "epochs", "batch_size"):
         if getattr(s, key) < 1:
             raise ConfigError(f"sft.{key} must be >= 1, got {getattr(s, key)}")
-    return t, s, section(ModelSection, cfg["model"], "model")
+    model = section(ModelSection, cfg["model"], "model")
+    if model.lora.enabled:
+        raise ConfigError(f"model.lora.rank: rl.sft trains all weights; LoRA is an rl.train "
+                          f"option (set model.lora.rank=0 here), got {model.lora.rank}")
+    return t, s, model
 
 
 def _train(step_fn: Any, state: Any, demos: Demonstrations, s: SftConfig, pad_id: int,

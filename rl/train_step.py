@@ -26,6 +26,7 @@ import optax
 
 from models.config import ModelConfig
 from models.constraints import shard_rows
+from models.lora import LoraConfig, adapted
 from models.sampler import Scoring, group_logprobs
 from models.transformer import Params
 from rl.kl import kl_penalty
@@ -131,14 +132,25 @@ SUMMED = ("loss", "pg_loss")  # metrics that are micro-batch shares of the mini-
 
 
 def make_train_step(cfg: ModelConfig, lc: LossConfig, optimizer: optax.GradientTransformation,
-                    lr_fn: Callable[[Any], Any] | None = None,
-                    donate: bool = True) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
-    """Build the jitted ``train_step(state, batch) -> (state, metrics)``."""
+                    lr_fn: Callable[[Any], Any] | None = None, donate: bool = True,
+                    lora: LoraConfig | None = None,
+                    ) -> Callable[..., tuple[TrainState, dict]]:
+    """Build the jitted ``train_step(state, batch) -> (state, metrics)``.
 
-    grad_fn = jax.value_and_grad(lambda p, b, c=None: policy_loss(cfg, lc, p, b, c),
-                                 has_aux=True)
+    With ``lora`` (``models.lora``) the state's params are the adapters alone and the step
+    is ``train_step(state, batch, base)``: the frozen base weights are an argument (not a
+    compiled-in constant, not donated), the loss runs on ``adapted(base, adapters)`` with the
+    base behind stop_gradient, so gradients and the optimizer state cover the adapters only.
+    """
 
-    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+    def loss_of(base: Params | None) -> Callable[..., Any]:
+        def loss(p: Params, b: Batch, c: jax.Array | None = None):
+            return policy_loss(cfg, lc, p if lora is None else adapted(base, p, lora), b, c)
+        return jax.value_and_grad(loss, has_aux=True)
+
+    def train_step(state: TrainState, batch: Batch,
+                   base: Params | None = None) -> tuple[TrainState, dict]:
+        grad_fn = loss_of(base)
         m = lc.micro_batches
         if m == 1:
             (_, metrics), grads = grad_fn(state.params, batch)

@@ -10,6 +10,7 @@ evaluation and progress.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -33,6 +34,7 @@ from rl.checkpoint import Checkpointer, CheckpointError
 from rl.config import ConfigError, RunConfig, overlong_buffer, parse
 from rl.data import PromptStream
 from rl.eval import greedy_rollouts, restore_run_params, run_config
+from rl.lora import BASE_META, fresh_adapters, lora_run
 from rl.off_policy import Behaviour, RolloutPrefetch, snapshot
 from rl.optim import lr_schedule, make_optimizer
 from rl.resume import SETTINGS, refuse_changes, settings
@@ -150,6 +152,8 @@ class Trainer:
         if lp.behaviour is not None:  # the weights the next rollout samples from (rl.off_policy)
             tree["behaviour"] = lp.behaviour.params
             meta["behaviour_version"] = lp.behaviour.version
+        if self.parts.lora is not None:  # the params saved are adapters: name their base
+            meta[BASE_META] = self.parts.lora.meta()
         self.ckpt.save(lp.step, tree, meta)
 
     def evaluate(self, step: int) -> dict[str, Any]:
@@ -366,17 +370,25 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
     ckpt, steps = _open_checkpoints(run)
     model_cfg, params, tokenizer = _weights(run, inp.mesh)
     optimizer = make_optimizer(oc)
-    # the reference only runs forward passes: kept in the compute dtype
-    ref_params = (jax.tree.map(jnp.copy, in_compute_dtype(params, lc.compute_dtype))
-                  if lc.beta > 0 else None)
+    lora = lora_run(run.model.lora, model_cfg, params, {
+        "model.path": run.model.path, "trainer.init_from": t.init_from or ""})
+    # the reference only runs forward passes: kept in the compute dtype (with LoRA the
+    # frozen base itself, adapters off: never donated, so no copy)
+    ref_params = None if lc.beta <= 0 else (
+        in_compute_dtype(params, lc.compute_dtype) if lora is not None
+        else jax.tree.map(jnp.copy, in_compute_dtype(params, lc.compute_dtype)))
+    step_fn = make_train_step(model_cfg, lc, optimizer, lr_schedule(oc),
+                              lora=None if lora is None else lora.config)
+    if lora is not None:  # train the adapters; the base weights are the step's argument
+        step_fn = functools.partial(step_fn, base=lora.base)
+        params = fresh_adapters(lora, t.seed, inp.mesh)
     rewarder = inp.rewarder
     parts = L.Components(
         run=run, model_cfg=model_cfg, tokenizer=tokenizer, task=inp.task,
         env=inp.task.make_env(tokenizer, run.sampling()), rewarder=rewarder,
         stream=PromptStream(inp.train_prompts, t.batch_prompts, t.seed),
-        train_step=make_train_step(model_cfg, lc, optimizer, lr_schedule(oc)),
-        ref_params=ref_params, loss_cfg=lc, mesh=inp.mesh, judge=inp.judge,
-        response_budget=inp.budget, eval_prompts=inp.eval_prompts)
+        train_step=step_fn, ref_params=ref_params, loss_cfg=lc, mesh=inp.mesh,
+        judge=inp.judge, response_budget=inp.budget, eval_prompts=inp.eval_prompts, lora=lora)
     loop = L.LoopState(train=init_train_state(params, optimizer), reward=rewarder.init_state(),
                        data_position=0, step=0,
                        behaviour=snapshot(params, 0) if t.off_policy_steps else None)
@@ -419,6 +431,8 @@ def _resume(parts: L.Components, ckpt: Checkpointer, fresh: L.LoopState,
         else:
             _check_fingerprint(run, meta, where, parts.model_cfg)
         _check_behaviour(run, meta, where)
+        if parts.lora is not None:
+            parts.lora.check_checkpoint(meta, where)
 
     like = {"state": fresh.train._asdict()}
     if fresh.behaviour is not None:
