@@ -29,7 +29,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from core.types import Environment, Group, Prompt, Rewarder, RewardOutput, Task
-from models.sampler import group_logprobs
 from models.sharding import batch_sharding, batch_shards
 from rl.advantages import batch_advantages
 from rl.batch import build_batch
@@ -39,7 +38,7 @@ from rl.data import PromptStream
 from rl.envs import SamplerPolicy
 from rl.group_stats import all_wrong_frac, converted_frac, homogeneous_frac
 from rl.off_policy import Behaviour, mismatch_stats, snapshot, staleness
-from rl.train_step import LossConfig, TrainState, in_compute_dtype
+from rl.train_step import LossConfig, TrainState, batch_logprobs, in_compute_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,14 +220,19 @@ def training_batch(c: Components, groups: Sequence[Group], rewards: np.ndarray,
                        with_logprobs=c.run.trainer.off_policy_steps > 0)
 
 
-def logprobs_with(c: Components, params: Any, batch: dict) -> np.ndarray:
+def logprobs_with(c: Components, params: Any, batch: dict) -> jax.Array:
     """Per-token log-probs of the batch's trajectories under `params` (compute dtype), at the
-    sampling temperature (the sampled policy's, as verl and TRL score them)."""
+    sampling temperature (the sampled policy's, as verl and TRL score them): one jitted pass
+    (``rl.train_step.batch_logprobs``) in parts of an update's micro-batch, its batch split
+    over the mesh's data axes, its output kept on device."""
+    t = c.run.trainer
     keys = ("prefix", "prefix_mask", "tokens", "attn_mask")
+    rows = {k: batch[k] for k in keys}
+    if c.mesh is not None:
+        rows = jax.device_put(rows, batch_sharding(c.mesh, 1, None))
     params = in_compute_dtype(params, c.loss_cfg.compute_dtype)
-    scoring = c.loss_cfg.scoring()
-    return np.asarray(group_logprobs(c.model_cfg, params, *(jnp.asarray(batch[k]) for k in keys),
-                                     scoring=scoring))
+    return batch_logprobs(c.model_cfg, params, rows, c.loss_cfg.scoring(),
+                          slices=t.mini_batches * t.micro_batches)
 
 
 def with_old_and_reference(c: Components, loop: LoopState, batch: dict) -> dict:

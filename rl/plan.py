@@ -6,7 +6,7 @@ nothing downloaded or allocated), the programs of one RL step as ``rl.train`` wo
 
     prefill    the rollout's prompts into a KV cache of prompt + response budget slots
     decode     the rollout's decode loop over the response budget (``models.sampler``)
-    reference  the reference / old-policy log-prob pass (``models.sampler.group_logprobs``)
+    reference  the reference / old-policy log-prob pass (``rl.train_step.batch_logprobs``)
     update     one optimizer update (``rl.train_step.make_train_step``) on a mini-batch
 
 and prints per program the per-chip memory (arguments, temporaries, outputs: XLA's
@@ -54,7 +54,6 @@ from models.sampler import (
     Stopping,
     decode_loop,
     decode_params,
-    group_logprobs,
     prefill,
     round_up,
 )
@@ -71,7 +70,7 @@ from models.transformer import init_params
 from rl.batch import split_groups
 from rl.config import ConfigError, PlanConfig, RunConfig, parse_plan
 from rl.optim import lr_schedule, make_optimizer
-from rl.train_step import in_compute_dtype, init_train_state, make_train_step
+from rl.train_step import batch_logprobs, in_compute_dtype, init_train_state, make_train_step
 
 GiB = 2**30
 
@@ -408,14 +407,18 @@ def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, 
 def reference_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, params: Any,
                       resident: int) -> Program:
     """The reference / old-policy pass as ``rl.loop.logprobs_with`` runs it: the whole
-    rollout batch in one call on the weights in the compute dtype."""
+    rollout batch in mini-batches x micro-batches strided parts (``batch_logprobs``) on the
+    weights in the compute dtype."""
     shapes = jax.eval_shape(lambda p: in_compute_dtype(p, run.model.dtype), params)
     weights = _abstract(shapes, param_shardings(shapes, mesh))
     n, g, p, r = lay.groups, lay.size, lay.prompt, lay.response
     scoring = run.loss_config(r).scoring()
-    batch = (_rows((n, p), jnp.int32, mesh), _rows((n, p), jnp.bool_, mesh),
-             _rows((n, g, r), jnp.int32, mesh), _rows((n, g, r), jnp.bool_, mesh))
-    lowered = group_logprobs.lower(cfg, weights, *batch, scoring=scoring)
+    batch = {"prefix": _rows((n, p), jnp.int32, mesh),
+             "prefix_mask": _rows((n, p), jnp.bool_, mesh),
+             "tokens": _rows((n, g, r), jnp.int32, mesh),
+             "attn_mask": _rows((n, g, r), jnp.bool_, mesh)}
+    slices = run.trainer.mini_batches * run.trainer.micro_batches
+    lowered = batch_logprobs.lower(cfg, weights, batch, scoring, slices=slices)
     runs = run.algo.beta > 0 or run.updates_per_batch > 1
     return compiled_program(
         "reference", lowered, (weights, batch), resident=resident,
@@ -524,7 +527,8 @@ def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
                 mini and f"trainer.mini_batches={mini} (smaller updates)", rows, logits]
     elif name == "reference":
         keys = [rows, more_fsdp, None if t.remat else "trainer.remat=true",
-                "a micro-batched reference pass (not implemented yet: #17 item 2)", logits]
+                micro and f"trainer.micro_batches={micro} (the reference pass runs in "
+                "mini x micro parts)", logits]
     else:
         keys = [rows, None if t.rollout_dtype == "bfloat16" else "trainer.rollout_dtype="
                 "bfloat16", more_fsdp, "a smaller response budget (plan.response_budget, the "

@@ -128,6 +128,27 @@ def micro_slices(x: jax.Array, m: int) -> jax.Array:
     return shard_rows(jnp.swapaxes(x.reshape(x.shape[0] // m, m, *x.shape[1:]), 0, 1), axis=1)
 
 
+def micro_joined(x: jax.Array) -> jax.Array:
+    """The inverse of :func:`micro_slices`: [m, N/m, ...] -> [N, ...] in the groups' order."""
+    m, per = x.shape[:2]
+    return shard_rows(jnp.swapaxes(x, 0, 1).reshape(m * per, *x.shape[2:]))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "scoring", "slices"))
+def batch_logprobs(cfg: ModelConfig, params: Params, batch: Batch, scoring: Scoring,
+                   slices: int = 1) -> jax.Array:
+    """The reference / old-policy pass: ``group_logprobs`` of the whole rollout batch [N,G,R]
+    in `slices` strided parts one after another (``lax.map``; each the size of an update's
+    micro-batch when `slices` = mini-batches x micro-batches), the result left on device
+    for the update. Without a host round trip its peak is one part's activations."""
+    keys = ("prefix", "prefix_mask", "tokens", "attn_mask")
+    if slices == 1:
+        return group_logprobs(cfg, params, *(batch[k] for k in keys), scoring=scoring)
+    parts = tuple(micro_slices(batch[k], slices) for k in keys)
+    out = jax.lax.map(lambda p: group_logprobs(cfg, params, *p, scoring=scoring), parts)
+    return micro_joined(out)
+
+
 SUMMED = ("loss", "pg_loss")  # metrics that are micro-batch shares of the mini-batch's value
 
 

@@ -98,3 +98,21 @@ def test_constraints_keep_the_batch_split_under_a_mesh():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300)
     assert "CONSTRAINTS_OK" in res.stdout, res.stdout[-2000:] + res.stderr[-3000:]
+
+
+def test_reference_pass_in_parts_equals_one_pass(tiny):
+    """``batch_logprobs`` in strided parts (as the reference pass runs with micro-batches)
+    gives every group its own log-probs back in order."""
+    from rl.train_step import batch_logprobs, micro_joined, micro_slices
+
+    cfg, params, tok = tiny
+    pre, pre_mask, toks, mask = _batch(tok)
+    four = lambda a: jnp.concatenate([a, a[::-1]], axis=0)  # noqa: E731  4 groups, 2 distinct
+    batch = {"prefix": four(pre), "prefix_mask": four(pre_mask), "tokens": four(toks),
+             "attn_mask": four(mask)}
+    whole = batch_logprobs(cfg, params, batch, Scoring(temperature=0.7), slices=1)
+    parts = batch_logprobs(cfg, params, batch, Scoring(temperature=0.7), slices=2)
+    np.testing.assert_allclose(parts, whole, atol=1e-5)
+    np.testing.assert_allclose(whole[0], whole[3], atol=1e-5)  # group 3 repeats group 0
+    x = jnp.arange(12).reshape(6, 2)
+    np.testing.assert_array_equal(micro_joined(micro_slices(x, 3)), x)
