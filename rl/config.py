@@ -348,13 +348,8 @@ def _require(ok: bool, key: str, msg: str) -> None:
         raise ConfigError(f"{key}: {msg}")
 
 
-def check(run: RunConfig) -> None:
-    """Check the values the loop relies on, naming the offending key."""
-    a, t = run.algo, run.trainer
-    problem = lora_problem(run.model.lora)
-    _require(problem is None, *(problem or ("", "")))
-    _require(a.group_size >= 2, "algo.group_size", f"must be >= 2, got {a.group_size}")
-    _require(a.std_ddof in (0, 1), "algo.std_ddof", f"must be 0 or 1, got {a.std_ddof}")
+def check_advantage_options(a: AlgoConfig) -> None:
+    """algo.whiten, algo.reward_components and its weights (``rl.advantages``)."""
     _require(a.whiten in ("trajectory", "token"), "algo.whiten",
              f"must be trajectory or token, got {a.whiten!r}")
     _require(a.reward_components in ("sum", "gdpo"), "algo.reward_components",
@@ -365,6 +360,28 @@ def check(run: RunConfig) -> None:
         _require(a.advantage == "grpo", "algo.reward_components",
                  f"gdpo normalises each component as GRPO does; algo.advantage={a.advantage} "
                  "would be ignored (set algo.advantage=grpo)")
+
+
+def check_batch_layout(run: RunConfig) -> None:
+    """The rollout batch's trajectories cut into mini-batches x micro-batches."""
+    t = run.trainer
+    rows = t.batch_prompts * run.algo.group_size
+    _require(rows % t.mini_batches == 0, "trainer.mini_batches",
+             f"batch of {rows} trajectories does not split into {t.mini_batches} mini-batches")
+    per_update = t.mini_batches * t.micro_batches
+    _require(rows % per_update == 0, "trainer.micro_batches",
+             f"batch of {rows} trajectories does not split into mini_batches x micro_batches "
+             f"= {t.mini_batches} x {t.micro_batches}")
+
+
+def check(run: RunConfig) -> None:
+    """Check the values the loop relies on, naming the offending key."""
+    a, t = run.algo, run.trainer
+    problem = lora_problem(run.model.lora)
+    _require(problem is None, *(problem or ("", "")))
+    _require(a.group_size >= 2, "algo.group_size", f"must be >= 2, got {a.group_size}")
+    _require(a.std_ddof in (0, 1), "algo.std_ddof", f"must be 0 or 1, got {a.std_ddof}")
+    check_advantage_options(a)
     for key in ("eps_low", "eps_high", "beta", "entropy_coef"):
         _require(getattr(a, key) >= 0, f"algo.{key}", f"must be >= 0, got {getattr(a, key)}")
     _require(a.dual_clip is None or a.dual_clip > 1, "algo.dual_clip", "must be > 1 or null")
@@ -386,13 +403,7 @@ def check(run: RunConfig) -> None:
     _require(0 < t.top_p <= 1, "trainer.top_p", "must be in (0, 1]")
     _require(t.rollout_dtype in ROLLOUT_DTYPES, "trainer.rollout_dtype",
              f"must be one of {', '.join(ROLLOUT_DTYPES)}, got {t.rollout_dtype}")
-    rows = t.batch_prompts * a.group_size
-    _require(rows % t.mini_batches == 0, "trainer.mini_batches",
-             f"batch of {rows} trajectories does not split into {t.mini_batches} mini-batches")
-    per_update = t.mini_batches * t.micro_batches
-    _require(rows % per_update == 0, "trainer.micro_batches",
-             f"batch of {rows} trajectories does not split into mini_batches x micro_batches "
-             f"= {t.mini_batches} x {t.micro_batches}")
+    check_batch_layout(run)
     check_off_policy(run)
     if a.dynamic_sampling:
         _require(a.max_gen_batches >= 1, "algo.max_gen_batches", "must be >= 1")
