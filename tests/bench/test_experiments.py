@@ -92,3 +92,20 @@ def test_prorubric_warmup_stats(tmp_path):
         "steps": 3.0, "loss_first": 2.5, "loss_last": 1.0, "dev_loss_before": 3.0,
         "dev_loss_after": 1.25}
     assert pro.warmup_stats(tmp_path / "missing") is None
+
+
+@pytest.mark.slow
+def test_prorubric_smoke_warmup_then_arm(tmp_path):
+    """--smoke end to end (tiny model, subprocesses): the rl.sft warm-up writes its checkpoint,
+    the arm starts from it (its resolved config says so), the summary carries both."""
+    from omegaconf import OmegaConf
+
+    out = tmp_path / "exp"
+    assert pro.main(["--smoke", "--out", str(out), "--algos", "rubric_rl_official"]) == 0
+    assert (out / "warmup" / "checkpoints" / "1").is_dir()
+    cfg = OmegaConf.load(out / "rubric_rl_official_s0" / "config.yaml")
+    assert cfg.trainer.init_from == str(out / "warmup")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["warmup"]["steps"] == 1.0
+    row = summary["table"]["rubric_rl_official"]
+    assert row["steps"] == 1.0 and 0.0 <= row["homog_first"] <= 1.0
