@@ -11,6 +11,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from core.files import write_atomic
+
 
 def latest_checkpoint(run_dir: Path) -> int | None:
     """The highest checkpoint step saved in ``run_dir`` (None if there is none)."""
@@ -84,14 +86,15 @@ def train_unless_done(name: str, run_dir: Path, steps: int, cmd: list[str], logs
 
 
 def write_summary(out: Path, budget: object, extra: Sequence[str], table: dict,
-                  failed: Sequence[str], plots: str) -> int:
-    """Write ``<out>/summary.json``, say where the plots are, report failures; the exit code."""
+                  failed: Sequence[str], plots: str, more: dict | None = None) -> int:
+    """Write ``<out>/summary.json`` (with ``more``'s keys beside the table), say where the plots
+    are, report failures; the exit code."""
     import json
     from dataclasses import asdict
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps({"budget": asdict(budget), "extra": list(extra),
-                                                  "table": table}, indent=1, default=str))
+    record = {"budget": asdict(budget), "extra": list(extra), "table": table, **(more or {})}
+    write_atomic(out / "summary.json", json.dumps(record, indent=1, default=str))
     print(f"summary written to {out / 'summary.json'}; plots: {plots}")
     if failed:
         print("FAILED:", ", ".join(failed))

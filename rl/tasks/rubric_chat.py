@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from core.types import Prompt, Trajectory
+from core.types import Group, Prompt, Trajectory
 from models.sampler import SamplingParams
 from rewards.perturb import REASON_PATTERN
 from rewards.rubric import Criterion, Dimension, Rubric, save_rubrics
@@ -502,6 +502,30 @@ class RubricChatTask:
     def outcome(self, prompt: Prompt, traj: Trajectory) -> float:
         """The configured aggregator's reward of one trajectory (private rule judge)."""
         return float(self.evaluate([prompt], [traj.text]).reward[0])
+
+    def demonstrations(self, split: str, tokenizer: Any, n: int | None = None,
+                       max_new_tokens: int = 128) -> list[Group]:
+        """The first ``n`` prompts of ``split`` answered with their rubric's reference answer
+        (every item named and explained, no pitfall, no failure clause, every fitness criterion
+        met), for a coverage warm-up with ``rl.sft``: groups of size 1, as a policy would have
+        sampled them (``reference_trajectory``)."""
+        return [Group(p, (reference_trajectory(p, tokenizer, max_new_tokens),))
+                for p in self.prompts(split)[:n]]
+
+
+def reference_trajectory(prompt: Prompt, tokenizer: Any, max_new_tokens: int) -> Trajectory:
+    """The reference answer as a single-turn trajectory: the chat-templated prompt, then the
+    answer's tokens and the end-of-turn token (so the warm-up also teaches where to stop), cut
+    at ``max_new_tokens`` (finish ``"length"``) as the sampler would cut it."""
+    text = prompt.meta["rubric"].reference_answer
+    ids = [*tokenizer.encode(text), *tokenizer.eos_ids[:1]]
+    finish = "eos" if tokenizer.eos_ids else "length"
+    if len(ids) > max_new_tokens:
+        ids, finish = ids[:max_new_tokens], "length"
+        text = tokenizer.decode(ids)
+    return Trajectory(prompt_tokens=tuple(tokenizer.encode_chat(list(prompt.messages))),
+                      tokens=tuple(ids), loss_mask=(1,) * len(ids), logprobs=(0.0,) * len(ids),
+                      text=text, finish=finish)
 
 
 def export_rubrics(path: str | Path, split: str = "test", n: int = 12, seed: int = 0,

@@ -290,3 +290,28 @@ def test_two_step_prorubric_run_on_tiny(tmp_path):
         assert rec["judge/requests_check"] > 0 and "judge/fallbacks" in rec
     versions = json.loads((tmp_path / "run" / "judge_versions.json").read_text())
     assert versions == {"rule_features": "features-v2"}
+
+
+def test_demonstrations_are_the_reference_answers_ending_the_turn(char_model):
+    """The warm-up data: per prompt one trajectory whose tokens are the tokenizer's encoding of
+    the rubric's reference answer plus the end-of-turn token, all of it trained on; the
+    reference scores 1 under the rubric (coverage and fitness); a short budget cuts it."""
+    from models.tokenizer import load_hf_tokenizer
+
+    tok = load_hf_tokenizer(char_model)
+    task = RubricChatTask(size=4, eval_size=2)
+    groups = task.demonstrations("train", tok, n=3, max_new_tokens=1000)
+    prompts = task.prompts("train")[:3]
+    assert [g.prompt.id for g in groups] == [p.id for p in prompts]
+    for g, p in zip(groups, prompts):
+        (t,) = g.trajectories
+        ref = p.meta["rubric"].reference_answer
+        assert t.text == ref and t.finish == "eos"
+        assert list(t.tokens) == [*tok.encode(ref), tok.eos_ids[0]]
+        assert t.loss_mask == (1,) * len(t.tokens)
+        assert list(t.prompt_tokens) == tok.encode_chat(list(p.messages))
+    report = task.evaluate(prompts, [g.trajectories[0].text for g in groups])
+    assert report.summary["coverage"] == 1.0 and report.summary["fitness"] == 1.0
+    (cut,) = task.demonstrations("train", tok, n=1, max_new_tokens=10)[0].trajectories
+    assert len(cut.tokens) == 10 and cut.finish == "length"
+    assert cut.text == tok.decode(tok.encode(prompts[0].meta["rubric"].reference_answer)[:10])
