@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 
 from models.config import ModelConfig
 from models.constraints import shard_rows
-from models.sharding import batch_shards, constrain_rows, row_shardings
+from models.sharding import batch_shards, constrain_rows, host_copy, row_shardings
 from models.stops import stop_tables
 from models.tokenizer import Tokenizer
 from models.transformer import (
@@ -539,7 +539,7 @@ def _result(tokenizer: Tokenizer, decoded: Decoded, n_rows: int, decode_text: bo
     """The host's copy of a decode (output row i is device row ``order[i]``, default i) and
     the state a continuation starts from (left on device)."""
     front = decoded.frontier
-    out, logp, length, finish, n_host, stop_host = jax.device_get(
+    out, logp, length, finish, n_host, stop_host = host_copy(
         (decoded.tokens, decoded.logprobs, decoded.lengths, decoded.finish, front.n_tokens,
          front.stop_state))
     pick = (lambda a: a[:n_rows]) if order is None else (lambda a: a[order])  # noqa: E731

@@ -118,6 +118,9 @@ class MeshConfig:
     coordinator: str | None
     num_processes: int | None
     process_id: int | None
+    connect_timeout_s: int
+    heartbeat_timeout_s: int
+    wait_timeout_s: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,6 +408,9 @@ def check(run: RunConfig) -> None:
              f"must be one of {', '.join(ROLLOUT_DTYPES)}, got {t.rollout_dtype}")
     check_batch_layout(run)
     check_off_policy(run)
+    for key in ("connect_timeout_s", "heartbeat_timeout_s", "wait_timeout_s"):
+        _require(getattr(run.mesh, key) >= 1, f"mesh.{key}",
+                 f"must be >= 1 second, got {getattr(run.mesh, key)}")
     if a.dynamic_sampling:
         _require(a.max_gen_batches >= 1, "algo.max_gen_batches", "must be >= 1")
     for key, registry in (("advantage", ADVANTAGES), ("kl_estimator", KL_ESTIMATORS),

@@ -73,6 +73,7 @@ class Components:
     response_budget: int  # most tokens a trajectory holds after its prompt
     eval_prompts: tuple[Prompt, ...] = ()  # trainer.eval_split, read before the model loaded
     lora: Any = None  # rl.lora.LoraRun when model.lora.rank > 0: train params are adapters
+    exchange: Any = None  # rl.multihost.Exchange in a multi-process job (None: one process)
 
     def policy(self, params: Any, evaluation: bool = False) -> SamplerPolicy:
         """The sampler on the train state's `params` (with LoRA: adapters merged into the

@@ -70,7 +70,13 @@ from models.transformer import init_params
 from rl.batch import split_groups
 from rl.config import ConfigError, PlanConfig, RunConfig, parse_plan
 from rl.optim import lr_schedule, make_optimizer
-from rl.train_step import batch_logprobs, in_compute_dtype, init_train_state, make_train_step
+from rl.train_step import (
+    batch_logprobs,
+    in_compute_dtype,
+    init_train_state,
+    make_train_step,
+    train_state_shardings,
+)
 
 GiB = 2**30
 
@@ -207,16 +213,12 @@ def abstract_params(cfg: ModelConfig, mesh: Mesh) -> Any:
 
 
 def abstract_state(params: Any, optimizer: optax.GradientTransformation, mesh: Mesh) -> Any:
-    """The train state (step, weights, optimizer state) as sharded shapes: the optimizer's
-    per-parameter leaves (Adam's moments) sharded like their parameters, the rest replicated
-    (``optax.tree_map_params``)."""
+    """The train state (step, weights, optimizer state) as sharded shapes
+    (``rl.train_step.train_state_shardings``: Adam's moments sharded like their parameters,
+    the rest replicated)."""
     state = jax.eval_shape(lambda p: init_train_state(p, optimizer), params)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    opt_shardings = optax.tree_map_params(
-        optimizer, lambda _, p: p.sharding, state.opt_state, params,
-        transform_non_params=lambda _: replicated)
-    return type(state)(_replicated(state.step, mesh), params,
-                       _abstract(state.opt_state, opt_shardings))
+    state = state._replace(params=params)
+    return _abstract(state, train_state_shardings(state, optimizer, mesh))
 
 
 def bytes_per_chip(tree: Any) -> int:

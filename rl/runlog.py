@@ -74,12 +74,18 @@ def _before(step: int) -> Callable[[dict], bool]:
 class RunLog:
     def __init__(self, run_dir: str | Path, resume_step: int | None = None,
                  loggers: Sequence[str] = ("tensorboard",), wandb: WandbOptions | None = None,
-                 config: Mapping[str, Any] | None = None):
+                 config: Mapping[str, Any] | None = None, active: bool = True):
+        """`active` False (the processes of a multi-process job other than 0): the same
+        calls, nothing written (process 0 writes the run folder)."""
         self.dir = Path(run_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.active = active
+        self._loggers: list[Any] = []
         self.metrics_path = self.dir / "metrics.jsonl"
         self.samples_path = self.dir / "samples.jsonl"
         self.events_path = self.dir / "memory_events.jsonl"
+        if not active:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
         kept: list[dict] = []  # the metrics records a resumed run keeps
         if resume_step is not None:  # a resumed run rewrites everything after its checkpoint
             kept = truncate_jsonl(self.metrics_path, _before(resume_step))
@@ -95,10 +101,13 @@ class RunLog:
                 self._scalars(record)
 
     def write_config(self, text: str, name: str = "config.yaml") -> None:
-        write_atomic(self.dir / name, text)
+        if self.active:
+            write_atomic(self.dir / name, text)
 
     def config_history(self, record: Mapping[str, Any]) -> None:
         """Append a start's record (with the time) to config_history.jsonl, atomically."""
+        if not self.active:
+            return
         path = self.dir / "config_history.jsonl"
         old = path.read_text() if path.exists() else ""
         line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **record}, default=str)
@@ -106,6 +115,8 @@ class RunLog:
 
     def metrics(self, step: int, values: Mapping[str, Any]) -> dict[str, Any]:
         record = {"step": step, **{k: _clean(v) for k, v in values.items()}}
+        if not self.active:
+            return record
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         self._scalars(record)
@@ -118,6 +129,8 @@ class RunLog:
             logger.scalars(record["step"], values)
 
     def _append(self, path: Path, step: int, records: Iterable[Mapping[str, Any]]) -> None:
+        if not self.active:
+            return
         with path.open("a") as f:
             for r in records:
                 f.write(json.dumps({"step": step, **r}, default=str) + "\n")

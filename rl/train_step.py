@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig
 from models.constraints import shard_rows
@@ -76,8 +77,28 @@ class TrainState(NamedTuple):
     opt_state: Any
 
 
-def init_train_state(params: Params, optimizer: optax.GradientTransformation) -> TrainState:
-    return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
+def init_train_state(params: Params, optimizer: optax.GradientTransformation,
+                     mesh: Mesh | None = None) -> TrainState:
+    """Step 0, `params`, the optimizer's fresh state. With a `mesh` (and `params` placed on
+    it) the state is placed by :func:`train_state_shardings`, so that every leaf is one array
+    over the job's devices (a multi-host checkpoint cannot save an array that lives on one
+    device of one process)."""
+    state = TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
+    if mesh is None:
+        return state
+    return jax.device_put(state, train_state_shardings(state, optimizer, mesh))
+
+
+def train_state_shardings(state: Any, optimizer: optax.GradientTransformation,
+                          mesh: Mesh) -> TrainState:
+    """Shardings of a train state (concrete, or shapes with shardings) whose params carry
+    theirs: the optimizer's per-parameter leaves (Adam's moments) sharded like their
+    parameters (``optax.tree_map_params``), the step and the other optimizer leaves
+    replicated."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    opt = optax.tree_map_params(optimizer, lambda _, p: p.sharding, state.opt_state,
+                                state.params, transform_non_params=lambda _: replicated)
+    return TrainState(replicated, jax.tree.map(lambda p: p.sharding, state.params), opt)
 
 
 def policy_loss(cfg: ModelConfig, lc: LossConfig, params: Params, batch: Batch,

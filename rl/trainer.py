@@ -35,6 +35,7 @@ from rl.config import ConfigError, RunConfig, overlong_buffer, parse
 from rl.data import PromptStream
 from rl.eval import greedy_rollouts, restore_run_params, run_config
 from rl.lora import BASE_META, fresh_adapters, lora_run
+from rl.multihost import Exchange, digest, is_leader, shared, shared_env
 from rl.off_policy import Behaviour, RolloutPrefetch, snapshot
 from rl.optim import lr_schedule, make_optimizer
 from rl.resume import SETTINGS, refuse_changes, settings
@@ -117,6 +118,7 @@ class Trainer:
         pending = self.prefetcher.take(step, self.loop.data_position) if self.prefetcher else None
         start = self.prefetcher.start if prefetch and self.prefetcher else None
         self.loop, result = L.step(self.parts, self.loop, collected=pending, prefetch=start)
+        self._agree_on_host_state()
         if result.events:
             self.runlog.events(step, result.events)
         if result.samples:
@@ -125,6 +127,18 @@ class Trainer:
         for k, v in self.counter_base.items():
             record[k] = record.get(k, 0) + v
         return self.runlog.metrics(step, record)
+
+    def _agree_on_host_state(self) -> None:
+        """Multi-process: every process holds the same rewarder state (the rubric memory),
+        data position and step after a step, or the run stops (``rl.multihost``)."""
+        if self.parts.exchange is None:
+            return
+        lp = self.loop
+        self.parts.exchange.agree(digest({
+            "reward_state": self.parts.rewarder.state_to_json(lp.reward),
+            "data_position": lp.data_position, "step": lp.step}),
+            f"the host state after step {lp.step - 1} (rubric memory / rewarder state, data "
+            f"position)")
 
     def counter_totals(self) -> dict[str, float]:
         """The judge's and the retriever's counters (``judge/*``, ``retrieval/*``) over the
@@ -161,8 +175,8 @@ class Trainer:
         self._nothing_in_flight("an evaluation")
         c, t = self.parts, self.parts.run.trainer
         prompts = list(c.eval_prompts) or c.task.prompts(t.eval_split)
-        env = c.task.make_env(c.tokenizer, SamplingParams(max_new_tokens=t.max_new_tokens,
-                                                          temperature=0.0))
+        env = shared_env(c.task.make_env(c.tokenizer, SamplingParams(
+            max_new_tokens=t.max_new_tokens, temperature=0.0)), c.exchange)
         t0 = time.perf_counter()
         groups = greedy_rollouts(env, c.policy(self.loop.train.params, evaluation=True),
                                  prompts, t.eval_batch_size)
@@ -320,6 +334,25 @@ class Inputs:
     judge: Any
     rewarder: Any
     mesh: Any
+    exchange: Any = None  # rl.multihost.Exchange in a multi-process job
+
+
+def join_job(mesh: Any) -> Exchange | None:
+    """``models.sharding.initialize_distributed`` with the ``mesh`` section's settings (its
+    errors as ConfigError: they name the key); the job's host exchange when it has several
+    processes (``rl.multihost``), else None."""
+    try:
+        initialize_distributed(mesh.coordinator, mesh.num_processes, mesh.process_id,
+                               mesh.connect_timeout_s, mesh.heartbeat_timeout_s)
+    except (ValueError, RuntimeError) as e:
+        raise ConfigError(str(e)) from None
+    return Exchange(mesh.wait_timeout_s) if jax.process_count() > 1 else None
+
+
+def _job_config(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved config without what differs between the processes of one job."""
+    mesh = {k: v for k, v in dict(raw.get("mesh", {})).items() if k != "process_id"}
+    return {k: v for k, v in raw.items() if k not in ("mesh", "hydra")} | {"mesh": mesh}
 
 
 def _split(task: Any, split: str, key: str) -> list[Prompt]:
@@ -341,9 +374,10 @@ def _mesh(run: RunConfig) -> Any:
         raise ConfigError(f"mesh.shape: {e}") from None
 
 
-def read_inputs(run: RunConfig) -> Inputs:
+def read_inputs(run: RunConfig, exchange: Exchange | None = None) -> Inputs:
     """Task, data (training split, and the evaluation split when the run evaluates), judge,
-    rewarder (its rubric files) and mesh, each error naming its key."""
+    rewarder (its rubric files) and mesh, each error naming its key. In a multi-process job
+    (`exchange`) the judge is called by process 0 only (``rl.multihost.shared``)."""
     t = run.trainer
     task = make_task(run.task)
     budget = response_budget(run, task)
@@ -351,10 +385,11 @@ def read_inputs(run: RunConfig) -> Inputs:
         overlong_buffer(run, budget)
     evaluates = t.eval_at_ends or t.eval_every > 0
     eval_prompts = tuple(_split(task, t.eval_split, "trainer.eval_split")) if evaluates else ()
-    judge = make_judge(run.judge)
+    judge = shared(make_judge(run.judge), exchange, "judge")
     rewarder = make_rewarder(run.algo.rewarder, task, run.algo.rewarder_options, judge)
     return Inputs(task=task, budget=budget, train_prompts=_split(task, "train", "task"),
-                  eval_prompts=eval_prompts, judge=judge, rewarder=rewarder, mesh=_mesh(run))
+                  eval_prompts=eval_prompts, judge=judge, rewarder=rewarder, mesh=_mesh(run),
+                  exchange=exchange)
 
 
 def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") -> Trainer:
@@ -363,8 +398,10 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
         cfg = OmegaConf.to_container(cfg, resolve=True)
     run = parse(cfg)
     # before any other JAX call: a multi-host job agrees on its devices first
-    initialize_distributed(run.mesh.coordinator, run.mesh.num_processes, run.mesh.process_id)
-    inp = read_inputs(run)
+    exchange = join_job(run.mesh)
+    if exchange is not None:  # the same program everywhere: the same config (but the rank)
+        exchange.agree(digest(_job_config(run.raw)), "the run config")
+    inp = read_inputs(run, exchange)
     lc, oc = run.loss_config(inp.budget), run.optim_config()
     t = run.trainer
     ckpt, steps = _open_checkpoints(run)
@@ -385,12 +422,14 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
     rewarder = inp.rewarder
     parts = L.Components(
         run=run, model_cfg=model_cfg, tokenizer=tokenizer, task=inp.task,
-        env=inp.task.make_env(tokenizer, run.sampling()), rewarder=rewarder,
+        env=shared_env(inp.task.make_env(tokenizer, run.sampling()), exchange),
+        rewarder=rewarder,
         stream=PromptStream(inp.train_prompts, t.batch_prompts, t.seed),
         train_step=step_fn, ref_params=ref_params, loss_cfg=lc, mesh=inp.mesh,
-        judge=inp.judge, response_budget=inp.budget, eval_prompts=inp.eval_prompts, lora=lora)
-    loop = L.LoopState(train=init_train_state(params, optimizer), reward=rewarder.init_state(),
-                       data_position=0, step=0,
+        judge=inp.judge, response_budget=inp.budget, eval_prompts=inp.eval_prompts, lora=lora,
+        exchange=exchange)
+    loop = L.LoopState(train=init_train_state(params, optimizer, inp.mesh),
+                       reward=rewarder.init_state(), data_position=0, step=0,
                        behaviour=snapshot(params, 0) if t.off_policy_steps else None)
     now = settings(run.raw, model_config_hash(model_cfg), inp.train_prompts)
     resumed = _resume(parts, ckpt, loop, now) if steps else None
@@ -402,7 +441,8 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
                       prefetcher=(RolloutPrefetch(lambda state: L.collect(parts, state))
                                   if t.off_policy_steps else None),
                       runlog=RunLog(Path(t.run_dir), resume_step=loop.step if resumed else None,
-                                    loggers=t.loggers, wandb=t.wandb, config=run.raw))
+                                    loggers=t.loggers, wandb=t.wandb, config=run.raw,
+                                    active=is_leader()))
     _record_config(trainer, config_text, resumed)
     if inp.judge is not None:  # which prompt templates produced this run's judgments
         trainer.runlog.write_config(json.dumps(inp.judge.versions(), indent=1),

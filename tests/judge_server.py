@@ -121,6 +121,7 @@ class FakeJudgeServer:
         self.lock = threading.Lock()
         self.requests = 0  # chat-completion requests received
         self.seen: Counter[str] = Counter()  # per first-user-message
+        self.bodies: Counter[str] = Counter()  # per whole request body (distinct requests)
         self.injected: Counter[str] = Counter()
         self.inflight = 0
         self.max_inflight = 0
@@ -205,6 +206,7 @@ class FakeJudgeServer:
         with self.lock:
             self.requests += 1
             self.seen[first_user] += 1
+            self.bodies[json.dumps(body, sort_keys=True)] += 1
             n_seen = self.seen[first_user]
             self.auth_headers.append(h.headers.get("Authorization"))
             self.inflight += 1

@@ -1,0 +1,333 @@
+"""A multi-process job (#17 items 4-5): 2 processes x 2 CPU devices on 127.0.0.1 (gloo) train
+as one run. Final weights equal a 1-process x 4-device run of the same config, the rubric
+memory is the same value, the judge server receives each distinct request once, process 0
+alone writes the run folder, a killed process ends the job with an error within a bounded
+time, and inconsistent job settings are refused by key before any compute.
+
+The runs are subprocesses of ``python -m rl.train`` (a process joins a job before its first
+JAX call, so the test process itself cannot)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from models import load_params
+from rl.config import ConfigError
+from rl.eval import restore_run_params
+from rl.multihost import DivergenceError, Exchange, LeaderCalls
+from rl.trainer import build_trainer
+from tests.judge_server import FakeJudgeServer
+from tests.paths import ROOT
+from tests.rl.test_trainer import LEARN, make_cfg
+
+pytestmark = pytest.mark.slow
+
+
+# ------------------------------------------------------------------------------ the exchange
+
+
+class FakeStore:
+    """The coordinator's key-value store, in memory, shared by threads playing processes."""
+
+    def __init__(self):
+        self.data: dict[str, bytes] = {}
+        self.cond = threading.Condition()
+
+    def key_value_set_bytes(self, key, value):
+        with self.cond:
+            assert key not in self.data, f"{key} written twice"
+            self.data[key] = value
+            self.cond.notify_all()
+
+    def key_value_set(self, key, value):
+        self.key_value_set_bytes(key, value.encode())
+
+    def blocking_key_value_get_bytes(self, key, timeout_ms):
+        with self.cond:
+            if not self.cond.wait_for(lambda: key in self.data, timeout_ms / 1000):
+                raise RuntimeError(f"DEADLINE_EXCEEDED: {key}")
+            return self.data[key]
+
+    def key_value_delete(self, key):
+        with self.cond:
+            self.data.pop(key)
+
+
+class Exchanges:
+    """`size` Exchange objects over one store, run side by side in threads."""
+
+    def __init__(self, size=2, timeout_s=5):
+        self.store = FakeStore()
+        self.of = [Exchange(timeout_s, self.store) for _ in range(size)]
+        for rank, ex in enumerate(self.of):
+            ex.rank, ex.size = rank, size
+
+    def run(self, fn):
+        """fn(rank, exchange) in every 'process' at once; their results, or their errors."""
+        out = [None] * len(self.of)
+
+        def one(rank):
+            try:
+                out[rank] = fn(rank, self.of[rank])
+            except Exception as e:  # noqa: BLE001 - compared by the test
+                out[rank] = e
+
+        threads = [threading.Thread(target=one, args=(r,)) for r in range(len(self.of))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+
+
+class CountingService:
+    def __init__(self):
+        self.calls = []
+        self.name = "svc"
+
+    def score(self, text):
+        self.calls.append(text)
+        if text == "bad":
+            raise ValueError("the service refused 'bad'")
+        return len(text)
+
+
+def test_only_process_0_calls_the_service_and_every_process_gets_its_reply():
+    ex = Exchanges(size=3)
+    services = [CountingService() for _ in range(3)]
+
+    def work(rank, e):
+        svc = LeaderCalls(services[rank], e, "svc")
+        got = [svc.score("ab"), svc.score("abcd")]
+        with pytest.raises(ValueError, match="refused 'bad'"):  # the error reaches everyone
+            svc.score("bad")
+        return got, svc.name  # attributes are read locally
+
+    assert ex.run(work) == [([2, 4], "svc")] * 3
+    assert services[0].calls == ["ab", "abcd", "bad"]
+    assert services[1].calls == services[2].calls == []
+
+
+def test_agree_passes_equal_digests_and_names_the_processes_that_differ():
+    ex = Exchanges(size=3)
+    assert ex.run(lambda r, e: e.agree("same", "the memory")) == [None] * 3
+    out = ex.run(lambda r, e: e.agree("b" * 12 if r == 2 else "a" * 12, "the memory"))
+    assert all(isinstance(x, DivergenceError) for x in out)
+    assert "the memory differs" in str(out[0]) and "processes [2]" in str(out[0])
+
+
+def test_process_0_deletes_the_keys_everyone_has_passed():
+    ex = Exchanges(size=2)
+
+    def steps(rank, e):
+        svc = LeaderCalls(CountingService(), e, "svc")
+        for _ in range(5):
+            svc.score("x")
+            svc.score("yy")
+            e.agree("d", "state")
+
+    ex.run(steps)
+    # only the last step's agreement keys remain (the followers may still be reading them)
+    assert sorted(ex.store.data) == [f"rl_exchange/14/{r}" for r in range(2)]
+
+
+def test_a_wait_for_a_silent_process_is_bounded_and_names_the_key():
+    ex = Exchanges(size=2, timeout_s=0.2)
+    t0 = time.perf_counter()
+    with pytest.raises(TimeoutError, match="mesh.wait_timeout_s"):
+        ex.of[1].from_leader(lambda: 1)  # process 0 never answers
+    assert time.perf_counter() - t0 < 2
+
+
+# ------------------------------------------------------------------------------ bad settings
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["mesh.coordinator=127.0.0.1:1", "mesh.num_processes=2", "mesh.process_id=2"],
+     "mesh.process_id"),
+    (["mesh.coordinator=127.0.0.1:1", "mesh.num_processes=2"], "mesh.num_processes"),
+    (["mesh.coordinator=localhost", "mesh.num_processes=2", "mesh.process_id=0"],
+     "mesh.coordinator"),
+    (["mesh.num_processes=2", "mesh.process_id=1"], "mesh.coordinator"),
+    (["mesh.heartbeat_timeout_s=0"], "mesh.heartbeat_timeout_s"),
+])
+def test_inconsistent_job_settings_are_refused_by_key_before_connecting(
+        tmp_path, char_model, monkeypatch, overrides, key):
+    monkeypatch.setenv("CHAR_MODEL", str(char_model))
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+    cfg = make_cfg(tmp_path / "run", *LEARN, *overrides)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        build_trainer(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _train(run_dir: Path, devices: int, overrides: list[str], job: tuple[int, int, int] | None
+           = None, log: Path | None = None) -> subprocess.Popen:
+    """``python -m rl.train`` on `devices` CPU devices; `job` = (port, processes, rank)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env.pop("JAX_COORDINATOR_ADDRESS", None)
+    args = [f"trainer.run_dir={run_dir}", f"hydra.run.dir={run_dir}_hydra{job[2] if job else ''}",
+            "trainer.progress=false", "trainer.loggers=[]", *overrides]
+    if job is not None:
+        port, n, rank = job
+        args += [f"mesh.coordinator=127.0.0.1:{port}", f"mesh.num_processes={n}",
+                 f"mesh.process_id={rank}", "mesh.heartbeat_timeout_s=10"]
+    out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - closed by the child
+    return subprocess.Popen([sys.executable, "-m", "tests.rl.train_entry", *args], cwd=ROOT,
+                            env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _finish(procs: list[subprocess.Popen], logs: list[Path], timeout: float = 900) -> None:
+    for p, log in zip(procs, logs):
+        try:
+            rc = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"{log} did not finish in {timeout} s") from None
+        assert rc == 0, f"{log} exited {rc}:\n{log.read_text()[-4000:]}"
+
+
+def _two_processes(tmp_path: Path, overrides: list[str]) -> Path:
+    run, port = tmp_path / "two", _free_port()
+    logs = [tmp_path / f"two_{r}.log" for r in range(2)]
+    procs = [_train(run, 2, overrides, (port, 2, r), logs[r]) for r in range(2)]
+    _finish(procs, logs)
+    return run
+
+
+def _one_process(tmp_path: Path, overrides: list[str]) -> Path:
+    run, log = tmp_path / "one", tmp_path / "one.log"
+    _finish([_train(run, 4, overrides, None, log)], [log])
+    return run
+
+
+def _max_abs_diff(a, b) -> float:
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def _final_params(run: Path, model_path: str):
+    _, like, _ = load_params(model_path)
+    params, step = restore_run_params(run, like)
+    return params, step
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_two_processes_train_the_same_weights_as_one(tmp_path, char_model):
+    """GRPO with a KL term (the reference pass runs) over 2 steps that update the weights."""
+    overrides = ["model=hf", f"model.path={char_model}", *LEARN, "algo.beta=0.05",
+                 "trainer.max_steps=2", "trainer.batch_prompts=4", "algo.group_size=4",
+                 "trainer.max_new_tokens=8", "optim.lr=5e-2", "trainer.eval_at_ends=false",
+                 "trainer.save_every=0", "trainer.skip_zero_advantage=false"]
+    two, one = _two_processes(tmp_path, overrides), _one_process(tmp_path, overrides)
+    (p2, s2), (p1, s1) = _final_params(two, str(char_model)), _final_params(one, str(char_model))
+    _, start, _ = load_params(str(char_model))
+    assert s1 == s2 == 2
+    assert _max_abs_diff(p1, start) > 1e-3  # the updates moved the weights
+    assert _max_abs_diff(p1, p2) <= 1e-5
+    # process 0 alone wrote the run folder: one record per step, as in the 1-process run
+    assert [r["step"] for r in _lines(two / "metrics.jsonl")] == [0, 1]
+    r1, r2 = _lines(one / "metrics.jsonl"), _lines(two / "metrics.jsonl")
+    for a, b in zip(r1, r2):
+        assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-6)
+        assert a["kl"] == pytest.approx(b["kl"], abs=1e-6)
+    assert len(_lines(two / "config_history.jsonl")) == 1
+
+
+def _memory(run: Path) -> dict:
+    from rl.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(run / "checkpoints")
+    try:
+        return ckpt.read_meta(ckpt.latest_step())["reward_state"]
+    finally:
+        ckpt.close()
+
+
+def test_arbor_with_an_http_judge_sends_each_request_once(tmp_path):
+    """ARBOR on the search task (scripted trajectories, as ``tests.rl.test_arbor_e2e``: a
+    random model never answers, so its memory would stay empty and the judge idle): the
+    rubric memory is the same value as the 1-process run's, and the judge server sees each
+    distinct request once (process 0 sends it)."""
+    base = ["model=tiny", "task=search_qa", "task.name=search_qa_scripted", "algo=arbor",
+            "algo.embedder=hashing", "algo.k_consol=4", "trainer.sample_every=1",
+            "task.n_entities=200", "task.n_train=40", "task.n_dev=4", "task.n_test=4",
+            f"task.cache_dir={tmp_path / 'world'}", "task.max_turns=1",
+            "task.max_response_tokens=64", "task.max_obs_tokens=40", "trainer.batch_prompts=4",
+            "algo.group_size=4", "trainer.max_new_tokens=16", "trainer.eval_at_ends=false",
+            "trainer.max_steps=3", "trainer.save_every=0", "judge=openai", "judge.model=fake",
+            "judge.api_key_env=null", "judge.timeout_s=20", "judge.max_retries=1"]
+    runs, bodies = {}, {}
+    for name, launch in (("two", _two_processes), ("one", _one_process)):
+        with FakeJudgeServer() as srv:
+            runs[name] = launch(tmp_path, [*base, f"judge.base_url={srv.base_url}",
+                                           f"judge.cache_dir={tmp_path / ('cache_' + name)}"])
+            bodies[name] = Counter(srv.bodies)
+    assert sum(bodies["one"].values()) > 0
+    assert max(bodies["two"].values()) == 1  # each distinct request once
+    assert bodies["two"] == bodies["one"]
+    memory = _memory(runs["two"])
+    assert memory == _memory(runs["one"])
+    # the memory's decisions, step by step (the fake judge's verdicts leave no variance, so
+    # its drafts are rejected at the gate: the same rejections in both runs)
+    events = _lines(runs["two"] / "memory_events.jsonl")
+    assert len(events) >= 4 and events == _lines(runs["one"] / "memory_events.jsonl")
+
+
+def test_a_killed_process_ends_the_job_with_an_error_in_bounded_time(tmp_path, char_model):
+    overrides = ["model=hf", f"model.path={char_model}", *LEARN, "trainer.max_steps=400",
+                 "trainer.batch_prompts=4", "algo.group_size=4", "trainer.max_new_tokens=8",
+                 "trainer.eval_at_ends=false", "trainer.save_every=0"]
+    run, port = tmp_path / "run", _free_port()
+    logs = [tmp_path / f"p{r}.log" for r in range(2)]
+    procs = [_train(run, 2, overrides, (port, 2, r), logs[r]) for r in range(2)]
+    try:
+        deadline = time.time() + 600
+        while not (run / "metrics.jsonl").exists() and time.time() < deadline:
+            assert procs[0].poll() is None, logs[0].read_text()[-3000:]
+            time.sleep(1)
+        procs[1].kill()
+        t0 = time.time()
+        rc = procs[0].wait(timeout=120)
+        waited = time.time() - t0
+    finally:
+        for p in procs:
+            p.kill()
+    assert rc != 0
+    assert waited < 60  # heartbeat_timeout_s=10 plus the service's polling
+    text = logs[0].read_text()
+    assert "heartbeat" in text or "another task died" in text, text[-3000:]
+
+
+def test_an_unreachable_coordinator_is_named_within_the_connect_timeout(tmp_path):
+    log = tmp_path / "p1.log"
+    t0 = time.time()
+    proc = _train(tmp_path / "run", 2, ["model=tiny", "mesh.connect_timeout_s=3"],
+                  (_free_port(), 2, 1), log)
+    assert proc.wait(timeout=120) != 0
+    assert time.time() - t0 < 60
+    assert "mesh.coordinator: nothing answers at 127.0.0.1" in log.read_text()
+    assert not (tmp_path / "run").exists()
