@@ -207,9 +207,9 @@ def _finish(procs: list[subprocess.Popen], logs: list[Path], timeout: float = 90
         assert rc == 0, f"{log} exited {rc}:\n{log.read_text()[-4000:]}"
 
 
-def _two_processes(tmp_path: Path, overrides: list[str]) -> Path:
+def _two_processes(tmp_path: Path, overrides: list[str], leg: str = "") -> Path:
     run, port = tmp_path / "two", _free_port()
-    logs = [tmp_path / f"two_{r}.log" for r in range(2)]
+    logs = [tmp_path / f"two{leg}_{r}.log" for r in range(2)]
     procs = [_train(run, 2, overrides, (port, 2, r), logs[r]) for r in range(2)]
     _finish(procs, logs)
     return run
@@ -237,12 +237,16 @@ def _lines(path: Path) -> list[dict]:
 
 
 def test_two_processes_train_the_same_weights_as_one(tmp_path, char_model):
-    """GRPO with a KL term (the reference pass runs) over 2 steps that update the weights."""
+    """GRPO with a KL term (the reference pass runs) over 2 steps that update the weights;
+    the 2-process job stops after step 1 and resumes from its checkpoint (saved and restored
+    by both processes, each its shards)."""
     overrides = ["model=hf", f"model.path={char_model}", *LEARN, "algo.beta=0.05",
                  "trainer.max_steps=2", "trainer.batch_prompts=4", "algo.group_size=4",
                  "trainer.max_new_tokens=8", "optim.lr=5e-2", "trainer.eval_at_ends=false",
-                 "trainer.save_every=0", "trainer.skip_zero_advantage=false"]
-    two, one = _two_processes(tmp_path, overrides), _one_process(tmp_path, overrides)
+                 "trainer.save_every=1", "trainer.skip_zero_advantage=false"]
+    _two_processes(tmp_path, [*overrides, "trainer.max_steps=1"], leg="_first")
+    two = _two_processes(tmp_path, [*overrides, "trainer.resume=true"])
+    one = _one_process(tmp_path, overrides)
     (p2, s2), (p1, s1) = _final_params(two, str(char_model)), _final_params(one, str(char_model))
     _, start, _ = load_params(str(char_model))
     assert s1 == s2 == 2
@@ -254,7 +258,8 @@ def test_two_processes_train_the_same_weights_as_one(tmp_path, char_model):
     for a, b in zip(r1, r2):
         assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-6)
         assert a["kl"] == pytest.approx(b["kl"], abs=1e-6)
-    assert len(_lines(two / "config_history.jsonl")) == 1
+    history = _lines(two / "config_history.jsonl")
+    assert [h["resumed"] for h in history] == [False, True]
 
 
 def _memory(run: Path) -> dict:
