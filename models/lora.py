@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.config import ModelConfig
+from models.sharding import host_copy
 from models.transformer import LowRank, Params, layer_shapes
 
 # the layer matmuls LoRA may target (models.transformer.LAYER_KEYS without the norms)
@@ -154,10 +155,12 @@ def num_params(adapters: Adapters) -> int:
 
 def base_fingerprint(params: Params) -> str:
     """SHA-256 over every base array's path, dtype, shape and bytes: which weights the
-    adapters were trained on (a checkpoint of adapters is refused on another base)."""
+    adapters were trained on (a checkpoint of adapters is refused on another base). One array
+    at a time on the host; in a multi-process job each is gathered whole
+    (``models.sharding.host_copy``), so every process computes the same digest."""
     h = hashlib.sha256()
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        a = np.ascontiguousarray(np.asarray(jax.device_get(leaf)))
+        a = np.ascontiguousarray(np.asarray(host_copy(leaf)))
         h.update(f"{jax.tree_util.keystr(path)}{a.dtype}{a.shape}".encode())
         h.update(memoryview(a.reshape(-1).view(np.uint8)))
     return h.hexdigest()
