@@ -25,19 +25,24 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from core.types import Environment, Group, Prompt, Rewarder, RewardOutput, Task
 from models.sharding import batch_sharding, batch_shards
 from rl.advantages import batch_advantages
 from rl.batch import build_batch
-from rl.config import RunConfig, overlong_buffer, overlong_max_len
-from rl.dapo import dynamic_sample, overlong_penalty
+from rl.config import RunConfig
+from rl.dapo import dynamic_sample
 from rl.data import PromptStream
 from rl.envs import SamplerPolicy
-from rl.group_stats import all_wrong_frac, converted_frac, homogeneous_frac
 from rl.off_policy import Behaviour, mismatch_stats, snapshot, staleness
+from rl.reward_stage import (
+    RewardStageOutput,
+    overlong_shaped,
+    overlong_shaping,
+    reward_stage_config,
+    run_reward_stage,
+)
 from rl.train_step import LossConfig, TrainState, batch_logprobs, in_compute_dtype
 
 
@@ -186,18 +191,38 @@ def next_rollout_state(loop: LoopState) -> LoopState | None:
 
 def shaped_rewards(c: Components, groups: Sequence[Group], rewards: np.ndarray,
                    per_traj: Sequence[Sequence[Mapping[str, Any]]] = ()) -> np.ndarray:
-    """DAPO's overlong shaping when algo.overlong.enabled: the whole response (a multi-turn
-    one with its observations) against L_max (algo.overlong.max_len, null = the response
-    budget). Training rows only (evaluation never calls it); rows whose prompt group failed
-    closed (``per_traj`` ``judge_failed``) stay unshaped, so the group keeps zero variance."""
-    ov = c.run.algo.overlong
-    if not ov.enabled:
+    """DAPO's overlong shaping alone, on the host (``rl.reward_stage.overlong_shaped``, the
+    rule the step's jitted reward stage runs): the whole response (a multi-turn one with its
+    observations) against L_max (algo.overlong.max_len, null = the response budget) when
+    algo.overlong.enabled; rows whose prompt group failed closed (``per_traj``
+    ``judge_failed``) stay unshaped, so the group keeps zero variance."""
+    shaping = overlong_shaping(c.run, c.response_budget)
+    if shaping is None:
         return rewards
-    lengths = np.asarray([[len(tr.tokens) for tr in g.trajectories] for g in groups])
-    budget = c.response_budget
-    pen = np.asarray(overlong_penalty(jnp.asarray(lengths), overlong_max_len(c.run, budget),
-                                      overlong_buffer(c.run, budget), ov.penalty))
-    return rewards + np.where(judge_failed_rows(per_traj, pen.shape), 0.0, pen)
+    lengths = response_lengths(groups)
+    failed = judge_failed_rows(per_traj, lengths.shape)
+    return np.asarray(overlong_shaped(shaping, rewards, lengths, failed))
+
+
+def response_lengths(groups: Sequence[Group]) -> np.ndarray:
+    """[N, G] tokens of each whole response (observations included): overlong shaping's L."""
+    return np.asarray([[len(tr.tokens) for tr in g.trajectories] for g in groups])
+
+
+def action_token_counts(groups: Sequence[Group]) -> np.ndarray:
+    """[N, G] tokens each trajectory sampled (REINFORCE++'s token whitening weights)."""
+    return np.asarray([[tr.num_action_tokens for tr in g.trajectories] for g in groups])
+
+
+def reward_stage(c: Components, col: Collected) -> RewardStageOutput:
+    """Shaped rewards, advantages and reward statistics of a step's rollouts: the host
+    gathers the inputs (lengths, action tokens, judge-failed rows), ``rl.reward_stage`` runs
+    them as one jitted program and fetches its outputs with one ``jax.device_get``."""
+    rewards = col.out.rewards
+    return run_reward_stage(reward_stage_config(c.run, c.response_budget), rewards,
+                            col.out.outcome, response_lengths(col.groups),
+                            action_token_counts(col.groups),
+                            judge_failed_rows(col.out.per_traj, rewards.shape))
 
 
 def judge_failed_rows(per_traj: Sequence[Sequence[Mapping[str, Any]]],
@@ -213,12 +238,19 @@ def judge_failed_rows(per_traj: Sequence[Sequence[Mapping[str, Any]]],
 
 def training_batch(c: Components, groups: Sequence[Group], rewards: np.ndarray,
                    outcome: np.ndarray | None = None) -> dict:
-    """Advantages from the (shaped) rewards (``rl.advantages.batch_advantages``; `outcome`,
-    default `rewards`, is their verifiable part), laid out as ``rl.batch`` describes."""
-    counts = np.asarray([[tr.num_action_tokens for tr in g.trajectories] for g in groups])
-    adv = batch_advantages(c.run.algo, rewards, rewards if outcome is None else outcome, counts)
-    return build_batch(groups, adv, c.tokenizer.pad_id, c.response_budget, c.update_slices(),
-                       with_logprobs=c.run.trainer.off_policy_steps > 0)
+    """Advantages from (already shaped) rewards (``rl.advantages.batch_advantages``, the rule
+    the step's reward stage jits; `outcome`, default `rewards`, is their verifiable part),
+    laid out by :func:`batch_layout`."""
+    adv = batch_advantages(c.run.algo, rewards, rewards if outcome is None else outcome,
+                           action_token_counts(groups))
+    return batch_layout(c, groups, adv)
+
+
+def batch_layout(c: Components, groups: Sequence[Group], advantages: np.ndarray) -> dict:
+    """The update's batch from the trajectories and their advantages [N, G] on the host, laid
+    out as ``rl.batch`` describes."""
+    return build_batch(groups, advantages, c.tokenizer.pad_id, c.response_budget,
+                       c.update_slices(), with_logprobs=c.run.trainer.off_policy_steps > 0)
 
 
 def logprobs_with(c: Components, params: Any, batch: dict) -> jax.Array:
@@ -321,8 +353,8 @@ def _step(c: Components, loop: LoopState, collected: Collect | None,
     upcoming = next_rollout_state(loop)
     if prefetch is not None and upcoming is not None:
         prefetch(upcoming)
-    rewards = shaped_rewards(c, col.groups, col.out.rewards, col.out.per_traj)
-    batch = training_batch(c, col.groups, rewards, col.out.outcome)
+    stage = reward_stage(c, col)  # one jitted program: shaping, advantages, group stats
+    batch = batch_layout(c, col.groups, stage.advantages)
     t0 = time.perf_counter()
     train_metrics: list[dict] = []
     trained = None if skips_update(c, batch) else with_old_and_reference(c, loop, batch)
@@ -334,9 +366,9 @@ def _step(c: Components, loop: LoopState, collected: Collect | None,
     times = {"time/reference_s": t1 - t0, "time/train_s": t2 - t1, "time/step_s": t2 - t_start}
     if upcoming is not None:
         off["time/rollout_wait_s"] = t_collected - t_start
-    record = step_record(c, col, rewards, train_metrics, times) | off
+    record = step_record(c, col, stage.stats, train_metrics, times) | off
     every = c.run.trainer.sample_every
-    samples = sample_records(col, rewards, n=4) if every and loop.step % every == 0 else []
+    samples = sample_records(col, stage.rewards, n=4) if every and loop.step % every == 0 else []
     loop = dataclasses.replace(loop, step=loop.step + 1,
                                behaviour=upcoming.behaviour if upcoming is not None else None)
     return loop, StepResult(record, col.out.events, samples)
@@ -345,25 +377,19 @@ def _step(c: Components, loop: LoopState, collected: Collect | None,
 # ------------------------------------------------------------------------------ records
 
 
-def step_record(c: Components, col: Collected, rewards: np.ndarray,
+def step_record(c: Components, col: Collected, stats: Mapping[str, float],
                 train_metrics: Sequence[Mapping[str, Any]],
                 times: Mapping[str, float]) -> dict[str, Any]:
-    """The metrics of a step (metrics.jsonl / TensorBoard)."""
+    """The metrics of a step (metrics.jsonl / TensorBoard); `stats` the reward stage's
+    (``rl.reward_stage.stage_stats``: reward/*, outcome/mean, groups/*)."""
     groups, out, info = col.groups, col.out, dict(col.info)
     lengths = np.asarray([tr.num_action_tokens for g in groups for tr in g.trajectories])
-    # before length shaping: the rubric term alone decides which groups it converted
-    out_j, tot_j = jnp.asarray(out.outcome), jnp.asarray(out.rewards)
     # a skipped update (skips_update) has no loss metrics; update/skipped says so
     avg = {k: float(np.mean([m[k] for m in train_metrics])) for k in
            (train_metrics[0] if train_metrics else ())}
     tokens = sum(len(tr.prompt_tokens) + len(tr.tokens) for g in groups for tr in g.trajectories)
     record = {
-        "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
-        "outcome/mean": float(out.outcome.mean()),
-        "groups/homogeneous_frac": float(homogeneous_frac(out_j)),
-        "groups/total_homogeneous_frac": float(homogeneous_frac(tot_j)),
-        "groups/all_wrong_frac": float(all_wrong_frac(out_j)),
-        "groups/converted_frac": float(converted_frac(out_j, tot_j)),
+        **stats,
         **avg, "update/skipped": int(not train_metrics),
         "response/length_mean": float(lengths.mean()),
         "response/length_max": int(lengths.max()),
