@@ -336,3 +336,82 @@ def test_an_unreachable_coordinator_is_named_within_the_connect_timeout(tmp_path
     assert time.time() - t0 < 60
     assert "mesh.coordinator: nothing answers at 127.0.0.1" in log.read_text()
     assert not (tmp_path / "run").exists()
+
+
+SAMPLER_SCRIPT = """
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["JAX_PLATFORMS"] = "cpu"
+from models.sharding import initialize_distributed
+initialize_distributed(f"127.0.0.1:{sys.argv[1]}", 2, int(sys.argv[2]), 60, 10)
+import jax, numpy as np
+import models.sampler as S
+from core.search_r1 import search_prompt
+from core.types import Prompt
+from models import load_params
+from models.sharding import make_mesh, param_shardings, shard
+from rl.envs import SamplerPolicy
+from rl.multihost import Exchange, shared_env
+from rl.search.corpus import Doc
+from rl.search.env import SearchEnv
+
+assert len(jax.devices()) == 4 and len(jax.local_devices()) == 2
+mesh = make_mesh({"data": 4})
+cfg, params, tok = load_params("tiny", seed=3)
+one = SamplerPolicy(cfg, params, tok)  # this process's first device alone: the reference
+many = SamplerPolicy(cfg, shard(params, param_shardings(params, mesh)), tok, mesh=mesh)
+
+def same(a, b):
+    assert a.token_lists() == b.token_lists() and a.finish == b.finish
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+rows = [tok.encode(t) for t in ["hello", "a much longer prompt", "x"] for _ in range(3)]
+sp = S.SamplingParams(10, temperature=0)
+g1, gm = one.generate(rows, sp, 0), many.generate(rows, sp, 0)
+same(g1, gm)
+k = gm.state.cache.k[0]
+assert not k.is_fully_addressable and len(k.addressable_shards) == 2  # rows stay spread
+cont = ([8, 0, 3, 4], [[5, 6, 7], [9] * 12, [], [11]])
+c1, cm = one.continue_from(g1.state, *cont, sp, 1), many.continue_from(gm.state, *cont, sp, 1)
+same(c1, cm)
+assert not cm.state.cache.k[0].is_fully_addressable
+print("SAMPLER_OK", flush=True)
+
+class Retriever:
+    def __init__(self):
+        self.queries = []
+    def retrieve(self, queries, topk=3):
+        self.queries += list(queries)
+        return [[Doc(id="d", title=q, text="about " + q, score=1.0)] * topk for q in queries]
+
+questions = [Prompt(id=str(i), messages=({"role": "user", "content": search_prompt(q)},))
+             for i, q in enumerate(["who?", "where is the big old tower of the city?"])]
+local, job = Retriever(), Retriever()
+kw = dict(topk=1, max_turns=2, max_response_tokens=120, chunk_tokens=5)
+env1 = SearchEnv(tok, S.SamplingParams(12, temperature=0), local, **kw)
+envm = shared_env(SearchEnv(tok, S.SamplingParams(12, temperature=0), job, **kw), Exchange(60))
+r1, rm = env1.rollout(one, questions, 3, 3), envm.rollout(many, questions, 3, 3)
+for g_one, g_many in zip(r1, rm):
+    for a, b in zip(g_one.trajectories, g_many.trajectories):
+        assert a.tokens == b.tokens and a.loss_mask == b.loss_mask and a.info == b.info
+assert any(t.info["turns"] > 1 for g in rm for t in g.trajectories)
+# process 0 alone asked the retriever, the same queries as the 1-device rollout
+assert job.queries == (local.queries if jax.process_index() == 0 else []), job.queries
+print("SEARCH_ENV_OK", len(local.queries), flush=True)
+"""
+
+
+def test_sampler_and_search_env_over_two_processes_equal_one_device(tmp_path):
+    """Generation, a continuation and a 2-turn search rollout (chunked decoding) on a mesh
+    over 2 processes x 2 devices: greedy results equal each process's 1-device run, the KV
+    cache stays spread over the processes between turns, and the retriever is asked once."""
+    port, logs = _free_port(), [tmp_path / f"s{r}.log" for r in range(2)]
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    procs = [subprocess.Popen([sys.executable, "-c", SAMPLER_SCRIPT, str(port), str(r)],
+                              cwd=ROOT, env=env, stdout=open(logs[r], "w"),  # noqa: SIM115
+                              stderr=subprocess.STDOUT) for r in range(2)]
+    for p, log in zip(procs, logs):
+        assert p.wait(timeout=600) == 0, log.read_text()[-4000:]
+        text = log.read_text()
+        assert "SAMPLER_OK" in text and "SEARCH_ENV_OK" in text, text[-3000:]
