@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from models.config import ModelConfig, ModelLoadError
 from models.presets import PRESETS, cached_tokenizer, load_preset, shipped_gguf_path
@@ -23,13 +24,19 @@ __all__ = ["load_params", "ModelConfig", "ModelLoadError", "Tokenizer", "KVCache
            "init_params", "shipped_gguf_path", "PRESETS"]
 
 
-def load_params(path_or_preset: str, dtype: Any = jnp.float32,
-                seed: int = 0) -> tuple[ModelConfig, dict, Tokenizer]:
-    """(config, parameter dict, tokenizer) for a preset name, an HF folder or a GGUF file."""
+def load_params(path_or_preset: str, dtype: Any = jnp.float32, seed: int = 0,
+                mesh: Any = None) -> tuple[ModelConfig, dict, Tokenizer]:
+    """(config, parameter dict, tokenizer) for a preset name, an HF folder or a GGUF file.
+
+    With a `mesh` every parameter goes straight from the host to its shards
+    (``models.sharding.param_shardings``), one array at a time, each host copy dropped once
+    placed: no device ever holds the whole model (a 4B model in float32 is 16 GB, a whole
+    v5e chip), and the host holds the float32 model only while it is being placed."""
     from models.loaders import load_gguf, load_hf_folder
 
     if path_or_preset in PRESETS:
-        return load_preset(path_or_preset, dtype, seed)
+        cfg, params, tok = load_preset(path_or_preset, dtype, seed)
+        return cfg, params if mesh is None else _placed(params, dtype, mesh), tok
     path = Path(path_or_preset).expanduser()
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or folder, and not a preset "
@@ -39,5 +46,19 @@ def load_params(path_or_preset: str, dtype: Any = jnp.float32,
     if tok.vocab_size > cfg.vocab_size:
         raise ModelLoadError(f"{path}: tokenizer has {tok.vocab_size} tokens but the model's "
                              f"vocabulary is {cfg.vocab_size}")
-    return cfg, jax.tree.map(lambda x: jnp.asarray(x, dtype), params), tok
+    if mesh is None:
+        return cfg, jax.tree.map(lambda x: jnp.asarray(x, dtype), params), tok
+    return cfg, _placed(params, dtype, mesh), tok
 
+
+def _placed(params: dict, dtype: Any, mesh: Any) -> dict:
+    """`params` (host or device arrays) on their shardings over `mesh`, leaf by leaf."""
+    from models.sharding import param_shardings
+
+    shardings = jax.tree.leaves(param_shardings(params, mesh))
+    leaves, treedef = jax.tree.flatten(params)
+    del params  # the leaves list holds the only references: each is freed once placed
+    for i, sharding in enumerate(shardings):
+        leaves[i] = jax.device_put(np.asarray(leaves[i], dtype) if isinstance(
+            leaves[i], np.ndarray) else leaves[i].astype(dtype), sharding)
+    return jax.tree.unflatten(treedef, leaves)

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from core.types import Prompt, Task
 from models import load_params
 from models.sampler import SamplingParams
-from models.sharding import initialize_distributed, make_mesh, param_shardings, shard
+from models.sharding import initialize_distributed, make_mesh
 from rl import loop as L
 from rl.checkpoint import Checkpointer, CheckpointError
 from rl.config import ConfigError, RunConfig, overlong_buffer, parse
@@ -308,17 +308,17 @@ def _check_fingerprint(run: RunConfig, meta: Mapping[str, Any], where: str,
 
 
 def _weights(run: RunConfig, mesh: Any) -> tuple[Any, Any, Any]:
-    """(model config, float32 master weights, tokenizer): loaded, initialised from
-    trainer.init_from when set, sharded over the mesh when there is one."""
+    """(model config, float32 master weights, tokenizer): loaded (sharded over the mesh when
+    there is one), initialised from trainer.init_from when set."""
     # float32 master weights and optimizer state whatever model.dtype says: that is the
     # forward/backward dtype (LossConfig.compute_dtype), and bfloat16 weights would round
     # small updates away
+    # with a mesh each array goes from the host straight to its shards (no device holds the
+    # whole model); trainer.init_from then restores onto those shardings
     model_cfg, params, tokenizer = load_params(run.model.path, jnp.float32,
-                                               seed=run.trainer.seed)
+                                               seed=run.trainer.seed, mesh=mesh)
     if run.trainer.init_from:  # on resume too: the KL reference is these weights
         params = init_from_run(run.trainer.init_from, run, params)
-    if mesh is not None:
-        params = shard(params, param_shardings(params, mesh))
     return model_cfg, params, tokenizer
 
 
