@@ -1,0 +1,142 @@
+"""The smallest TPU slice each model fits at a batch setting, from ``rl.plan`` (#17 item 8).
+
+    python -m bench.plan_table --models qwen3_4b,qwen3_8b,qwen3_14b \
+        --settings groups64,search_r1 --chips v5e,v5p --out runs/plan_table.jsonl
+
+For every (model, setting, chip) it plans the step (``rl.plan.make_plan``: every program
+compiled ahead of time for the slice, with abstract weights) on the chip's slices from the
+smallest up, and stops at the first one where every program the config runs fits. Each
+compiled slice is one JSON line in ``--out`` (kept: a rerun skips what is there, so a long
+table can be built over several sittings), and the table of the smallest fitting slices is
+printed as Markdown. A plan of a 4B model compiles in ~5-10 min on a 2-core host, a 14B one
+longer: the whole default table is hours of compiling.
+
+Settings (the keys are printed in the table's caption):
+
+* ``groups64``: 64 prompts x 5, 256-token prompts, 1,024-token response budget, 4
+  micro-batches, remat, bfloat16 compute and rollout, bfloat16 KV cache, logits chunks of 256,
+  ``algo.beta=0.01`` (the reference pass runs).
+* ``search_r1``: Search-R1's batch (train_batch_size 512, n_agent 5, up to 4 turns of 500 new
+  tokens with up to 500-token observations of the top-3 documents between them: a response
+  budget of 4 x 500 + 3 x 500 = 3,500 tokens), 2 mini-batches (its ppo_mini_batch_size 256) of
+  16 micro-batches each, otherwise as ``groups64``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+COMMON = ["mesh=fsdp", "algo.group_size=5", "trainer.remat=true", "model.dtype=bfloat16",
+          "trainer.rollout_dtype=bfloat16", "trainer.kv_cache_dtype=bfloat16",
+          "trainer.logits_chunk=256", "algo.beta=0.01", "plan.prompt_len=256"]
+SETTINGS: dict[str, list[str]] = {
+    "groups64": ["trainer.batch_prompts=64", "trainer.micro_batches=4",
+                 "plan.response_budget=1024"],
+    "search_r1": ["trainer.batch_prompts=512", "trainer.mini_batches=2",
+                  "trainer.micro_batches=16", "plan.response_budget=3500"],
+}
+# each chip's slices, smallest first (libtpu topology names)
+SLICES: dict[str, list[str]] = {
+    "v5e": ["v5e:4x4", "v5e:4x8", "v5e:8x8", "v5e:8x16", "v5e:16x16"],
+    "v5p": ["v5p:2x2x1", "v5p:2x2x2", "v5p:2x2x4", "v5p:2x4x4", "v5p:4x4x4", "v5p:4x4x8"],
+}
+GiB = 2**30
+
+
+def overrides(model: str, setting: str, topology: str) -> list[str]:
+    return [f"plan.model_shapes={model}", f"plan.topology={topology}", *COMMON,
+            *SETTINGS[setting]]
+
+
+def plan_row(model: str, setting: str, topology: str) -> dict[str, Any]:
+    """One slice's plan as a JSON-able record: per program its peak per chip (GiB, with the
+    resident train state), whether the config runs it, and whether the step fits."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from rl.config import parse_plan
+    from rl.plan import make_plan
+
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        cfg = compose("plan", overrides=overrides(model, setting, topology))
+    run, plan_cfg = parse_plan(OmegaConf.to_container(cfg, resolve=True))
+    plan = make_plan(run, plan_cfg)
+    hbm = plan.chip.hbm_bytes
+    programs = {p.name: {"peak_gib": round(p.peak / GiB, 3), "runs": p.runs,
+                         "fits": p.peak <= hbm and not p.refused} for p in plan.programs}
+    fit = getattr(plan, "fit", None)
+    return {"model": model, "setting": setting, "topology": topology, "chips": plan.chips,
+            "mesh": plan.mesh, "hbm_gib": round(hbm / GiB, 2), "programs": programs,
+            "fits": all(v["fits"] for v in programs.values() if v["runs"]),
+            "largest_rollout": getattr(fit, "best", None)}
+
+
+def done_rows(out: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
+    if not out.exists():
+        return {}
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    return {(r["model"], r["setting"], r["topology"]): r for r in rows}
+
+
+def smallest_fitting(model: str, setting: str, chip: str, out: Path) -> dict[str, Any] | None:
+    """Plan `chip`'s slices from the smallest up (reusing rows in `out`); the first one that
+    fits, or None when none of them does."""
+    for topology in SLICES[chip]:
+        row = done_rows(out).get((model, setting, topology))
+        if row is None:
+            print(f"plan_table: {model} {setting} on {topology} ...", file=sys.stderr,
+                  flush=True)
+            row = plan_row(model, setting, topology)
+            with out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        if row["fits"]:
+            return row
+    return None
+
+
+def table(rows: Sequence[tuple[str, str, str, dict[str, Any] | None]]) -> str:
+    lines = ["| model | setting | chip | smallest slice that fits | chips | peak GiB per chip "
+             "(prefill / decode / reference / update) |", "| --- | --- | --- | --- | --- | --- |"]
+    for model, setting, chip, row in rows:
+        if row is None:
+            lines.append(f"| {model} | {setting} | {chip} | none of {', '.join(SLICES[chip])}"
+                         f" | | |")
+            continue
+        peaks = " / ".join(f"{v['peak_gib']:.1f}" for v in row["programs"].values())
+        lines.append(f"| {model} | {setting} | {chip} | `{row['topology']}` | {row['chips']} "
+                     f"| {peaks} (HBM {row['hbm_gib']}) |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="qwen3_4b,qwen3_8b,qwen3_14b")
+    ap.add_argument("--settings", default="groups64,search_r1")
+    ap.add_argument("--chips", default="v5e,v5p")
+    ap.add_argument("--out", default="runs/plan_table.jsonl")
+    args = ap.parse_args(argv)
+    if not os.environ.get("JAX_PLATFORMS"):
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for name, known, given in (("--settings", SETTINGS, args.settings),
+                               ("--chips", SLICES, args.chips)):
+        unknown = sorted(set(given.split(",")) - set(known))
+        if unknown:
+            sys.exit(f"plan_table: {name}: unknown {unknown}; known: {sorted(known)}")
+    rows = [(m, s, c, smallest_fitting(m, s, c, out)) for m in args.models.split(",")
+            for s in args.settings.split(",") for c in args.chips.split(",")]
+    print("settings: " + "; ".join(f"{k}: {' '.join(COMMON + v)}" for k, v in SETTINGS.items()))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
