@@ -16,10 +16,10 @@ the mesh (each data-parallel shard prefills its own distinct prompts into a
 trainer.kv_cache_dtype cache), and the plan finds the largest rollout batch that fits
 (:func:`rollout_fit`): its peaks are affine in the rows per shard, so two compiles predict
 the largest batch, which is then compiled, and the prediction refined, until a batch that
-fits and the next one up that does not are both compiled. The same approach as MaxText's ``train_compile.py``
-(``jax.experimental.topologies.get_topology_desc``). libtpu compiles for the topology on a
-CPU-only host (``pip install -e '.[tpu-plan]'``); ``plan.topology=cpu`` plans for this
-host's devices instead (what the tests do).
+fits and the next one up that does not are both compiled. The same approach as MaxText's
+``train_compile.py`` (``jax.experimental.topologies.get_topology_desc``). libtpu compiles
+for the topology on a CPU-only host (``pip install -e '.[tpu-plan]'``); ``plan.topology=cpu``
+plans for this host's devices instead (what the tests do).
 
 FLOPs are derived, not read from ``cost_analysis`` (which counts a ``lax.scan`` body, the
 layer stack and the micro-batch loop, once). Per token of a forward pass, with the layers'
@@ -495,6 +495,9 @@ class RolloutFit:
         return next(((p, d) for n, p, d in self.measured if n == trajectories), None)
 
 
+FIT_COMPILES = 4  # rollout compiles at predicted batches, after the fit's first two
+
+
 def second_batch(prompts: int, group: int, shards: int) -> int:
     """The other prompt count the rollout is compiled at for the fit: about half the
     configured count, whole shard-aligned units of lcm(shards, group) / group prompts (twice
@@ -505,14 +508,13 @@ def second_batch(prompts: int, group: int, shards: int) -> int:
 
 
 def rollout_fit(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, dparams: Any,
-                resident: int, usable: float, configured: list[Program],
-                tries: int = 4) -> RolloutFit:
+                resident: int, usable: float, configured: list[Program]) -> RolloutFit:
     """The largest rollout batch that fits `usable`: fit the prefill's and the decode loop's
     peaks affinely in the rows per shard through two compiled batches (the configured one and
     :func:`second_batch`), predict the largest batch that fits (:func:`largest_batch`),
     compile the rollout there, and repeat with the line through the closest batches that fit
-    and do not (regula falsi, at most `tries` compiles) until a fitting batch and the one a
-    unit above it that does not are both compiled."""
+    and do not (regula falsi, at most FIT_COMPILES compiles) until a fitting batch and the
+    one a unit above it that does not are both compiled."""
     g, shards = run.algo.group_size, batch_shards(mesh)
     unit = math.lcm(shards, g)
 
@@ -525,7 +527,7 @@ def rollout_fit(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, dpara
     known[second_batch(lay.prompts, g, shards) * g] = compile_at(second_batch(lay.prompts, g,
                                                                               shards))
     lines: tuple[Affine, ...] = ()
-    for _ in range(tries):
+    for _ in range(FIT_COMPILES):
         fits = sorted(n for n, y in known.items() if max(y) <= usable and n % unit == 0)
         over = sorted(n for n, y in known.items() if max(y) > usable)
         lo, hi = (fits or [0])[-1], (over or [math.inf])[0]
