@@ -229,8 +229,15 @@ def abstract_state(params: Any, optimizer: optax.GradientTransformation, mesh: M
 
 def bytes_per_chip(tree: Any) -> int:
     """Bytes one device holds of a tree of sharded abstract arrays."""
-    return sum(math.prod(x.sharding.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * _itemsize(x.dtype)
                for x in jax.tree.leaves(tree))
+
+
+def _itemsize(dtype: Any) -> int:
+    """Bytes per element; a PRNG key (an extended dtype) holds two uint32 (threefry)."""
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return 8
+    return jnp.dtype(dtype).itemsize
 
 
 def update_batch(run: RunConfig, lay: Layout, mesh: Mesh) -> dict[str, Any]:
