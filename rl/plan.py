@@ -53,10 +53,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig, ModelLoadError
 from models.sampler import (
+    ContinuePlan,
     DecodeSettings,
     Frontier,
     PromptBatch,
     Stopping,
+    _continue,
     decode_loop,
     decode_params,
     prefill,
@@ -433,7 +435,37 @@ def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, 
         "decode", dec, (dparams, start, key, stopping), resident=resident,
         flops=decode_flops(cfg, lay),
         min_bytes=lambda m: lay.response * m.argument_size_in_bytes))
+    if chunk := int(run.task.get("chunk_tokens") or 0):  # a multi-turn task's chunked decode
+        programs.append(continue_program(run, cfg, lay, mesh, dparams, start, resident, chunk))
     return programs
+
+
+def continue_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, dparams: Any,
+                     previous: Frontier, resident: int, chunk: int) -> Program:
+    """A multi-turn rollout's continuation near the end of the budget, as
+    ``models.sampler.continue_generation`` runs it over the mesh (``_continue``): the previous
+    state's cache (prompt + budget slots, held, not donated) compacted into a new one of
+    `keep` slots plus every row's observation line (task.max_obs_tokens, rounded to 16) and
+    one chunk (task.chunk_tokens) of decoding, keep + observation + chunk = the prompt +
+    budget slots."""
+    b, shards = previous.logits.shape[0], batch_shards(mesh)
+    obs, grow = round_up(int(run.task.get("max_obs_tokens") or 1), 16), round_up(chunk, 16)
+    keep = round_up(max(lay.cache_len - obs - grow, 1), 64)
+    plan = ContinuePlan(_rows((shards, b // shards), jnp.int32, mesh),
+                        _rows((b,), jnp.int32, mesh), _rows((b, obs), jnp.int32, mesh),
+                        _rows((b, obs), jnp.bool_, mesh), _rows((b,), jnp.bool_, mesh))
+    key = _replicated(jax.eval_shape(lambda: jax.random.key(0)), mesh)
+    settings = DecodeSettings(chunk, run.trainer.temperature, run.trainer.top_p, mesh,
+                              run.trainer.kv_cache_dtype)
+    stopping = _stopping(cfg, b, mesh)
+    lowered = _continue.lower(cfg, dparams, previous, plan, key, stopping, settings=settings,
+                              keep=keep)
+    slots = keep + obs + grow
+    flops = (sum(forward_flops(cfg, b * obs, b * obs * slots, b))
+             + chunk * sum(forward_flops(cfg, b, b * slots, b)))
+    return compiled_program(
+        "continue", lowered, (dparams, previous, plan, key, stopping), resident=resident,
+        flops=flops, min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes)
 
 
 def sampler_weights(run: RunConfig, params: Any, mesh: Mesh) -> Any:
@@ -484,22 +516,23 @@ def largest_batch(lines: Sequence[Affine], usable: float, shards: int, group: in
 @dataclasses.dataclass(frozen=True)
 class RolloutFit:
     """The largest rollout batch that fits `usable` bytes per chip. `measured`: every batch
-    compiled, (trajectories, prefill peak, decode peak) with the resident bytes, in compile
-    order; `trajectories`: the largest compiled batch that fits (0: none; -1: the peaks do
-    not grow with the rows), `exact` when the next batch up (`unit` more) was compiled and
-    does not fit; `lines`: the affine fit (bytes against rows per shard) that predicted the
-    last batch compiled."""
+    compiled, (trajectories, then the peak of each program in `names`, with the resident
+    bytes), in compile order; `trajectories`: the largest compiled batch that fits (0:
+    none; -1: the peaks do not grow with the rows), `exact` when the next batch up (`unit`
+    more) was compiled and does not fit; `lines`: the affine fit (bytes against rows per
+    shard) that predicted the last batch compiled."""
 
     usable: float
     shards: int
     unit: int
-    measured: tuple[tuple[int, float, float], ...]
+    measured: tuple[tuple[int, *tuple[float, ...]], ...]
     lines: tuple[Affine, ...]
     trajectories: int
     exact: bool = False
+    names: tuple[str, ...] = ("prefill", "decode")  # the programs of each measured peak
 
-    def compiled(self, trajectories: int) -> tuple[float, float] | None:
-        return next(((p, d) for n, p, d in self.measured if n == trajectories), None)
+    def compiled(self, trajectories: int) -> tuple[float, ...] | None:
+        return next((tuple(y) for n, *y in self.measured if n == trajectories), None)
 
 
 FIT_COMPILES = 4  # rollout compiles at predicted batches, after the fit's first two
@@ -525,10 +558,12 @@ def rollout_fit(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, dpara
     g, shards = run.algo.group_size, batch_shards(mesh)
     unit = math.lcm(shards, g)
 
-    def compile_at(prompts: int) -> tuple[float, float]:
+    def compile_at(prompts: int) -> tuple[float, ...]:
         programs = rollout_programs(run, cfg, dataclasses.replace(
             lay, prompts=prompts, rows=prompts * g), mesh, dparams, resident)
         return tuple(float(p.peak) for p in programs)
+
+    names = tuple(p.name for p in configured)
 
     known = {lay.prompts * g: tuple(float(p.peak) for p in configured)}
     known[second_batch(lay.prompts, g, shards) * g] = compile_at(second_batch(lay.prompts, g,
@@ -546,7 +581,7 @@ def rollout_fit(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, dpara
                       for a, b in zip(y0, y1))
         n = largest_batch(lines, usable, shards, g)
         if n < 0:
-            return RolloutFit(usable, shards, unit, _measured(known), lines, -1)
+            return RolloutFit(usable, shards, unit, _measured(known), lines, -1, False, names)
         n = min(max(n, lo + unit), hi - unit)
         if n <= lo or n in known:
             break
@@ -555,10 +590,10 @@ def rollout_fit(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, dpara
     best = max(fits, default=0)
     above = known.get(best + unit)
     exact = above is not None and max(above) > usable
-    return RolloutFit(usable, shards, unit, _measured(known), lines, best, exact)
+    return RolloutFit(usable, shards, unit, _measured(known), lines, best, exact, names)
 
 
-def _measured(known: Mapping[int, tuple[float, float]]) -> tuple[tuple[int, float, float], ...]:
+def _measured(known: Mapping[int, tuple[float, ...]]) -> tuple[tuple[int, *tuple[float, ...]], ...]:
     return tuple((n, *y) for n, y in known.items())
 
 
@@ -752,7 +787,7 @@ def report(run: RunConfig, plan: Plan) -> str:
 def fit_line(run: RunConfig, fit: RolloutFit) -> str:
     """The largest rollout batch that fits, and how it was found."""
     g = run.algo.group_size
-    seen = ", ".join(f"{n}" for n, _, _ in fit.measured)
+    seen = ", ".join(f"{n}" for n, *_ in fit.measured)
     how = (f"the rollout compiled at {seen} trajectories, the next batch predicted by an "
            f"affine fit in the rows per shard; against {fit.usable / GiB:.2f} GiB per chip "
            f"with the resident bytes; batches in units of lcm(shards, group) = {fit.unit}")
@@ -760,10 +795,10 @@ def fit_line(run: RunConfig, fit: RolloutFit) -> str:
         return f"rollout: its memory does not grow with the batch ({how})"
     if fit.trajectories == 0:
         return f"rollout: no rollout batch that fits was found ({how})"
-    pre, dec = fit.compiled(fit.trajectories)
+    peaks = ", ".join(f"{name} {y / GiB:.2f} GiB"
+                      for name, y in zip(fit.names, fit.compiled(fit.trajectories)))
     text = (f"rollout: largest rollout batch that fits: {fit.trajectories} trajectories "
-            f"({fit.trajectories // g} prompts x {g}; prefill {pre / GiB:.2f} GiB, decode "
-            f"{dec / GiB:.2f} GiB per chip")
+            f"({fit.trajectories // g} prompts x {g}; {peaks} per chip")
     if fit.exact:
         up = fit.compiled(fit.trajectories + fit.unit)
         text += f"; {fit.trajectories + fit.unit} needs {max(up) / GiB:.2f} GiB"
