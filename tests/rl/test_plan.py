@@ -32,6 +32,7 @@ from rl.plan import (
     RolloutFit,
     affine_fit,
     batch_groups,
+    continue_program,
     decode_flops,
     fit_line,
     forward_flops,
@@ -426,3 +427,46 @@ def test_the_fit_refines_a_prediction_that_does_not_fit(monkeypatch):
                            f"({truth // 5} prompts x 5; prefill {peak(truth // 16) / GIB:.2f} "
                            f"GiB, decode {peak(truth // 16) / GIB:.2f} GiB per chip; "
                            f"{truth + 80} needs {up:.2f} GiB;"), text
+
+
+def test_a_multi_turn_continuation_holds_the_previous_cache_and_the_new_one():
+    """task.chunk_tokens (search_qa) plans the sampler's continuation: its arguments hold the
+    previous state's cache of prompt + budget slots (not donated) and its outputs the
+    compacted new one of keep + observation + chunk slots, both by hand: rows x layers x
+    (keys + values) x KV heads x head dim x slots x 2 bytes (bfloat16)."""
+    from models.sharding import make_mesh
+    from rl.plan import (
+        abstract_params,
+        bytes_per_chip,
+        layout,
+        rollout_programs,
+        sampler_weights,
+    )
+
+    run, plan = _config("task=search_qa", "trainer.kv_cache_dtype=bfloat16",
+                        "plan.response_budget=200")
+    cfg = tiny_config()
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    lay = layout(run, plan, mesh)
+    dparams = sampler_weights(run, abstract_params(cfg, mesh), mesh)
+    with jax.set_mesh(mesh):
+        programs = rollout_programs(run, cfg, lay, mesh, dparams, resident=0)
+    assert [p.name for p in programs] == ["prefill", "decode", "continue"]
+    cont = programs[2]
+    rows, per_slot = 16, cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2
+    previous = rows * per_slot * (32 + 208)  # prompt 20 -> 32, budget 200 -> 208
+    # keep = round_up(240 - 256 - 16, 64) = 64 (at least one slot), observation 256, chunk 16
+    new = rows * per_slot * (64 + 256 + 16)
+    # besides: the weights (arguments), the next-token logits [rows, vocab] float32 (both),
+    # and under 1 MiB of token budgets, stop tables, observation lines and sampled tokens
+    logits = rows * cfg.vocab_size * 4
+    rest = cont.arguments - bytes_per_chip(dparams) - logits - previous
+    assert 0 <= rest < 2**20, (rest, cont)
+    assert 0 <= cont.outputs - logits - new < 2**20, cont
+    assert cont.runs and cont.flops > 0
+    # a single-turn task (arith) has no continuation
+    run1, _ = _config()
+    with jax.set_mesh(mesh):
+        names = [p.name for p in rollout_programs(run1, cfg, layout(run1, plan, mesh), mesh,
+                                                  dparams, resident=0)]
+    assert names == ["prefill", "decode"] and continue_program
