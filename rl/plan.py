@@ -6,6 +6,8 @@ nothing downloaded or allocated), the programs of one RL step as ``rl.train`` wo
 
     prefill    the rollout's prompts into a KV cache of prompt + response budget slots
     decode     the rollout's decode loop over the response budget (``models.sampler``)
+    continue   a chunked multi-turn task's continuation at the end of the budget (the
+               previous cache held while compacted into a new one: ``_continue``)
     reference  the reference / old-policy log-prob pass (``rl.train_step.batch_logprobs``)
     update     one optimizer update (``rl.train_step.make_train_step``) on a mini-batch
 
