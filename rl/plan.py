@@ -736,6 +736,10 @@ def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
                 "(half the KV cache)", rows,
                 None if t.rollout_dtype == "bfloat16" else "trainer.rollout_dtype=bfloat16",
                 more_fsdp, "a smaller response budget (plan.response_budget, the task's)"]
+        if name == "continue":
+            keys.append("a continuation that compacts the cache in place (models.sampler."
+                        "_continue keeps the previous state's cache while it builds the new "
+                        "one: not available yet)")
     return [k for k in keys if k]
 
 

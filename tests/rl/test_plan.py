@@ -280,6 +280,8 @@ def test_rollout_remedies_offer_a_bfloat16_kv_cache_and_the_fitted_batch():
     fit = RolloutFit(15.75 * 2**30, 4, 4, (), (Affine(0, 1),) * 2, 16)
     keys = remedies(run, dataclasses.replace(plan, fit=fit), "decode")
     assert "trainer.batch_prompts=4 (the largest rollout batch that fits)" in keys, keys
+    assert any("compacts the cache in place" in k for k in remedies(run, plan, "continue"))
+    assert not any("in place" in k for k in remedies(run, plan, "prefill"))
 
 
 def test_rollout_remedies_offer_bfloat16_weights_only_when_float32():
