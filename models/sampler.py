@@ -38,18 +38,22 @@ from models.transformer import (
 )
 
 FINISH_REASONS = ("length", "eos", "stop")
+KV_CACHE_DTYPES = ("float32", "bfloat16")  # what a fresh generation's KV cache stores
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """How to sample. temperature 0 means greedy; ignore_eos generates exactly
-    max_new_tokens (benchmarks)."""
+    max_new_tokens (benchmarks). ``kv_cache_dtype``: what a fresh generation's KV cache
+    stores (one of KV_CACHE_DTYPES; a continuation keeps its state's): bfloat16 halves the
+    cache, attention still computes in float32 (see models.transformer.attention)."""
 
     max_new_tokens: int = 128
     temperature: float = 1.0
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    kv_cache_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -58,6 +62,9 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,9 +161,11 @@ def decode_params(params: Params, dtype: Any = None) -> Params:
 
     ``dtype`` (e.g. ``jnp.bfloat16``) casts the matrices (layer projections and the output
     layer, kept as a [D,V] "unembed") for decoding: matmuls run on ``dtype`` inputs with
-    float32 accumulation; embeddings, norms, the residual stream, the KV cache, softmax and
-    logits stay float32 (a decode step's attention reads a float32 cache faster than it
-    converts a bfloat16 one on CPU: 11 vs 18 ms per step at batch 32). Half the bytes per
+    float32 accumulation; embeddings, norms, the residual stream, softmax and logits stay
+    float32, and so does the KV cache unless ``SamplingParams.kv_cache_dtype`` says otherwise
+    (a decode step's attention reads a float32 cache faster than it converts a bfloat16 one
+    on CPU: 11 vs 18 ms per step at batch 32; on a TPU a bfloat16 cache halves the rollout's
+    largest buffer). Half the bytes per
     step for weights; on a CPU with AVX512-BF16, ~1.5x the matmul throughput at batch 32.
     Samples then come from a slightly different distribution than the float32 policy's (the
     trainer recomputes log-probabilities in float32, so its importance ratios stay exact)."""
@@ -186,18 +195,20 @@ def _decode_params_jit(params: Params, dtype: Any) -> Params:
 @dataclasses.dataclass(frozen=True)
 class DecodeSettings:
     """What a sampler kernel is compiled for (a static jit argument: each distinct value
-    compiles once): the decode loop's length, the sampling distribution and the mesh whose
-    data-parallel axes its rows are sharded over (None: no constraint, one device)."""
+    compiles once): the decode loop's length, the sampling distribution, the mesh whose
+    data-parallel axes its rows are sharded over (None: no constraint, one device) and the
+    dtype a fresh generation's KV cache stores (SamplingParams.kv_cache_dtype)."""
 
     max_new: int
     temperature: float
     top_p: float
     mesh: Mesh | None = None
+    cache_dtype: str = "float32"
 
     @staticmethod
     def of(sampling: SamplingParams, mesh: Mesh | None = None) -> DecodeSettings:
         return DecodeSettings(sampling.max_new_tokens, float(sampling.temperature),
-                              float(sampling.top_p), mesh)
+                              float(sampling.top_p), mesh, sampling.kv_cache_dtype)
 
 
 class Stopping(NamedTuple):
@@ -337,20 +348,22 @@ def _take_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
 def _generate(cfg: ModelConfig, params: Params, prompts: PromptBatch, key: jax.Array,
               stopping: Stopping, *, settings: DecodeSettings, cache_len: int) -> Decoded:
     params = unstack_layers(params)  # a no-op for decode_params
-    start = prefill(cfg, params, prompts, cache_len, settings.mesh)
+    start = prefill(cfg, params, prompts, cache_len, settings.mesh, settings.cache_dtype)
     return decode_loop(cfg, params, start, prompts.tokens.shape[1], key, stopping, settings)
 
 
 def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: int,
-            mesh: Mesh | None = None) -> Frontier:
+            mesh: Mesh | None = None, cache_dtype: str = "float32") -> Frontier:
     """Prefill each distinct prompt once (GRPO samples a group per prompt) into a cache of
-    `cache_len` slots, then give every row a copy of its prompt's cache: the frontier the
-    decode loop starts from (the first half of a fresh generation; ``rl.plan`` compiles the
-    two halves apart). With ``prompts.rows`` [S,B/S] (a mesh's S shards, see
-    :func:`_take_rows`) every shard's rows copy from the shard's own prompts."""
+    `cache_len` slots stored in `cache_dtype` (every write casts to it), then give every row
+    a copy of its prompt's cache: the frontier the decode loop starts from (the first half
+    of a fresh generation; ``rl.plan`` compiles the two halves apart). With ``prompts.rows``
+    [S,B/S] (a mesh's S shards, see :func:`_take_rows`) every shard's rows copy from the
+    shard's own prompts."""
     params = unstack_layers(params)
     rows = prompts.rows
-    cache = constrain_rows(KVCache.zeros(cfg, prompts.tokens.shape[0], cache_len), mesh)
+    cache = constrain_rows(KVCache.zeros(cfg, prompts.tokens.shape[0], cache_len,
+                                         jnp.dtype(cache_dtype)), mesh)
     hidden, cache = forward_with_cache(cfg, params, prompts.tokens, prompts.mask, cache=cache,
                                        cache_index=0)
     cache = KVCache(tuple(_take_rows(k, rows) for k in cache.k),

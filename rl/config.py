@@ -36,6 +36,7 @@ class ConfigError(ValueError):
 
 
 ROLLOUT_DTYPES = ("float32", "bfloat16")  # the sampler's weights (decode_params)
+KV_CACHE_DTYPES = ("float32", "bfloat16")  # the rollout's KV cache (SamplingParams)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +53,7 @@ class TrainerConfig:
     temperature: float
     top_p: float
     rollout_dtype: str
+    kv_cache_dtype: str  # the rollout's KV cache: float32 | bfloat16 (attention in float32)
     seed: int
     run_dir: str
     resume: Literal[False, True, "auto"]  # auto: resume when a checkpoint exists, else start
@@ -406,6 +408,8 @@ def check(run: RunConfig) -> None:
     _require(0 < t.top_p <= 1, "trainer.top_p", "must be in (0, 1]")
     _require(t.rollout_dtype in ROLLOUT_DTYPES, "trainer.rollout_dtype",
              f"must be one of {', '.join(ROLLOUT_DTYPES)}, got {t.rollout_dtype}")
+    _require(t.kv_cache_dtype in KV_CACHE_DTYPES, "trainer.kv_cache_dtype",
+             f"must be one of {', '.join(KV_CACHE_DTYPES)}, got {t.kv_cache_dtype}")
     check_batch_layout(run)
     check_off_policy(run)
     for key in ("connect_timeout_s", "heartbeat_timeout_s", "wait_timeout_s"):

@@ -29,8 +29,10 @@ from models.transformer import Params
 class SamplerPolicy:
     """The policy as the environments see it: current parameters behind the jitted sampler
     (kept in the sampler's per-layer form, made once per policy; ``dtype`` "bfloat16" samples
-    with bfloat16 matmuls, see models.sampler.decode_params). With a ``mesh`` the rollouts
-    are data-parallel: rows, KV cache and outputs sharded over its data axes, the weights by
+    with bfloat16 matmuls, see models.sampler.decode_params; ``kv_cache_dtype`` "bfloat16"
+    stores its generations' KV cache in bfloat16, whatever the environment's sampling says,
+    None: as it says). With a ``mesh`` the rollouts are data-parallel: rows, KV cache and
+    outputs sharded over its data axes, the weights by
     ``models.sharding.decode_param_shardings``."""
 
     cfg: ModelConfig
@@ -38,6 +40,7 @@ class SamplerPolicy:
     tokenizer: Tokenizer
     dtype: str | None = None
     mesh: Any = None
+    kv_cache_dtype: str | None = None
 
     def __post_init__(self) -> None:
         params = decode_params(self.params, self.dtype)
@@ -47,6 +50,8 @@ class SamplerPolicy:
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seed: int,
                  max_new_per_row: Sequence[int] | None = None) -> Generation:
+        if self.kv_cache_dtype is not None:
+            sampling = dataclasses.replace(sampling, kv_cache_dtype=self.kv_cache_dtype)
         return generate(self.cfg, self.params, self.tokenizer, prompts, sampling, seed=seed,
                         max_new_per_row=max_new_per_row, mesh=self.mesh)
 

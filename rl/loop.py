@@ -82,12 +82,15 @@ class Components:
 
     def policy(self, params: Any, evaluation: bool = False) -> SamplerPolicy:
         """The sampler on the train state's `params` (with LoRA: adapters merged into the
-        base); training rollouts in trainer.rollout_dtype, evaluation always in float32
-        (numbers comparable across runs)."""
-        dtype = "float32" if evaluation else self.run.trainer.rollout_dtype
+        base); training rollouts in trainer.rollout_dtype with a trainer.kv_cache_dtype KV
+        cache, evaluation always in float32 (numbers comparable across runs)."""
+        t = self.run.trainer
+        dtype, cache = ("float32", "float32") if evaluation else (t.rollout_dtype,
+                                                                  t.kv_cache_dtype)
         if self.lora is not None:
             params = self.lora.sampling(params)
-        return SamplerPolicy(self.model_cfg, params, self.tokenizer, dtype=dtype, mesh=self.mesh)
+        return SamplerPolicy(self.model_cfg, params, self.tokenizer, dtype=dtype, mesh=self.mesh,
+                             kv_cache_dtype=cache)
 
     def scoring_params(self, params: Any) -> Any:
         """The model parameters the update's forward runs for the train state's `params`."""

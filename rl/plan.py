@@ -6,15 +6,22 @@ nothing downloaded or allocated), the programs of one RL step as ``rl.train`` wo
 
     prefill    the rollout's prompts into a KV cache of prompt + response budget slots
     decode     the rollout's decode loop over the response budget (``models.sampler``)
+    continue   a chunked multi-turn task's continuation at the end of the budget (the
+               previous cache held while compacted into a new one: ``_continue``)
     reference  the reference / old-policy log-prob pass (``rl.train_step.batch_logprobs``)
     update     one optimizer update (``rl.train_step.make_train_step``) on a mini-batch
 
 and prints per program the per-chip memory (arguments, temporaries, outputs: XLA's
 ``memory_analysis``) against the chip's HBM, the FLOPs and a lower bound of its time, and
-which keys help when it does not fit. The same approach as MaxText's ``train_compile.py``
-(``jax.experimental.topologies.get_topology_desc``). libtpu compiles for the topology on a
-CPU-only host (``pip install -e '.[tpu-plan]'``); ``plan.topology=cpu`` plans for this
-host's devices instead (what the tests do).
+which keys help when it does not fit. The rollout is laid out as the sampler lays it out over
+the mesh (each data-parallel shard prefills its own distinct prompts into a
+trainer.kv_cache_dtype cache), and the plan finds the largest rollout batch that fits
+(:func:`rollout_fit`): its peaks are affine in the rows per shard, so two compiles predict
+the largest batch, which is then compiled, and the prediction refined, until a batch that
+fits and the next one up that does not are both compiled. The same approach as MaxText's
+``train_compile.py`` (``jax.experimental.topologies.get_topology_desc``). libtpu compiles
+for the topology on a CPU-only host (``pip install -e '.[tpu-plan]'``); ``plan.topology=cpu``
+plans for this host's devices instead (what the tests do).
 
 FLOPs are derived, not read from ``cost_analysis`` (which counts a ``lax.scan`` body, the
 layer stack and the micro-batch loop, once). Per token of a forward pass, with the layers'
@@ -38,7 +45,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -48,10 +55,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig, ModelLoadError
 from models.sampler import (
+    ContinuePlan,
     DecodeSettings,
     Frontier,
     PromptBatch,
     Stopping,
+    _continue,
     decode_loop,
     decode_params,
     prefill,
@@ -101,6 +110,9 @@ CHIPS: dict[str, Chip] = {
     "v6e": Chip("TPU v6e", 918e12, 32 * GiB, 1640e9),
 }
 TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):\d+x\d+(x\d+)?$")
+# what the TPU compiler lets a program use, where known: libtpu 0.0.42's "available HBM" in
+# its out-of-memory message on v5e (15.75G); other chips: their HBM capacity
+USABLE_HBM: dict[str, float] = {"TPU v5e": 15.75 * GiB}
 
 
 # ------------------------------------------------------------------------------ topology
@@ -223,8 +235,15 @@ def abstract_state(params: Any, optimizer: optax.GradientTransformation, mesh: M
 
 def bytes_per_chip(tree: Any) -> int:
     """Bytes one device holds of a tree of sharded abstract arrays."""
-    return sum(math.prod(x.sharding.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * _itemsize(x.dtype)
                for x in jax.tree.leaves(tree))
+
+
+def _itemsize(dtype: Any) -> int:
+    """Bytes per element; a PRNG key (an extended dtype) holds two uint32 (threefry)."""
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return 8
+    return jnp.dtype(dtype).itemsize
 
 
 def update_batch(run: RunConfig, lay: Layout, mesh: Mesh) -> dict[str, Any]:
@@ -371,29 +390,46 @@ def _stopping(cfg: ModelConfig, rows: int, mesh: Mesh) -> Stopping:
                                   jax.ShapeDtypeStruct((), jnp.int32)), mesh))
 
 
-def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, params: Any,
+def sampler_rows(prompts: int, size: int, shards: int) -> tuple[int, int]:
+    """(distinct prompts per shard, rows per shard) of `prompts` groups of `size` rows laid
+    out as ``models.sampler._sharded_prompts`` lays them out for `shards` data-parallel
+    shards: the rows cut in order into blocks of ceil(rows / shards) (padding rows at the
+    end), each shard prefilling the distinct prompts of its block (all as many as the
+    busiest)."""
+    rows = prompts * size
+    per = -(-rows // shards)
+    distinct = max(len({r // size for r in range(s * per, min(rows, (s + 1) * per))})
+                   for s in range(shards))
+    return max(distinct, 1), per
+
+
+def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, dparams: Any,
                      resident: int) -> list[Program]:
-    """The rollout's prefill and decode loop on the sampler's weights (trainer.rollout_dtype,
-    ``models.sampler.decode_params``) with the float32 KV cache the sampler allocates."""
-    dtype = None if run.trainer.rollout_dtype == "float32" else run.trainer.rollout_dtype
-    shapes = jax.eval_shape(lambda p: decode_params(p, dtype), params)
-    dparams = _abstract(shapes, decode_param_shardings(shapes, mesh))
-    prompts = PromptBatch(_rows((lay.prompts, lay.prompt), jnp.int32, mesh),
-                          _rows((lay.prompts, lay.prompt), jnp.bool_, mesh),
-                          _rows((lay.rows,), jnp.int32, mesh))
-    pre = jax.jit(prefill, static_argnames=("cfg", "cache_len")).lower(
-        cfg, dparams, prompts, cache_len=lay.cache_len)
+    """The rollout's prefill and decode loop as ``models.sampler.generate`` runs them over the
+    mesh: on the sampler's weights (trainer.rollout_dtype, ``decode_params``), each
+    data-parallel shard prefilling its own distinct prompts (:func:`sampler_rows`) into a
+    trainer.kv_cache_dtype KV cache, the rows kept sharded (``constrain_rows``)."""
+    shards = batch_shards(mesh)
+    distinct, per = sampler_rows(lay.prompts, run.algo.group_size, shards)
+    prompts = PromptBatch(_rows((shards * distinct, lay.prompt), jnp.int32, mesh),
+                          _rows((shards * distinct, lay.prompt), jnp.bool_, mesh),
+                          _rows((shards, per), jnp.int32, mesh))
+    cache_dtype = run.trainer.kv_cache_dtype
+    pre = jax.jit(prefill, static_argnames=("cfg", "cache_len", "mesh", "cache_dtype")).lower(
+        cfg, dparams, prompts, cache_len=lay.cache_len, mesh=mesh, cache_dtype=cache_dtype)
     programs = [compiled_program(
         "prefill", pre, (dparams, prompts), resident=resident, flops=prefill_flops(cfg, lay),
         min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes)]
-    front = jax.eval_shape(lambda p, b: prefill(cfg, p, b, lay.cache_len), dparams, prompts)
+    front = jax.eval_shape(lambda p, b: prefill(cfg, p, b, lay.cache_len, mesh, cache_dtype),
+                           dparams, prompts)
     start = Frontier(_abstract(front.cache, cache_shardings(front.cache, mesh)),
                      _rows(front.logits.shape, front.logits.dtype, mesh),
                      _rows(front.n_tokens.shape, jnp.int32, mesh),
                      _rows(front.stop_state.shape, jnp.int32, mesh))
     key = _replicated(jax.eval_shape(lambda: jax.random.key(0)), mesh)
-    settings = DecodeSettings(lay.response, run.trainer.temperature, run.trainer.top_p)
-    stopping = _stopping(cfg, lay.rows, mesh)
+    settings = DecodeSettings(lay.response, run.trainer.temperature, run.trainer.top_p, mesh,
+                              cache_dtype)
+    stopping = _stopping(cfg, shards * per, mesh)
     # the frontier donated: in the sampler's one program the decode loop takes over the
     # prefilled cache instead of holding two copies
     dec = jax.jit(decode_loop, static_argnames=("cfg", "first_slot", "settings"),
@@ -403,7 +439,166 @@ def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, 
         "decode", dec, (dparams, start, key, stopping), resident=resident,
         flops=decode_flops(cfg, lay),
         min_bytes=lambda m: lay.response * m.argument_size_in_bytes))
+    if chunk := int(run.task.get("chunk_tokens") or 0):  # a multi-turn task's chunked decode
+        programs.append(continue_program(run, cfg, lay, mesh, dparams, start, resident, chunk))
     return programs
+
+
+def continue_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, dparams: Any,
+                     previous: Frontier, resident: int, chunk: int) -> Program:
+    """A multi-turn rollout's continuation near the end of the budget, as
+    ``models.sampler.continue_generation`` runs it over the mesh (``_continue``): the previous
+    state's cache (prompt + budget slots, held, not donated) compacted into a new one of
+    `keep` slots plus every row's observation line (task.max_obs_tokens, rounded to 16) and
+    one chunk (task.chunk_tokens) of decoding, keep + observation + chunk = the prompt +
+    budget slots."""
+    b, shards = previous.logits.shape[0], batch_shards(mesh)
+    obs, grow = round_up(int(run.task.get("max_obs_tokens") or 1), 16), round_up(chunk, 16)
+    keep = round_up(max(lay.cache_len - obs - grow, 1), 64)
+    plan = ContinuePlan(_rows((shards, b // shards), jnp.int32, mesh),
+                        _rows((b,), jnp.int32, mesh), _rows((b, obs), jnp.int32, mesh),
+                        _rows((b, obs), jnp.bool_, mesh), _rows((b,), jnp.bool_, mesh))
+    key = _replicated(jax.eval_shape(lambda: jax.random.key(0)), mesh)
+    settings = DecodeSettings(chunk, run.trainer.temperature, run.trainer.top_p, mesh,
+                              run.trainer.kv_cache_dtype)
+    stopping = _stopping(cfg, b, mesh)
+    lowered = _continue.lower(cfg, dparams, previous, plan, key, stopping, settings=settings,
+                              keep=keep)
+    slots = keep + obs + grow
+    flops = (sum(forward_flops(cfg, b * obs, b * obs * slots, b))
+             + chunk * sum(forward_flops(cfg, b, b * slots, b)))
+    return compiled_program(
+        "continue", lowered, (dparams, previous, plan, key, stopping), resident=resident,
+        flops=flops, min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes)
+
+
+def sampler_weights(run: RunConfig, params: Any, mesh: Mesh) -> Any:
+    """The sampler's weights (trainer.rollout_dtype, ``decode_params``) as sharded shapes."""
+    dtype = None if run.trainer.rollout_dtype == "float32" else run.trainer.rollout_dtype
+    shapes = jax.eval_shape(lambda p: decode_params(p, dtype), params)
+    return _abstract(shapes, decode_param_shardings(shapes, mesh))
+
+
+# ------------------------------------------------------------------------------ rollout fit
+
+
+@dataclasses.dataclass(frozen=True)
+class Affine:
+    """bytes = fixed + per_row x rows per shard (a program's peak per chip)."""
+
+    fixed: float
+    per_row: float
+
+    def at(self, rows_per_shard: float) -> float:
+        return self.fixed + self.per_row * rows_per_shard
+
+
+def affine_fit(x0: float, y0: float, x1: float, y1: float) -> Affine:
+    """The line through (x0, y0) and (x1, y1), x0 != x1."""
+    slope = (y1 - y0) / (x1 - x0)
+    return Affine(y0 - slope * x0, slope)
+
+
+def largest_batch(lines: Sequence[Affine], usable: float, shards: int, group: int) -> int:
+    """The most trajectories N with every line's bytes at N / shards rows per shard within
+    `usable`, N a multiple of both the shards (every shard as many rows) and the group size
+    (whole groups): N = floor(shards x r / unit) x unit, unit = lcm(shards, group), r the
+    smallest of (usable - fixed) / per_row (a line that does not grow with the rows bounds
+    nothing; one over `usable` at 0 rows: 0). -1: no line grows with the rows."""
+    unit = math.lcm(shards, group)
+    bounds = []
+    for line in lines:
+        if line.fixed > usable:
+            return 0
+        if line.per_row > 0:
+            bounds.append((usable - line.fixed) / line.per_row)
+    if not bounds:
+        return -1
+    return int(shards * min(bounds) // unit) * unit
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutFit:
+    """The largest rollout batch that fits `usable` bytes per chip. `measured`: every batch
+    compiled, (trajectories, then the peak of each program in `names`, with the resident
+    bytes), in compile order; `trajectories`: the largest compiled batch that fits (0:
+    none; -1: the peaks do not grow with the rows), `exact` when the next batch up (`unit`
+    more) was compiled and does not fit; `lines`: the affine fit (bytes against rows per
+    shard) that predicted the last batch compiled."""
+
+    usable: float
+    shards: int
+    unit: int
+    measured: tuple[tuple[int, *tuple[float, ...]], ...]
+    lines: tuple[Affine, ...]
+    trajectories: int
+    exact: bool = False
+    names: tuple[str, ...] = ("prefill", "decode")  # the programs of each measured peak
+
+    def compiled(self, trajectories: int) -> tuple[float, ...] | None:
+        return next((tuple(y) for n, *y in self.measured if n == trajectories), None)
+
+
+FIT_COMPILES = 4  # rollout compiles at predicted batches, after the fit's first two
+
+
+def second_batch(prompts: int, group: int, shards: int) -> int:
+    """The other prompt count the rollout is compiled at for the fit: about half the
+    configured count, whole shard-aligned units of lcm(shards, group) / group prompts (twice
+    the count when half would be none or the same)."""
+    unit = math.lcm(shards, group) // group
+    half = (prompts // 2) // unit * unit
+    return half if 0 < half != prompts else max(2 * prompts, unit)
+
+
+def rollout_fit(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, dparams: Any,
+                resident: int, usable: float, configured: list[Program]) -> RolloutFit:
+    """The largest rollout batch that fits `usable`: fit the prefill's and the decode loop's
+    peaks affinely in the rows per shard through two compiled batches (the configured one and
+    :func:`second_batch`), predict the largest batch that fits (:func:`largest_batch`),
+    compile the rollout there, and repeat with the line through the closest batches that fit
+    and do not (regula falsi, at most FIT_COMPILES compiles) until a fitting batch and the
+    one a unit above it that does not are both compiled."""
+    g, shards = run.algo.group_size, batch_shards(mesh)
+    unit = math.lcm(shards, g)
+
+    def compile_at(prompts: int) -> tuple[float, ...]:
+        programs = rollout_programs(run, cfg, dataclasses.replace(
+            lay, prompts=prompts, rows=prompts * g), mesh, dparams, resident)
+        return tuple(float(p.peak) for p in programs)
+
+    names = tuple(p.name for p in configured)
+
+    known = {lay.prompts * g: tuple(float(p.peak) for p in configured)}
+    known[second_batch(lay.prompts, g, shards) * g] = compile_at(second_batch(lay.prompts, g,
+                                                                              shards))
+    lines: tuple[Affine, ...] = ()
+    for _ in range(FIT_COMPILES):
+        fits = sorted(n for n, y in known.items() if max(y) <= usable and n % unit == 0)
+        over = sorted(n for n, y in known.items() if max(y) > usable)
+        lo, hi = (fits or [0])[-1], (over or [math.inf])[0]
+        pair = [n for n in (lo, hi) if 0 < n < math.inf]
+        pair = pair if len(pair) == 2 else sorted(known)[-2:]
+        (n0, y0), (n1, y1) = ((n, known[n]) for n in pair)
+        lines = tuple(affine_fit(sampler_rows(n0 // g, g, shards)[1], a,
+                                 sampler_rows(n1 // g, g, shards)[1], b)
+                      for a, b in zip(y0, y1))
+        n = largest_batch(lines, usable, shards, g)
+        if n < 0:
+            return RolloutFit(usable, shards, unit, _measured(known), lines, -1, False, names)
+        n = min(max(n, lo + unit), hi - unit)
+        if n <= lo or n in known:
+            break
+        known[n] = compile_at(n // g)
+    fits = [n for n, y in known.items() if max(y) <= usable and n % unit == 0]
+    best = max(fits, default=0)
+    above = known.get(best + unit)
+    exact = above is not None and max(above) > usable
+    return RolloutFit(usable, shards, unit, _measured(known), lines, best, exact, names)
+
+
+def _measured(known: Mapping[int, tuple[float, ...]]) -> tuple[tuple[int, *tuple[float, ...]], ...]:
+    return tuple((n, *y) for n, y in known.items())
 
 
 def reference_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, params: Any,
@@ -460,6 +655,7 @@ class Plan:
     state_bytes: int
     ref_bytes: int
     programs: tuple[Program, ...]
+    fit: RolloutFit | None = None  # the largest rollout batch that fits (rollout_fit)
 
 
 def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
@@ -482,13 +678,16 @@ def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
     ref_shapes = jax.eval_shape(lambda p: in_compute_dtype(p, run.model.dtype), params)
     ref_bytes = bytes_per_chip(_abstract(ref_shapes, param_shardings(ref_shapes, mesh))) \
         if run.algo.beta > 0 else 0
-    with jax.set_mesh(mesh):  # the activation constraints (models.constraints), as rl.loop
-        programs = [*rollout_programs(run, cfg, lay, mesh, params, state_bytes + ref_bytes),
-                    reference_program(run, cfg, lay, mesh, params, state_bytes),
-                    update_program(run, cfg, lay, mesh, state, ref_bytes)]
     chip = chip or host_chip(len(devices))
+    dparams = sampler_weights(run, params, mesh)
+    with jax.set_mesh(mesh):  # the activation constraints (models.constraints), as rl.loop
+        rollout = rollout_programs(run, cfg, lay, mesh, dparams, state_bytes + ref_bytes)
+        fit = rollout_fit(run, cfg, lay, mesh, dparams, state_bytes + ref_bytes,
+                          USABLE_HBM.get(chip.name, chip.hbm_bytes), rollout)
+        programs = [*rollout, reference_program(run, cfg, lay, mesh, params, state_bytes),
+                    update_program(run, cfg, lay, mesh, state, ref_bytes)]
     return Plan(plan.model_shapes, cfg, plan.topology, chip, len(devices), dict(mesh.shape),
-                lay, state_bytes, ref_bytes, tuple(programs))
+                lay, state_bytes, ref_bytes, tuple(programs), fit)
 
 
 def time_bound(plan: Plan, prog: Program) -> float | None:
@@ -532,9 +731,17 @@ def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
                 micro and f"trainer.micro_batches={micro} (the reference pass runs in "
                 "mini x micro parts)", logits]
     else:
-        keys = [rows, None if t.rollout_dtype == "bfloat16" else "trainer.rollout_dtype="
-                "bfloat16", more_fsdp, "a smaller response budget (plan.response_budget, the "
-                "task's)", "a bfloat16 KV cache (not configurable yet: #17 item 7)"]
+        fit = plan.fit.trajectories // g if plan.fit and plan.fit.trajectories > 0 else 0
+        if 0 < fit < t.batch_prompts and ok(fit, t.mini_batches, t.micro_batches):
+            rows = f"trainer.batch_prompts={fit} (the largest rollout batch that fits)"
+        keys = [None if t.kv_cache_dtype == "bfloat16" else "trainer.kv_cache_dtype=bfloat16 "
+                "(half the KV cache)", rows,
+                None if t.rollout_dtype == "bfloat16" else "trainer.rollout_dtype=bfloat16",
+                more_fsdp, "a smaller response budget (plan.response_budget, the task's)"]
+        if name == "continue":
+            keys.append("a continuation that compacts the cache in place (models.sampler."
+                        "_continue keeps the previous state's cache while it builds the new "
+                        "one: not available yet)")
     return [k for k in keys if k]
 
 
@@ -562,7 +769,7 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
         f"prompt {lay.prompt} tokens, response budget {lay.response}; update: "
         f"{lay.mini_batches} mini-batch(es) of {lay.update_groups} groups x {lay.size}, "
         f"{t.micro_batches} micro-batches, remat {str(t.remat).lower()}, compute "
-        f"{run.model.dtype}; rollout {t.rollout_dtype} weights, float32 KV cache",
+        f"{run.model.dtype}; rollout {t.rollout_dtype} weights, {t.kv_cache_dtype} KV cache",
         *([f"  filler: rl.batch adds {lay.filler} filler group(s) (loss mask 0) so that "
            f"{lay.rows} trajectories cut into {t.mini_batches} x {t.micro_batches} x "
            f"{plan.mesh['data'] * plan.mesh['fsdp']} equal slices: the update computes "
@@ -579,8 +786,33 @@ def report(run: RunConfig, plan: Plan) -> str:
     lines.append(f"  {'program':<10}{'args':>8}{'temp':>8}{'out':>8}{'total':>8}"
                  f"{'+resid.':>9}  {'of HBM':>7}{'FLOPs':>11}  {'time >=':>10}   (GiB per chip)")
     lines += [_row(plan, p) for p in plan.programs]
+    if plan.fit is not None:
+        lines.append(fit_line(run, plan.fit))
     lines.append(verdict(run, plan))
     return "\n".join(lines)
+
+
+def fit_line(run: RunConfig, fit: RolloutFit) -> str:
+    """The largest rollout batch that fits, and how it was found."""
+    g = run.algo.group_size
+    seen = ", ".join(f"{n}" for n, *_ in fit.measured)
+    how = (f"the rollout compiled at {seen} trajectories, the next batch predicted by an "
+           f"affine fit in the rows per shard; against {fit.usable / GiB:.2f} GiB per chip "
+           f"with the resident bytes; batches in units of lcm(shards, group) = {fit.unit}")
+    if fit.trajectories < 0:
+        return f"rollout: its memory does not grow with the batch ({how})"
+    if fit.trajectories == 0:
+        return f"rollout: no rollout batch that fits was found ({how})"
+    peaks = ", ".join(f"{name} {y / GiB:.2f} GiB"
+                      for name, y in zip(fit.names, fit.compiled(fit.trajectories)))
+    text = (f"rollout: largest rollout batch that fits: {fit.trajectories} trajectories "
+            f"({fit.trajectories // g} prompts x {g}; {peaks} per chip")
+    if fit.exact:
+        up = fit.compiled(fit.trajectories + fit.unit)
+        text += f"; {fit.trajectories + fit.unit} needs {max(up) / GiB:.2f} GiB"
+    else:
+        text += "; the largest compiled, a larger one may fit"
+    return f"{text}; {how})"
 
 
 def _row(plan: Plan, p: Program) -> str:

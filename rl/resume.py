@@ -45,7 +45,7 @@ SCHEDULE_SPANS_MAX_STEPS = ("cosine",)
 NEVER_ALLOWED = ("model_config",)
 # keys added after checkpoints were written without them, with the value those runs computed
 # with: a checkpoint lacking the key compares as having it
-ADDED_LATER = {"trainer.off_policy_steps": 0}
+ADDED_LATER = {"trainer.off_policy_steps": 0, "trainer.kv_cache_dtype": "float32"}
 
 
 def _under(key: str, prefixes: Sequence[str]) -> bool:

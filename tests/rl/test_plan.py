@@ -24,18 +24,27 @@ from rl.batch import build_batch
 from rl.config import ConfigError, parse_plan
 from rl.plan import (
     CHIPS,
+    Affine,
     Chip,
     Layout,
     Plan,
     Program,
+    RolloutFit,
+    affine_fit,
     batch_groups,
+    continue_program,
     decode_flops,
+    fit_line,
     forward_flops,
     header,
+    largest_batch,
     make_plan,
     prefill_flops,
     refused_sizes,
     remedies,
+    rollout_fit,
+    sampler_rows,
+    second_batch,
     update_flops,
     verdict,
 )
@@ -83,6 +92,21 @@ def test_plan_of_the_tiny_model_on_an_8_device_cpu_mesh():
     assert "prompt 32 tokens, response budget 32" in out, out  # rounded as rl.batch pads
     _check_table(out)
     assert "verdict: fits" in out, out
+    assert "float32 KV cache" in out, out
+    # the fit: 16 and 8 trajectories compiled (second_batch: half of 4 prompts, in units of
+    # lcm(8, 4) / 4 = 2), then the predicted batch, a multiple of lcm(8 shards, 4) = 8
+    m = re.search(r"rollout: largest rollout batch that fits: (\d+) trajectories \((\d+) "
+                  r"prompts x 4; prefill [\d.]+ GiB, decode [\d.]+ GiB per chip; .*the "
+                  r"rollout compiled at 16, 8, ", out, re.M)
+    assert m and int(m.group(1)) % 8 == 0 and int(m.group(1)) > 16, out
+    bf16 = _plan_cli(*TINY, "plan.topology=cpu", "trainer.kv_cache_dtype=bfloat16", devices=8)
+    assert bf16.returncode == 0, bf16.stderr[-3000:]
+    assert "bfloat16 KV cache" in bf16.stdout, bf16.stdout
+    # the prefill's output is the 16 rows' cache: keys and values of 2 layers x 2 KV heads x
+    # 16 dims x 64 slots, float32 -> bfloat16 halves it (the logits stay float32)
+    cache32 = 16 * 2 * 2 * (2 * 16 * 64) * 4 / 2**30 / 8
+    out32, out16 = _rows(out)["prefill"][2], _rows(bf16.stdout)["prefill"][2]
+    assert out32 - out16 == pytest.approx(cache32 / 2, abs=0.002), (out32, out16)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
@@ -96,6 +120,7 @@ def test_plan_of_the_tiny_model_on_a_v5e_2x2_slice():
     assert "mesh data=1 fsdp=4 tensor=1" in out, out
     _check_table(out)
     assert "verdict: fits: every program this config runs is within 16.0 GiB per chip" in out, out
+    assert "against 15.75 GiB per chip" in out and "largest rollout batch that fits" in out, out
 
 
 def test_unknown_topology_is_refused_naming_the_key_before_any_compute():
@@ -245,6 +270,20 @@ def test_the_sizes_of_a_tpu_out_of_memory_refusal_are_read_from_its_message():
     assert refused_sizes("RESOURCE_EXHAUSTED: something else", 0) is None
 
 
+def test_rollout_remedies_offer_a_bfloat16_kv_cache_and_the_fitted_batch():
+    run, _ = _config("trainer.batch_prompts=8")
+    plan = _fake_plan(run, 1.0)
+    assert "trainer.kv_cache_dtype=bfloat16 (half the KV cache)" in remedies(run, plan, "prefill")
+    run16, _ = _config("trainer.batch_prompts=8", "trainer.kv_cache_dtype=bfloat16")
+    assert not any("kv_cache_dtype" in k for k in remedies(run16, plan, "prefill"))
+    # a fit of 16 trajectories = 4 prompts x 4 (4 prompts split over the fake plan's 4 shards)
+    fit = RolloutFit(15.75 * 2**30, 4, 4, (), (Affine(0, 1),) * 2, 16)
+    keys = remedies(run, dataclasses.replace(plan, fit=fit), "decode")
+    assert "trainer.batch_prompts=4 (the largest rollout batch that fits)" in keys, keys
+    assert any("compacts the cache in place" in k for k in remedies(run, plan, "continue"))
+    assert not any("in place" in k for k in remedies(run, plan, "prefill"))
+
+
 def test_rollout_remedies_offer_bfloat16_weights_only_when_float32():
     run, _ = _config()
     assert "trainer.rollout_dtype=bfloat16" in remedies(run, _fake_plan(run, 1.0), "decode")
@@ -313,3 +352,123 @@ def test_the_header_says_how_many_filler_trajectories_the_update_computes():
            "cut into 1 x 1 x 4 equal slices: the update computes 2 trajectories for " \
            "nothing" in text, text
     assert "filler" not in "\n".join(header(run, _fake_plan(run, 1.0)))
+
+
+# ------------------------------------------------------------------------------ rollout fit
+
+GIB = 2**30
+
+
+def test_affine_fit_and_the_largest_batch_by_hand():
+    # 5 GiB at 10 rows per shard, 7 GiB at 20: 0.2 GiB a row, 3 GiB fixed
+    line = affine_fit(10, 5 * GIB, 20, 7 * GIB)
+    assert line.per_row == pytest.approx(0.2 * GIB) and line.fixed == pytest.approx(3 * GIB)
+    # against 15.75 GiB: (15.75 - 3) / 0.2 = 63.75 rows per shard (the other line allows
+    # (15.75 - 4) / 0.1 = 117.5); x 16 shards = 1020 trajectories, in whole units of
+    # lcm(16, 5) = 80: 960 (60 rows per shard: 15 GiB; 1040 would need 16 GiB)
+    lines = [line, Affine(4 * GIB, 0.1 * GIB)]
+    assert largest_batch(lines, 15.75 * GIB, shards=16, group=5) == 960
+    assert largest_batch([Affine(16 * GIB, 0.1 * GIB)], 15.75 * GIB, 16, 5) == 0
+    assert largest_batch([Affine(1 * GIB, 0.0)], 15.75 * GIB, 16, 5) == -1
+    # 4 shards, groups of 2: units of 4 trajectories; (10 - 1) / 0.5 = 18 rows per shard,
+    # 72 trajectories
+    assert largest_batch([Affine(1.0, 0.5)], 10.0, shards=4, group=2) == 72
+
+
+def test_the_rollout_layout_is_the_samplers():
+    """rows per shard and distinct prompts per shard as models.sampler lays them out."""
+    from models.sampler import _sharded_prompts
+
+    for prompts, group, shards in ((64, 5, 16), (4, 3, 8), (3, 2, 4), (7, 4, 2)):
+        lists = [[p + 1, 100] for p in range(prompts) for _ in range(group)]
+        batch, _ = _sharded_prompts(lists, np.ones(len(lists), np.int32), shards, 0)
+        distinct, per = sampler_rows(prompts, group, shards)
+        assert batch.rows.shape == (shards, per), (prompts, group, shards)
+        assert batch.tokens.shape[0] == shards * distinct, (prompts, group, shards)
+    # by hand: 320 rows over 16 shards, 20 each = 4 whole groups of 5
+    assert sampler_rows(64, 5, 16) == (4, 20)
+    # 12 rows over 8 shards, 2 each: shard 1 holds rows 2, 3 (prompts 0 and 1)
+    assert sampler_rows(4, 3, 8) == (2, 2)
+
+
+def test_the_second_batch_of_the_fit():
+    assert second_batch(64, 5, 16) == 32   # half, in units of lcm(16, 5) / 5 = 16 prompts
+    assert second_batch(4, 4, 8) == 2      # units of lcm(8, 4) / 4 = 2
+    assert second_batch(1, 4, 8) == 2      # half is none: twice, at least one unit
+    assert second_batch(16, 5, 16) == 32   # half (8) is under a unit (16): twice
+
+
+def test_the_fit_refines_a_prediction_that_does_not_fit(monkeypatch):
+    """Peaks that grow faster than affinely (a quadratic term): the first prediction, from
+    320 and 160 trajectories, overshoots; the lines through the closest batches that fit and
+    do not then close in on the largest that fits, and the one above it is compiled too. The
+    true answer by brute force over multiples of lcm(16, 5) = 80."""
+    run, _ = _config("algo.group_size=5", "trainer.batch_prompts=64")
+    usable = 15.75 * GIB
+
+    def peak(rows_per_shard: int) -> float:
+        return 3 * GIB + 0.1 * GIB * rows_per_shard + 0.0005 * GIB * rows_per_shard**2
+
+    def fake_rollout(run, cfg, lay, mesh, dparams, resident):
+        b = int(peak(lay.rows // 16))
+        return [Program(n, b, 0, 0, 0, 0, 1.0, 1.0, True) for n in ("prefill", "decode")]
+
+    monkeypatch.setattr("rl.plan.rollout_programs", fake_rollout)
+    monkeypatch.setattr("rl.plan.batch_shards", lambda mesh: 16)
+    lay = Layout(prompts=64, rows=320, groups=64, size=5, prompt=32, response=32,
+                 mini_batches=1)
+    fit = rollout_fit(run, None, lay, None, None, 0, usable, fake_rollout(run, 0, lay, 0, 0, 0))
+    truth = max(n for n in range(80, 4000, 80) if peak(n // 16) <= usable)
+    assert fit.trajectories == truth, (fit, truth)
+    assert [n for n, _, _ in fit.measured][:2] == [320, 160]
+    assert fit.exact and max(fit.compiled(truth + 80)) > usable
+    assert len(fit.measured) <= 2 + 4
+    text = fit_line(run, fit)
+    up = peak((truth + 80) // 16) / GIB
+    assert text.startswith(f"rollout: largest rollout batch that fits: {truth} trajectories "
+                           f"({truth // 5} prompts x 5; prefill {peak(truth // 16) / GIB:.2f} "
+                           f"GiB, decode {peak(truth // 16) / GIB:.2f} GiB per chip; "
+                           f"{truth + 80} needs {up:.2f} GiB;"), text
+
+
+def test_a_multi_turn_continuation_holds_the_previous_cache_and_the_new_one():
+    """task.chunk_tokens (search_qa) plans the sampler's continuation: its arguments hold the
+    previous state's cache of prompt + budget slots (not donated) and its outputs the
+    compacted new one of keep + observation + chunk slots, both by hand: rows x layers x
+    (keys + values) x KV heads x head dim x slots x 2 bytes (bfloat16)."""
+    from models.sharding import make_mesh
+    from rl.plan import (
+        abstract_params,
+        bytes_per_chip,
+        layout,
+        rollout_programs,
+        sampler_weights,
+    )
+
+    run, plan = _config("task=search_qa", "trainer.kv_cache_dtype=bfloat16",
+                        "plan.response_budget=200")
+    cfg = tiny_config()
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    lay = layout(run, plan, mesh)
+    dparams = sampler_weights(run, abstract_params(cfg, mesh), mesh)
+    with jax.set_mesh(mesh):
+        programs = rollout_programs(run, cfg, lay, mesh, dparams, resident=0)
+    assert [p.name for p in programs] == ["prefill", "decode", "continue"]
+    cont = programs[2]
+    rows, per_slot = 16, cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2
+    previous = rows * per_slot * (32 + 208)  # prompt 20 -> 32, budget 200 -> 208
+    # keep = round_up(240 - 256 - 16, 64) = 64 (at least one slot), observation 256, chunk 16
+    new = rows * per_slot * (64 + 256 + 16)
+    # besides: the weights (arguments), the next-token logits [rows, vocab] float32 (both),
+    # and under 1 MiB of token budgets, stop tables, observation lines and sampled tokens
+    logits = rows * cfg.vocab_size * 4
+    rest = cont.arguments - bytes_per_chip(dparams) - logits - previous
+    assert 0 <= rest < 2**20, (rest, cont)
+    assert 0 <= cont.outputs - logits - new < 2**20, cont
+    assert cont.runs and cont.flops > 0
+    # a single-turn task (arith) has no continuation
+    run1, _ = _config()
+    with jax.set_mesh(mesh):
+        names = [p.name for p in rollout_programs(run1, cfg, layout(run1, plan, mesh), mesh,
+                                                  dparams, resident=0)]
+    assert names == ["prefill", "decode"] and continue_program

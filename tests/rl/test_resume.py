@@ -286,3 +286,10 @@ def test_a_failure_while_rewriting_the_logs_on_resume_leaves_them_whole(tmp_path
     monkeypatch.undo()
     RunLog(tmp_path, resume_step=2, loggers=()).close()
     assert [r["step"] for r in records(tmp_path / "metrics.jsonl")] == [0, 1]
+
+
+def test_a_checkpoint_from_before_the_kv_cache_dtype_key_resumes_as_float32():
+    before = {"trainer.rollout_dtype": "float32"}  # written before trainer.kv_cache_dtype
+    assert changes(before, {**before, "trainer.kv_cache_dtype": "float32"}) == {}
+    assert changes(before, {**before, "trainer.kv_cache_dtype": "bfloat16"}) == {
+        "trainer.kv_cache_dtype": ("float32", "bfloat16")}

@@ -172,6 +172,27 @@ def test_bfloat16_rollouts_train_and_evaluate_in_float32(tmp_path):
     assert all(np.isfinite(r["loss"]) for r in recs if "loss" in r)
 
 
+def test_kv_cache_dtype_reaches_the_training_rollouts_not_the_evaluation(tmp_path):
+    from models.sampler import SamplingParams
+
+    t = build_trainer(make_cfg(tmp_path / "kv", *LEARN, "trainer.max_steps=1",
+                               "trainer.batch_prompts=2", "algo.group_size=2",
+                               "trainer.max_new_tokens=4", "trainer.kv_cache_dtype=bfloat16"))
+    sampler = t.parts.policy(t.state.params)
+    evaluator = t.parts.policy(t.state.params, evaluation=True)
+    # the environments' sampling says float32 (the default); the policy stores its cache
+    sp = SamplingParams(4, temperature=0)
+
+    def stored(policy):
+        cache = policy.generate([[5, 6, 7]], sp, seed=0).state.cache
+        return {np.dtype(a.dtype) for a in (*cache.k, *cache.v)}
+
+    assert stored(sampler) == {np.dtype(jax.numpy.bfloat16)}
+    assert stored(evaluator) == {np.dtype(np.float32)}
+    assert sampler.params["layers"][0]["wq"].dtype == jax.numpy.float32  # rollout_dtype apart
+    t.close()
+
+
 def test_dapo_overlong_shaping_ramps_over_the_last_quarter_of_the_budget(tmp_path):
     """algo=dapo with the default buffer (a quarter of a 16-token budget): responses up to 12
     tokens are not punished, then -1/4 per token, -1 at the budget."""
@@ -210,6 +231,8 @@ def test_bfloat16_model_trains_float32_master_weights(tmp_path):
     ("trainer.mini_batches=3", "trainer.mini_batches"),
     ("algo.dual_clip=0.5", "algo.dual_clip"),
     ("trainer.rollout_dtype=float16", "trainer.rollout_dtype"),
+    ("trainer.kv_cache_dtype=float16", "trainer.kv_cache_dtype: must be one of float32, "
+     "bfloat16"),
     ("algo.loss_agg=token_mean", "algo.loss_agg"),
     ("algo.advantage=dr_grpo", "algo.advantage"),
     ("algo.std_ddof=2", "algo.std_ddof: must be 0 or 1"),
