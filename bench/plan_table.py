@@ -34,7 +34,8 @@ from typing import Any
 
 COMMON = ["mesh=fsdp", "algo.group_size=5", "trainer.remat=true", "model.dtype=bfloat16",
           "trainer.rollout_dtype=bfloat16", "trainer.kv_cache_dtype=bfloat16",
-          "trainer.logits_chunk=256", "algo.beta=0.01", "plan.prompt_len=256"]
+          "trainer.logits_chunk=256", "algo.beta=0.01", "plan.prompt_len=256",
+          "plan.rollout_fit=false"]
 SETTINGS: dict[str, list[str]] = {
     "groups64": ["trainer.batch_prompts=64", "trainer.micro_batches=4",
                  "plan.response_budget=1024"],

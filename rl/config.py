@@ -481,6 +481,7 @@ class PlanConfig:
     model_shapes: str    # a shape preset (models.shapes) or a config.json path / HF folder
     prompt_len: int      # prompt tokens per group (the batch's prefix length)
     response_budget: int  # most tokens a trajectory holds after its prompt
+    rollout_fit: bool    # also search the largest rollout batch that fits (more compiles)
 
 
 def parse_plan(cfg: Mapping[str, Any]) -> tuple[RunConfig, PlanConfig]:

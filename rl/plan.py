@@ -683,7 +683,8 @@ def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
     with jax.set_mesh(mesh):  # the activation constraints (models.constraints), as rl.loop
         rollout = rollout_programs(run, cfg, lay, mesh, dparams, state_bytes + ref_bytes)
         fit = rollout_fit(run, cfg, lay, mesh, dparams, state_bytes + ref_bytes,
-                          USABLE_HBM.get(chip.name, chip.hbm_bytes), rollout)
+                          USABLE_HBM.get(chip.name, chip.hbm_bytes), rollout) \
+            if plan.rollout_fit else None
         programs = [*rollout, reference_program(run, cfg, lay, mesh, params, state_bytes),
                     update_program(run, cfg, lay, mesh, state, ref_bytes)]
     return Plan(plan.model_shapes, cfg, plan.topology, chip, len(devices), dict(mesh.shape),
