@@ -66,7 +66,9 @@ def plan_row(model: str, setting: str, topology: str) -> dict[str, Any]:
 
     conf = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
-        cfg = compose("plan", overrides=overrides(model, setting, topology))
+        # a plan writes nothing; composed outside hydra's app, ${hydra:...} has no value
+        cfg = compose("plan", overrides=[*overrides(model, setting, topology),
+                                         "trainer.run_dir=unused"])
     run, plan_cfg = parse_plan(OmegaConf.to_container(cfg, resolve=True))
     plan = make_plan(run, plan_cfg)
     hbm = plan.chip.hbm_bytes
