@@ -157,7 +157,8 @@ def test_plan_and_sft_refuse_lora(tmp_path, model_dir):
     parse(cfg)  # valid for rl.train
     with pytest.raises(ConfigError, match="model.lora.rank"):
         parse_plan({**cfg, "plan": {"topology": "cpu", "model_shapes": "tiny",
-                                    "prompt_len": 8, "response_budget": 8}})
+                                    "prompt_len": 8, "response_budget": 8,
+                                    "rollout_fit": False}})
     with pytest.raises(ConfigError, match="model.lora.rank"):
         _checked({**cfg, "sft": {"split": "train", "examples": 1, "epochs": 1,
                                  "batch_size": 1, "eval_split": "dev", "eval_examples": 0}})
