@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -132,11 +130,6 @@ class Exchange:
                 f"{', '.join(theirs[i][:12] for i in differ)}. They ran the same program on "
                 f"values that should be equal: a host computation (e.g. an embedding on "
                 f"different CPUs) or a local file differs between hosts")
-
-
-def digest(value: Any) -> str:
-    """SHA-256 of a JSON value (keys sorted)."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
 class LeaderCalls:

@@ -30,12 +30,12 @@ from models import load_params
 from models.sampler import SamplingParams
 from models.sharding import initialize_distributed, make_mesh
 from rl import loop as L
-from rl.checkpoint import Checkpointer, CheckpointError
+from rl.checkpoint import Checkpointer, CheckpointError, json_digest
 from rl.config import ConfigError, RunConfig, overlong_buffer, parse
 from rl.data import PromptStream
 from rl.eval import greedy_rollouts, restore_run_params, run_config
 from rl.lora import BASE_META, fresh_adapters, lora_run
-from rl.multihost import Exchange, digest, is_leader, shared, shared_env
+from rl.multihost import Exchange, is_leader, shared, shared_env
 from rl.off_policy import Behaviour, RolloutPrefetch, snapshot
 from rl.optim import lr_schedule, make_optimizer
 from rl.resume import SETTINGS, refuse_changes, settings
@@ -134,7 +134,7 @@ class Trainer:
         if self.parts.exchange is None:
             return
         lp = self.loop
-        self.parts.exchange.agree(digest({
+        self.parts.exchange.agree(json_digest({
             "reward_state": self.parts.rewarder.state_to_json(lp.reward),
             "data_position": lp.data_position, "step": lp.step}),
             f"the host state after step {lp.step - 1} (rubric memory / rewarder state, data "
@@ -400,7 +400,7 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
     # before any other JAX call: a multi-host job agrees on its devices first
     exchange = join_job(run.mesh)
     if exchange is not None:  # the same program everywhere: the same config (but the rank)
-        exchange.agree(digest(_job_config(run.raw)), "the run config")
+        exchange.agree(json_digest(_job_config(run.raw)), "the run config")
     inp = read_inputs(run, exchange)
     lc, oc = run.loss_config(inp.budget), run.optim_config()
     t = run.trainer
