@@ -82,9 +82,10 @@ class Policy(Protocol):
     """What an environment may ask of the policy: tokenize and sample.
 
     A policy may also offer ``continue_from(state, rows, appended, sampling, seed,
-    max_new_per_row)`` to extend rows of an earlier ``Generation`` (its ``state``) after
-    reading ``appended`` tokens; multi-turn environments use it when present
-    (``rl.envs.SamplerPolicy`` has it) and re-send the whole context otherwise.
+    max_new_per_row, consume=False)`` to extend rows of an earlier ``Generation`` (its
+    ``state``) after reading ``appended`` tokens (``consume``: the caller will not use
+    ``state`` again, so its memory may be reused); multi-turn environments use it when
+    present (``rl.envs.SamplerPolicy`` has it) and re-send the whole context otherwise.
     """
 
     tokenizer: Any

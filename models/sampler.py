@@ -24,7 +24,13 @@ from jax.sharding import Mesh
 
 from models.config import ModelConfig
 from models.constraints import shard_rows
-from models.sharding import batch_shards, constrain_rows, host_copy, row_shardings
+from models.sharding import (
+    batch_shards,
+    cache_layer_sharding,
+    constrain_rows,
+    host_copy,
+    row_shardings,
+)
 from models.stops import stop_tables
 from models.tokenizer import Tokenizer
 from models.transformer import (
@@ -46,7 +52,10 @@ class SamplingParams:
     """How to sample. temperature 0 means greedy; ignore_eos generates exactly
     max_new_tokens (benchmarks). ``kv_cache_dtype``: what a fresh generation's KV cache
     stores (one of KV_CACHE_DTYPES; a continuation keeps its state's): bfloat16 halves the
-    cache, attention still computes in float32 (see models.transformer.attention)."""
+    cache, attention still computes in float32 (see models.transformer.attention).
+    ``read_block``: a continuation reads its appended tokens (e.g. a search's observation) in
+    blocks of at most this many (a multiple of 16), so one block's attention scores, [rows,
+    heads, block, slots] float32, are alive at a time instead of the whole observation's."""
 
     max_new_tokens: int = 128
     temperature: float = 1.0
@@ -54,6 +63,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     kv_cache_dtype: str = "float32"
+    read_block: int = 128
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -65,6 +75,9 @@ class SamplingParams:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                              f"got {self.kv_cache_dtype!r}")
+        if self.read_block < 16 or self.read_block % 16:
+            raise ValueError(f"read_block must be a positive multiple of 16, got "
+                             f"{self.read_block}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,19 +209,22 @@ def _decode_params_jit(params: Params, dtype: Any) -> Params:
 class DecodeSettings:
     """What a sampler kernel is compiled for (a static jit argument: each distinct value
     compiles once): the decode loop's length, the sampling distribution, the mesh whose
-    data-parallel axes its rows are sharded over (None: no constraint, one device) and the
-    dtype a fresh generation's KV cache stores (SamplingParams.kv_cache_dtype)."""
+    data-parallel axes its rows are sharded over (None: no constraint, one device), the
+    dtype a fresh generation's KV cache stores (SamplingParams.kv_cache_dtype) and the block
+    a continuation reads appended tokens in (SamplingParams.read_block)."""
 
     max_new: int
     temperature: float
     top_p: float
     mesh: Mesh | None = None
     cache_dtype: str = "float32"
+    read_block: int = 128
 
     @staticmethod
     def of(sampling: SamplingParams, mesh: Mesh | None = None) -> DecodeSettings:
         return DecodeSettings(sampling.max_new_tokens, float(sampling.temperature),
-                              float(sampling.top_p), mesh, sampling.kv_cache_dtype)
+                              float(sampling.top_p), mesh, sampling.kv_cache_dtype,
+                              sampling.read_block)
 
 
 class Stopping(NamedTuple):
@@ -365,7 +381,7 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
     cache = constrain_rows(KVCache.zeros(cfg, prompts.tokens.shape[0], cache_len,
                                          jnp.dtype(cache_dtype)), mesh)
     hidden, cache = forward_with_cache(cfg, params, prompts.tokens, prompts.mask, cache=cache,
-                                       cache_index=0)
+                                       cache_index=0, mesh=mesh)
     cache = KVCache(tuple(_take_rows(k, rows) for k in cache.k),
                     tuple(_take_rows(v, rows) for v in cache.v), _take_rows(cache.valid, rows))
     last = hidden[rows, -1] if rows.ndim == 1 else _take_rows(hidden[:, -1], rows)
@@ -375,83 +391,141 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
         stop_state=jnp.zeros((rows.size,), jnp.int32)), mesh)
 
 
-@functools.partial(jax.jit, static_argnames=(*_STATIC, "keep"))
 def _continue(cfg: ModelConfig, params: Params, previous: Frontier, plan: ContinuePlan,
-              key: jax.Array, stopping: Stopping, *, settings: DecodeSettings,
-              keep: int) -> Decoded:
-    # The continuing rows' cache, compacted to `keep` slots (>= every row's real-token
-    # count) with room for the chunk and the new tokens; the rows that read new tokens
-    # append them; then decoding proceeds from there. Under a mesh (plan.rows [S,B/S])
-    # every row stays on its shard and every row reads its own chunk line: no rows move.
-    params, rows, mesh = unstack_layers(params), plan.rows, settings.mesh
+              key: jax.Array, stopping: Stopping, *, settings: DecodeSettings, keep: int,
+              consume: bool = False) -> Decoded:
+    """The continuing rows' cache compacted to `keep` slots (>= every row's real-token count)
+    with room for the chunk and the new tokens (:func:`_compact`), then the rows that read
+    new tokens append them and decoding proceeds (:func:`_read_and_decode`). Under a mesh
+    (plan.rows [S,B/S]) every row stays on its shard and reads its own chunk line: no rows
+    move. With `consume`, each of the previous cache's layers is freed as soon as it has
+    been compacted: the continuation then holds one cache and one layer at its peak instead
+    of two caches (the previous state is no longer usable)."""
     grow = plan.chunk.shape[1] + round_up(settings.max_new, 16)
-    start = constrain_rows(Frontier(
-        _compact(previous.cache, rows, keep, grow), _take_rows(previous.logits, rows),
-        _take_rows(previous.n_tokens, rows),
-        jnp.where(plan.resume, _take_rows(previous.stop_state, rows), 0)), mesh)
-    if plan.chunk.shape[1]:
-        start = constrain_rows(_read_chunk(cfg, params, start, plan, keep), mesh)
-    return decode_loop(cfg, params, start, keep + plan.chunk.shape[1], key, stopping, settings)
+    start = _compact(previous, plan, keep=keep, grow=grow, mesh=settings.mesh, consume=consume)
+    return _read_and_decode(cfg, params, start, plan, key, stopping, settings=settings,
+                            first_slot=keep)
 
 
-def _compact(cache: KVCache, rows: jax.Array, keep: int, grow: int) -> KVCache:
-    """The cache of state rows ``rows`` with each row's real slots right-aligned (a stable sort
-    keeps their order) in `keep` slots, then `grow` empty ones: the holes that left padding
-    and early stops left in the cache cost nothing in the next turn. The cache is per layer
-    (see unstack_layers): each layer is gathered once, straight into its new buffer. ``rows``
-    [S,B/S] index each shard's own rows (see :func:`_take_rows`)."""
-    valid = _take_rows(cache.valid, rows)
+@functools.partial(jax.jit, static_argnames=("keep", "grow", "mesh"))
+def _compaction(valid: jax.Array, previous: Frontier, plan: ContinuePlan, *, keep: int,
+                grow: int, mesh: Mesh | None) -> tuple[jax.Array, Frontier]:
+    """Where the compacted cache's slots come from and the frontier around it (its cache
+    holds the new ``valid`` mask only): each continuing row's real slots right-aligned (a
+    stable sort keeps their order) in `keep` slots, then `grow` empty ones, so the holes
+    that left padding and early stops left cost nothing in the next turn. Returns
+    ``source`` [B, keep + grow], the state slot each new slot copies (any real slot's
+    finite contents stand in for an empty one), and that frontier. ``plan.rows`` [S,B/S]
+    index each shard's own rows (see :func:`_take_rows`)."""
+    rows = plan.rows
+    valid = _take_rows(valid, rows)
     extra = max(0, keep - valid.shape[1])
     valid = jnp.pad(valid, ((0, 0), (extra, 0)))
     order = jnp.argsort(valid, axis=1, stable=True)[:, -keep:]  # [B, keep] slots to keep
-    # the same slots in the unpadded cache: the `extra` padding slots are invalid, so any
-    # real slot's (finite) contents can stand in for them, and the cache is never padded
-    source = jnp.maximum(order - extra, 0)
-
-    def gather(layer: jax.Array, axis: int) -> jax.Array:  # gather `source` along slot axis
-        # one row at a time (vmap): XLA:CPU gathers the keys' minor slot axis ~2x faster
-        # this way than with a take_along_axis index broadcast over the other axes
-        slots = (slice(None),) * (axis - 1)
-        if rows.ndim == 1:
-            layer = jax.vmap(lambda r, o: layer[r][slots + (o,)])(rows, source)
-        else:  # per shard: the shard's rows of its own block
-            blocks = layer.reshape(rows.shape[0], -1, *layer.shape[1:])
-            per_shard = source.reshape(*rows.shape, source.shape[-1])
-            layer = jax.vmap(lambda block, rs, os: jax.vmap(
-                lambda r, o: block[r][slots + (o,)])(rs, os))(blocks, rows, per_shard)
-            layer = layer.reshape(-1, *layer.shape[2:])
-        pad = [(0, 0)] * layer.ndim
-        return jnp.pad(layer, pad[:axis] + [(0, grow)] + pad[axis + 1:])
-
-    k = tuple(gather(a, 3) for a in cache.k)  # [B_state,KV,hd,S] -> [B,KV,hd,keep+grow]
-    v = tuple(gather(a, 2) for a in cache.v)  # [B_state,KV,S,hd] -> [B,KV,keep+grow,hd]
+    # the same slots in the unpadded cache (the `extra` padding slots are invalid)
+    source = jnp.pad(jnp.maximum(order - extra, 0), ((0, 0), (0, grow)))
     valid = jnp.pad(jnp.take_along_axis(valid, order, axis=1), ((0, 0), (0, grow)))
-    return KVCache(k, v, valid)
+    source, valid, logits, n_tokens, stop_state = constrain_rows(
+        (source, valid, _take_rows(previous.logits, rows), _take_rows(previous.n_tokens, rows),
+         jnp.where(plan.resume, _take_rows(previous.stop_state, rows), 0)), mesh)
+    return source, Frontier(KVCache((), (), valid), logits, n_tokens, stop_state)
+
+
+@functools.partial(jax.jit, static_argnames=("axis", "mesh"))
+def _gather_slots(layer: jax.Array, rows: jax.Array, source: jax.Array, *, axis: int,
+                  mesh: Mesh | None) -> jax.Array:
+    """One cache layer compacted (:func:`_compaction`): row ``rows[i]``'s slots ``source[i]``
+    along the slot axis `axis` (keys [B,KV,hd,S]: 3, values [B,KV,S,hd]: 2), straight into
+    the new buffer. One row at a time (vmap): XLA:CPU gathers the keys' minor slot axis ~2x
+    faster this way than with a take_along_axis index broadcast over the other axes."""
+    slots = (slice(None),) * (axis - 1)
+    if rows.ndim == 1:
+        out = jax.vmap(lambda r, o: layer[r][slots + (o,)])(rows, source)
+    else:  # per shard: the shard's rows of its own block
+        blocks = layer.reshape(rows.shape[0], -1, *layer.shape[1:])
+        per_shard = source.reshape(*rows.shape, source.shape[-1])
+        out = jax.vmap(lambda block, rs, os: jax.vmap(
+            lambda r, o: block[r][slots + (o,)])(rs, os))(blocks, rows, per_shard)
+        out = out.reshape(-1, *out.shape[2:])
+    return out if mesh is None else jax.lax.with_sharding_constraint(
+        out, cache_layer_sharding(out, mesh))
+
+
+def _compact(previous: Frontier, plan: ContinuePlan, *, keep: int, grow: int,
+             mesh: Mesh | None, consume: bool) -> Frontier:
+    """The frontier a continuation starts from: the continuing rows' cache compacted
+    (:func:`_compaction`) one layer at a time, each layer gathered into its new buffer by its
+    own small program (:func:`_gather_slots`); with `consume` the previous layer is deleted
+    as soon as its gather is enqueued (the runtime frees it once the gather has read it), so
+    the memory held never exceeds one cache and one layer (the layers change shape, so
+    donating the whole cache to one program could not reuse its buffers)."""
+    source, front = _compaction(previous.cache.valid, previous._replace(cache=None), plan,
+                                keep=keep, grow=grow, mesh=mesh)
+
+    def gather(layers: tuple[jax.Array, ...], axis: int) -> tuple[jax.Array, ...]:
+        out = []
+        for layer in layers:
+            out.append(_gather_slots(layer, plan.rows, source, axis=axis, mesh=mesh))
+            if consume:
+                layer.delete()
+        return tuple(out)
+
+    k, v = gather(previous.cache.k, 3), gather(previous.cache.v, 2)
+    if consume:
+        previous.cache.valid.delete()
+    return front._replace(cache=KVCache(k, v, front.cache.valid))
+
+
+@functools.partial(jax.jit, static_argnames=(*_STATIC, "first_slot"), donate_argnames="start")
+def _read_and_decode(cfg: ModelConfig, params: Params, start: Frontier, plan: ContinuePlan,
+                     key: jax.Array, stopping: Stopping, *, settings: DecodeSettings,
+                     first_slot: int) -> Decoded:
+    """A continuation after its compaction: the reader rows read their chunk lines at slots
+    [first_slot, first_slot + W), then the decode loop. ``start`` is donated: the result's
+    cache takes over its buffers."""
+    params, mesh = unstack_layers(params), settings.mesh
+    if plan.chunk.shape[1]:
+        start = constrain_rows(_read_chunk(cfg, params, start, plan, first_slot, settings), mesh)
+    return decode_loop(cfg, params, start, first_slot + plan.chunk.shape[1], key, stopping,
+                       settings)
 
 
 def _read_chunk(cfg: ModelConfig, params: Params, start: Frontier, plan: ContinuePlan,
-                first_slot: int) -> Frontier:
+                first_slot: int, settings: DecodeSettings) -> Frontier:
     """``start`` after the reader rows have read their chunk lines at cache slots
-    [first_slot, first_slot + W). Only the readers run the forward (an out-of-range index
-    pads their list and is dropped on the way back)."""
+    [first_slot, first_slot + W), in blocks of ``settings.read_block`` tokens (a ``scan``
+    carrying the cache; the host pads W to a multiple of the block when it is longer). Only
+    the readers run the forward (an out-of-range index pads their list and is dropped on the
+    way back)."""
     if plan.readers.shape[0] == start.n_tokens.shape[0]:  # every row reads (readers == arange)
         pick, put = (lambda a: a), (lambda a, b: b)
     else:
         pick = functools.partial(jnp.take, indices=plan.readers, axis=0, mode="clip")
         put = lambda a, b: a.at[plan.readers].set(b, mode="drop")  # noqa: E731
     k, v, valid = start.cache
+    width = plan.chunk.shape[1]
+    block = width if width <= settings.read_block else settings.read_block
     read = jnp.sum(plan.chunk_mask, axis=1, dtype=jnp.int32)
     positions = (pick(start.n_tokens)[:, None]
                  + jnp.maximum(jnp.cumsum(plan.chunk_mask, axis=1) - 1, 0))
-    hidden, sub = forward_with_cache(
-        cfg, params, plan.chunk, plan.chunk_mask, positions,
-        cache=KVCache(tuple(map(pick, k)), tuple(map(pick, v)), pick(valid)),
-        cache_index=first_slot)
+
+    def blocks(a: jax.Array) -> jax.Array:  # [R, W] -> [W / block, R, block]
+        return jnp.moveaxis(a.reshape(a.shape[0], width // block, block), 1, 0)
+
+    def one(cache: KVCache, x: tuple[jax.Array, ...]) -> tuple[KVCache, jax.Array]:
+        tokens, mask, pos, index = x
+        hidden, cache = forward_with_cache(cfg, params, tokens, mask, pos, cache=cache,
+                                           cache_index=index, mesh=settings.mesh)
+        return cache, hidden[:, -1]
+
+    firsts = first_slot + block * jnp.arange(width // block, dtype=jnp.int32)
+    sub, last = jax.lax.scan(
+        one, KVCache(tuple(map(pick, k)), tuple(map(pick, v)), pick(valid)),
+        (blocks(plan.chunk), blocks(plan.chunk_mask), blocks(positions), firsts))
     cache = KVCache(tuple(map(put, k, sub.k)), tuple(map(put, v, sub.v)),
                     put(valid, sub.valid))
     # a row with nothing to read (only when every row is sent) keeps its logits
-    logits = put(start.logits, jnp.where(read[:, None] > 0,
-                                         unembed(cfg, params, hidden[:, -1]),
+    logits = put(start.logits, jnp.where(read[:, None] > 0, unembed(cfg, params, last[-1]),
                                          pick(start.logits)))
     n_tokens = start.n_tokens + put(jnp.zeros_like(start.n_tokens), read)
     return Frontier(cache, logits, n_tokens, start.stop_state)
@@ -628,7 +702,7 @@ def _sharded_prompts(prompts: Sequence[Sequence[int]], limits: np.ndarray, shard
 def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
                         state: DecodeState, continuation: Continuation,
                         sampling: SamplingParams = SamplingParams(), seed: int | jax.Array = 0,
-                        decode_text: bool = True) -> Generation:
+                        decode_text: bool = True, consume: bool = False) -> Generation:
     """Extend rows of an earlier generation without re-reading their context.
 
     Output row i continues row ``continuation.rows[i]`` of the generation that produced
@@ -644,6 +718,10 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     the shard that holds its cache (:func:`_sharded_continue_plan`), the cache is compacted
     shard by shard, nothing of it moves between devices, and only the sampled tokens come to
     the host.
+
+    With ``consume`` the state's cache is freed layer by layer while the new one is built (a
+    multi-turn rollout that continues each state once: one cache in memory instead of two);
+    the state cannot be continued again (its arrays are deleted).
     """
     rows, n_state = continuation.rows, state.rows
     if min(rows) < 0 or max(rows) >= n_state:
@@ -660,24 +738,26 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
         padded[:len(rows)] = limits
         if state.layout is not None:
             continuation = dataclasses.replace(continuation, rows=device_rows.tolist())
-        plan = _continue_plan(continuation, b, tokenizer.pad_id, same_stops)
+        plan = _continue_plan(continuation, b, tokenizer.pad_id, same_stops,
+                              sampling.read_block)
     else:
         shards = batch_shards(mesh)
         host, padded, order = _sharded_continue_plan(
             continuation, device_rows, len(state.n_tokens) // shards, shards, limits,
-            tokenizer.pad_id, same_stops)
+            tokenizer.pad_id, same_stops, sampling.read_block)
         plan = jax.device_put(host, row_shardings(host, mesh))
         front = jax.device_put(front, row_shardings(front, mesh))
     decoded = _continue(
         cfg, params, front, plan, _key(seed),
         _stopping(cfg, tokenizer, sampling, padded, mesh),
-        settings=DecodeSettings.of(sampling, mesh), keep=keep)
+        settings=DecodeSettings.of(sampling, mesh), keep=keep, consume=consume)
     return _result(tokenizer, decoded, len(rows), decode_text, sampling.stop, order, mesh)
 
 
 def _sharded_continue_plan(continuation: Continuation, device_rows: np.ndarray,
                            per_state: int, shards: int, limits: np.ndarray, pad_id: int,
-                           same_stops: bool) -> tuple[ContinuePlan, np.ndarray, np.ndarray]:
+                           same_stops: bool, read_block: int
+                           ) -> tuple[ContinuePlan, np.ndarray, np.ndarray]:
     """The continuation laid out for `shards` data-parallel shards, no row leaving its shard:
     state device row d lives on shard d // per_state; shard s's continuing rows, in order,
     become its first output rows, each shard padded to the busiest shard's count (exact up to
@@ -697,8 +777,7 @@ def _sharded_continue_plan(continuation: Continuation, device_rows: np.ndarray,
     rows = np.zeros(shards * per, np.int32)
     rows[order] = device_rows % per_state
     appended = continuation.appended
-    longest = max(len(a) for a in appended)
-    width = round_up(longest, 16) if longest else 0
+    width = chunk_width(max(len(a) for a in appended), read_block)
     chunk = np.full((shards * per, width), pad_id, np.int32)
     chunk_mask = np.zeros((shards * per, width), bool)
     for i, ids in zip(order, appended):
@@ -714,12 +793,18 @@ def _sharded_continue_plan(continuation: Continuation, device_rows: np.ndarray,
                          chunk, chunk_mask, resume), padded, order)
 
 
-def _continue_plan(continuation: Continuation, b: int, pad_id: int,
-                   same_stops: bool) -> ContinuePlan:
+def chunk_width(longest: int, read_block: int) -> int:
+    """The width of a continuation's chunk lines for `longest` appended tokens: rounded up to
+    16 (fewer recompiles), or to a multiple of `read_block` when longer (read in blocks)."""
+    return round_up(longest, 16 if longest <= read_block else read_block) if longest else 0
+
+
+def _continue_plan(continuation: Continuation, b: int, pad_id: int, same_stops: bool,
+                   read_block: int) -> ContinuePlan:
     """The continuation laid out for `b` rows (the padding rows repeat the first row)."""
     rows, appended = continuation.rows, continuation.appended
-    longest = max(len(a) for a in appended)
-    width = round_up(longest, 16) if longest else 0  # nothing to read: go straight to decoding
+    # nothing to read: width 0, straight to decoding
+    width = chunk_width(max(len(a) for a in appended), read_block)
     readers = [i for i, ids in enumerate(appended) if len(ids)]
     # readers: 1, 2, 4, then multiples of 4 (a read costs per row and token; one reader
     # padded to four would read four times the tokens)

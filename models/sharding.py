@@ -256,13 +256,17 @@ def cache_shardings(cache: Any, mesh: Mesh, rules: Mapping[str, Any] = DEFAULT_R
     """NamedSharding for a KV cache (``models.transformer.KVCache``: keys [B,KV,hd,S], values
     [B,KV,S,hd] per layer, valid [B,S]): rows over the data-parallel axes, KV heads by the
     rules."""
-    def spec(x: Any, names: tuple) -> NamedSharding:
-        return NamedSharding(mesh, _spec(x.shape, names, mesh, rules))
+    return type(cache)(tuple(cache_layer_sharding(k, mesh, rules) for k in cache.k),
+                       tuple(cache_layer_sharding(v, mesh, rules) for v in cache.v),
+                       NamedSharding(mesh, _spec(cache.valid.shape, ("batch", None), mesh,
+                                                 rules)))
 
-    per_layer = ("batch", "kv_heads", None, None)
-    return type(cache)(tuple(spec(k, per_layer) for k in cache.k),
-                       tuple(spec(v, per_layer) for v in cache.v),
-                       spec(cache.valid, ("batch", None)))
+
+def cache_layer_sharding(layer: Any, mesh: Mesh,
+                         rules: Mapping[str, Any] = DEFAULT_RULES) -> NamedSharding:
+    """NamedSharding for one layer's keys or values of a KV cache (:func:`cache_shardings`)."""
+    return NamedSharding(mesh, _spec(layer.shape, ("batch", "kv_heads", None, None), mesh,
+                                     rules))
 
 
 def row_shardings(tree: Any, mesh: Mesh, rules: Mapping[str, Any] = DEFAULT_RULES) -> Any:

@@ -57,12 +57,15 @@ class SamplerPolicy:
 
     def continue_from(self, state: DecodeState, rows: Sequence[int],
                       appended: Sequence[Sequence[int]], sampling: SamplingParams, seed: int,
-                      max_new_per_row: Sequence[int] | None = None) -> Generation:
+                      max_new_per_row: Sequence[int] | None = None,
+                      consume: bool = False) -> Generation:
         """Continue rows of an earlier generation after reading `appended` tokens (multi-turn
-        environments: the observation), from its KV cache instead of re-reading the context."""
+        environments: the observation), from its KV cache instead of re-reading the context.
+        ``consume``: the caller is done with ``state`` (its cache is freed while the new one
+        is built, see models.sampler.continue_generation)."""
         return continue_generation(self.cfg, self.params, self.tokenizer, state,
                                    Continuation(rows, appended, max_new_per_row), sampling,
-                                   seed=seed)
+                                   seed=seed, consume=consume)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,8 +6,10 @@ nothing downloaded or allocated), the programs of one RL step as ``rl.train`` wo
 
     prefill    the rollout's prompts into a KV cache of prompt + response budget slots
     decode     the rollout's decode loop over the response budget (``models.sampler``)
-    continue   a chunked multi-turn task's continuation at the end of the budget (the
-               previous cache held while compacted into a new one: ``_continue``)
+    compact    a chunked multi-turn task's cache compaction at the end of the budget, one
+               layer at a time, each old layer freed once gathered (``_gather_slots``)
+    continue   that continuation's read of an observation and decoding of a chunk, on the
+               compacted cache (``_read_and_decode``, the cache donated)
     reference  the reference / old-policy log-prob pass (``rl.train_step.batch_logprobs``)
     update     one optimizer update (``rl.train_step.make_train_step``) on a mini-batch
 
@@ -60,7 +62,9 @@ from models.sampler import (
     Frontier,
     PromptBatch,
     Stopping,
-    _continue,
+    _gather_slots,
+    _read_and_decode,
+    chunk_width,
     decode_loop,
     decode_params,
     prefill,
@@ -70,6 +74,7 @@ from models.shapes import model_shapes
 from models.sharding import (
     batch_sharding,
     batch_shards,
+    cache_layer_sharding,
     cache_shardings,
     decode_param_shardings,
     make_mesh,
@@ -440,36 +445,66 @@ def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, 
         flops=decode_flops(cfg, lay),
         min_bytes=lambda m: lay.response * m.argument_size_in_bytes))
     if chunk := int(run.task.get("chunk_tokens") or 0):  # a multi-turn task's chunked decode
-        programs.append(continue_program(run, cfg, lay, mesh, dparams, start, resident, chunk))
+        programs += continue_programs(run, cfg, lay, mesh, dparams, start, resident, chunk)
     return programs
 
 
-def continue_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, dparams: Any,
-                     previous: Frontier, resident: int, chunk: int) -> Program:
+def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
+                      dparams: Any, previous: Frontier, resident: int,
+                      chunk: int) -> list[Program]:
     """A multi-turn rollout's continuation near the end of the budget, as
-    ``models.sampler.continue_generation`` runs it over the mesh (``_continue``): the previous
-    state's cache (prompt + budget slots, held, not donated) compacted into a new one of
-    `keep` slots plus every row's observation line (task.max_obs_tokens, rounded to 16) and
-    one chunk (task.chunk_tokens) of decoding, keep + observation + chunk = the prompt +
-    budget slots."""
+    ``models.sampler.continue_generation`` runs it over the mesh for the search environment
+    (``consume``): the previous state's cache (prompt + budget slots) compacted into a new
+    one of `keep` slots plus every row's observation line (task.max_obs_tokens, as
+    ``chunk_width`` pads it) and one chunk (task.chunk_tokens) of decoding, keep +
+    observation + chunk = the prompt + budget slots. Two programs: ``compact``, one layer's
+    gather (:func:`models.sampler._gather_slots`), which runs while the other layers, old or
+    already compacted, are held (resident here with the sampler's weights); and
+    ``continue`` (:func:`models.sampler._read_and_decode`), the observation read in blocks
+    and the chunk decoded on the compacted cache, which it takes over (donated)."""
     b, shards = previous.logits.shape[0], batch_shards(mesh)
-    obs, grow = round_up(int(run.task.get("max_obs_tokens") or 1), 16), round_up(chunk, 16)
-    keep = round_up(max(lay.cache_len - obs - grow, 1), 64)
-    plan = ContinuePlan(_rows((shards, b // shards), jnp.int32, mesh),
-                        _rows((b,), jnp.int32, mesh), _rows((b, obs), jnp.int32, mesh),
+    sampling = run.sampling()
+    obs = chunk_width(int(run.task.get("max_obs_tokens") or 1), sampling.read_block)
+    grow = obs + round_up(chunk, 16)
+    keep = round_up(max(lay.cache_len - grow, 1), 64)
+    slots = keep + grow
+    rows = _rows((shards, b // shards), jnp.int32, mesh)
+    source = _rows((b, slots), jnp.int32, mesh)
+    old = previous.cache.k[0]
+    compact = _gather_slots.lower(old, rows, source, axis=3, mesh=mesh)
+    new = jax.eval_shape(lambda a, r, o: _gather_slots(a, r, o, axis=3, mesh=mesh), old, rows,
+                         source)
+    layer = max(bytes_per_chip(old), bytes_per_chip(_abstract(
+        new, cache_layer_sharding(new, mesh))))
+    layers = len(previous.cache.k) + len(previous.cache.v)
+    held = resident + bytes_per_chip(dparams) + (layers - 1) * layer
+    programs = [compiled_program(
+        "compact", compact, (old, rows, source), resident=held, flops=0.0,
+        min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes)]
+
+    def compacted(a: jax.ShapeDtypeStruct, axis: int) -> jax.ShapeDtypeStruct:
+        shape = list(a.shape)
+        shape[axis] = slots
+        return jax.ShapeDtypeStruct(tuple(shape), a.dtype)
+
+    cache = type(previous.cache)(tuple(compacted(k, 3) for k in previous.cache.k),
+                                 tuple(compacted(v, 2) for v in previous.cache.v),
+                                 jax.ShapeDtypeStruct((b, slots), jnp.bool_))
+    start = previous._replace(cache=_abstract(cache, cache_shardings(cache, mesh)))
+    plan = ContinuePlan(rows, _rows((b,), jnp.int32, mesh), _rows((b, obs), jnp.int32, mesh),
                         _rows((b, obs), jnp.bool_, mesh), _rows((b,), jnp.bool_, mesh))
     key = _replicated(jax.eval_shape(lambda: jax.random.key(0)), mesh)
     settings = DecodeSettings(chunk, run.trainer.temperature, run.trainer.top_p, mesh,
-                              run.trainer.kv_cache_dtype)
+                              run.trainer.kv_cache_dtype, sampling.read_block)
     stopping = _stopping(cfg, b, mesh)
-    lowered = _continue.lower(cfg, dparams, previous, plan, key, stopping, settings=settings,
-                              keep=keep)
-    slots = keep + obs + grow
+    lowered = _read_and_decode.lower(cfg, dparams, start, plan, key, stopping,
+                                     settings=settings, first_slot=keep)
     flops = (sum(forward_flops(cfg, b * obs, b * obs * slots, b))
              + chunk * sum(forward_flops(cfg, b, b * slots, b)))
-    return compiled_program(
-        "continue", lowered, (dparams, previous, plan, key, stopping), resident=resident,
-        flops=flops, min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes)
+    programs.append(compiled_program(
+        "continue", lowered, (dparams, start, plan, key, stopping), resident=resident,
+        flops=flops, min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes))
+    return programs
 
 
 def sampler_weights(run: RunConfig, params: Any, mesh: Mesh) -> Any:
@@ -740,9 +775,8 @@ def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
                 None if t.rollout_dtype == "bfloat16" else "trainer.rollout_dtype=bfloat16",
                 more_fsdp, "a smaller response budget (plan.response_budget, the task's)"]
         if name == "continue":
-            keys.append("a continuation that compacts the cache in place (models.sampler."
-                        "_continue keeps the previous state's cache while it builds the new "
-                        "one: not available yet)")
+            keys.append("a smaller task.max_obs_tokens (the observation the continuation "
+                        "reads)")
     return [k for k in keys if k]
 
 

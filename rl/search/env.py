@@ -205,9 +205,10 @@ class SearchEnv:
         limits = [min(decoding.chunk, decoding.per_turn - len(r.turn_tokens),
                       self.max_response_tokens - len(r.tokens)) for r in active]
         if state is not None and decoding.chunked:
+            # each state is continued once: its cache is freed while the next one is built
             gen = policy.continue_from(state, [r.slot for r in active],
                                        [r.unread for r in active], sampling,
-                                       seed=seed, max_new_per_row=limits)
+                                       seed=seed, max_new_per_row=limits, consume=True)
         else:
             gen = policy.generate([r.prompt_tokens + r.tokens for r in active], sampling,
                                   seed=seed, max_new_per_row=limits)

@@ -296,6 +296,42 @@ def test_continuation_equals_generating_from_the_whole_context(tiny):
     assert list(third.state.n_tokens[:2]) == [len(c) + len(m) + 5 for c, m in zip(context2, more)]
 
 
+def test_continuation_reading_in_blocks_and_consuming_its_state(tiny):
+    # observations longer than read_block are read in blocks (a scan over the cache): the
+    # result still equals plain generate on the concatenated token lists, for a subset of
+    # readers (gather and scatter) and for every row reading; a consumed state gives the
+    # same result and its cache is freed
+    cfg, params, tok = tiny
+    prompts = _prompts(tok) + [tok.encode("fourth")]
+    sp = SamplingParams(max_new_tokens=5, temperature=0, ignore_eos=True, read_block=16)
+    long_doc = tok.encode(" <information> " + "the tower is old and tall " * 6 + "</information>")
+    assert len(long_doc) > 32  # three blocks of 16 at least
+    first = generate(cfg, params, tok, prompts, sp, max_new_per_row=[5, 2, 4, 5])
+    context = [p + c for p, c in zip(prompts, first.token_lists())]
+    for rows, obs in (([1, 3], [long_doc, []]),
+                      ([0, 1, 2, 3], [long_doc, tok.encode(" b"), long_doc[:20], long_doc])):
+        ref = generate(cfg, params, tok, [context[r] + o for r, o in zip(rows, obs)],
+                       dataclasses.replace(sp, read_block=128))
+        got = continue_generation(cfg, params, tok, first.state, Continuation(rows, obs), sp)
+        _assert_same_generation(got, ref)
+    again = generate(cfg, params, tok, prompts, sp, max_new_per_row=[5, 2, 4, 5])
+    got = continue_generation(cfg, params, tok, again.state, Continuation(rows, obs), sp,
+                              consume=True)
+    _assert_same_generation(got, ref)
+    assert all(x.is_deleted() for x in again.state.cache.k + again.state.cache.v)
+    with pytest.raises(RuntimeError, match="deleted"):
+        continue_generation(cfg, params, tok, again.state, Continuation(rows, obs), sp)
+
+
+def test_chunk_width_rounds_to_16_then_to_the_read_block():
+    from models.sampler import chunk_width
+
+    assert [chunk_width(n, 128) for n in (0, 1, 16, 17, 128, 129, 300)] == \
+        [0, 16, 16, 32, 128, 256, 384]
+    with pytest.raises(ValueError, match="read_block"):
+        SamplingParams(read_block=24)
+
+
 def test_continuation_where_nearly_every_row_reads(tiny):
     # 3 of 4 rows read (padded, that is a read line per row: the path without gather and
     # scatter), one row continues without reading and must keep its own next-token logits;

@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent("""
     shards = batch_shards(mesh)
     cfg, params, tok = load_params("tiny", seed=3)
     programs = {}  # the sampler's jitted kernels as last called: to read their HLO
-    for name in ("_generate", "_continue"):
+    for name in ("_generate", "_compaction", "_gather_slots", "_read_and_decode"):
         def spy(*a, _o=getattr(S, name), _n=name, **k):
             programs[_n] = (_o, a, k)
             return _o(*a, **k)
@@ -79,14 +79,22 @@ SCRIPT = textwrap.dedent("""
     same(one.continue_from(c1.state, *again, sp, 2), many.continue_from(cm.state, *again, sp, 2))
     print("CONTINUE_OK")
 
+    # a consumed state: the same continuation, the state's cache freed on every device
+    gc = many.generate(rows, sp, 0, limits)
+    same(many.continue_from(gc.state, *cont, sp, 1, consume=True), c1)
+    assert all(x.is_deleted() for x in gc.state.cache.k + gc.state.cache.v)
+    print("CONSUME_OK")
+
     if mesh.shape["fsdp"] == mesh.shape["tensor"] == 1:
         # weights replicated: any collective but a scalar reduction would move rows
         for name, (fn, a, k) in programs.items():
             hlo = fn.lower(*a, **k).compile().as_text()
             ops = re.findall(r"= (\\S+) (all-gather|all-to-all|collective-permute|"
                              r"all-reduce|reduce-scatter)\\(", hlo)
-            assert ops and all(shape.endswith("[]") and op == "all-reduce"
-                               for shape, op in ops), (name, ops)
+            assert all(shape.endswith("[]") and op == "all-reduce"
+                       for shape, op in ops), (name, ops)
+            # the decode loops reduce their rows' done flags; the compaction nothing
+            assert ops or name in ("_compaction", "_gather_slots"), name
         print("NO_ROW_MOVES_OK")
 
     class Retriever:
@@ -141,6 +149,10 @@ def test_continuations_sharded_and_equal_to_one_device(mesh_run):
     _expect(mesh_run, "CONTINUE_OK")
 
 
+def test_a_consumed_state_is_freed_on_every_device(mesh_run):
+    _expect(mesh_run, "CONSUME_OK")
+
+
 def test_no_rows_move_between_devices(mesh_run):
     if "fsdp" in mesh_run[0]:
         pytest.skip("sharded weights are gathered (FSDP); rows checked on the data-only mesh")
@@ -174,7 +186,8 @@ def test_continue_layout_keeps_rows_on_their_shard():
     # state: 2 shards of 3 device rows; continue device rows 5, 0, 3, 1 (shards 1, 0, 1, 0)
     plan, limits, order = _sharded_continue_plan(
         Continuation([5, 0, 3, 1], [[9], [], [8, 8], []]), np.asarray([5, 0, 3, 1]),
-        per_state=3, shards=2, limits=np.asarray([4, 3, 2, 1]), pad_id=0, same_stops=True)
+        per_state=3, shards=2, limits=np.asarray([4, 3, 2, 1]), pad_id=0, same_stops=True,
+        read_block=128)
     np.testing.assert_array_equal(order, [2, 0, 3, 1])  # shard 0 first: rows 0, 1; then 5, 3
     np.testing.assert_array_equal(plan.rows, [[0, 1], [2, 0]])  # within-shard state rows
     np.testing.assert_array_equal(limits, [3, 1, 4, 2])

@@ -32,7 +32,7 @@ from rl.plan import (
     RolloutFit,
     affine_fit,
     batch_groups,
-    continue_program,
+    continue_programs,
     decode_flops,
     fit_line,
     forward_flops,
@@ -282,8 +282,8 @@ def test_rollout_remedies_offer_a_bfloat16_kv_cache_and_the_fitted_batch():
     fit = RolloutFit(15.75 * 2**30, 4, 4, (), (Affine(0, 1),) * 2, 16)
     keys = remedies(run, dataclasses.replace(plan, fit=fit), "decode")
     assert "trainer.batch_prompts=4 (the largest rollout batch that fits)" in keys, keys
-    assert any("compacts the cache in place" in k for k in remedies(run, plan, "continue"))
-    assert not any("in place" in k for k in remedies(run, plan, "prefill"))
+    assert any("task.max_obs_tokens" in k for k in remedies(run, plan, "continue"))
+    assert not any("max_obs_tokens" in k for k in remedies(run, plan, "prefill"))
 
 
 def test_rollout_remedies_offer_bfloat16_weights_only_when_float32():
@@ -433,11 +433,13 @@ def test_the_fit_refines_a_prediction_that_does_not_fit(monkeypatch):
                            f"{truth + 80} needs {up:.2f} GiB;"), text
 
 
-def test_a_multi_turn_continuation_holds_the_previous_cache_and_the_new_one():
-    """task.chunk_tokens (search_qa) plans the sampler's continuation: its arguments hold the
-    previous state's cache of prompt + budget slots (not donated) and its outputs the
-    compacted new one of keep + observation + chunk slots, both by hand: rows x layers x
-    (keys + values) x KV heads x head dim x slots x 2 bytes (bfloat16)."""
+def test_a_multi_turn_continuation_holds_one_cache_and_one_layer():
+    """task.chunk_tokens (search_qa) plans the sampler's continuation as the search env runs
+    it (its state consumed): ``compact`` gathers one layer of the previous state's cache
+    (prompt + budget slots) into the new layout (keep + observation + chunk slots) while the
+    other layers are held, and ``continue`` reads and decodes on the compacted cache, which
+    it takes over (aliased). Sizes by hand: rows x KV heads x head dim x slots x 2 bytes
+    (bfloat16) per layer's keys or values, 2 x layers of them."""
     from models.sharding import make_mesh
     from rl.plan import (
         abstract_params,
@@ -454,23 +456,32 @@ def test_a_multi_turn_continuation_holds_the_previous_cache_and_the_new_one():
     lay = layout(run, plan, mesh)
     dparams = sampler_weights(run, abstract_params(cfg, mesh), mesh)
     with jax.set_mesh(mesh):
-        programs = rollout_programs(run, cfg, lay, mesh, dparams, resident=0)
-    assert [p.name for p in programs] == ["prefill", "decode", "continue"]
-    cont = programs[2]
-    rows, per_slot = 16, cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2
-    previous = rows * per_slot * (32 + 208)  # prompt 20 -> 32, budget 200 -> 208
+        programs = rollout_programs(run, cfg, lay, mesh, dparams, resident=5)
+    assert [p.name for p in programs] == ["prefill", "decode", "compact", "continue"]
+    compact, cont = programs[2:]
+    rows, per_slot = 16, cfg.num_kv_heads * cfg.head_dim * 2  # one layer's keys, per row
+    old_slots = 32 + 208  # prompt 20 -> 32, budget 200 -> 208
     # keep = round_up(240 - 256 - 16, 64) = 64 (at least one slot), observation 256, chunk 16
-    new = rows * per_slot * (64 + 256 + 16)
-    # besides: the weights (arguments), the next-token logits [rows, vocab] float32 (both),
-    # and under 1 MiB of token budgets, stop tables, observation lines and sampled tokens
+    new_slots = 64 + 256 + 16
+    old, new = rows * per_slot * old_slots, rows * per_slot * new_slots
+    index = rows * 4 + rows * new_slots * 4  # which rows, which slots (int32)
+    assert compact.arguments == old + index, compact
+    assert compact.outputs == new, compact
+    layers = 2 * cfg.num_layers
+    assert compact.resident == 5 + bytes_per_chip(dparams) + (layers - 1) * max(old, new)
+    # the continuation: weights, the compacted cache and the next-token logits [rows, vocab]
+    # float32 in; the cache (aliased) and logits out; under 1 MiB of token budgets, stop
+    # tables, observation lines and sampled tokens besides
+    cache = layers * new + rows * new_slots  # + valid [rows, slots] bool
     logits = rows * cfg.vocab_size * 4
-    rest = cont.arguments - bytes_per_chip(dparams) - logits - previous
+    rest = cont.arguments - bytes_per_chip(dparams) - logits - cache
     assert 0 <= rest < 2**20, (rest, cont)
-    assert 0 <= cont.outputs - logits - new < 2**20, cont
-    assert cont.runs and cont.flops > 0
+    assert 0 <= cont.outputs - logits - cache < 2**20, cont
+    assert cont.aliased >= layers * new, cont
+    assert cont.resident == 5 and cont.runs and cont.flops > 0
     # a single-turn task (arith) has no continuation
     run1, _ = _config()
     with jax.set_mesh(mesh):
         names = [p.name for p in rollout_programs(run1, cfg, layout(run1, plan, mesh), mesh,
                                                   dparams, resident=0)]
-    assert names == ["prefill", "decode"] and continue_program
+    assert names == ["prefill", "decode"] and continue_programs

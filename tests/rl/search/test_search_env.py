@@ -163,7 +163,8 @@ class ChunkedScriptedPolicy(ScriptedPolicy):
         rows = [self._identify(p) for p in prompts]
         return self._serve(rows, [True] * len(rows), sampling, max_new_per_row)
 
-    def continue_from(self, state, slots, appended, sampling, seed, max_new_per_row=None):
+    def continue_from(self, state, slots, appended, sampling, seed, max_new_per_row=None,
+                      consume=False):
         rows = [state[s] for s in slots]
         return self._serve(rows, [len(a) > 0 for a in appended], sampling, max_new_per_row)
 
