@@ -200,9 +200,10 @@ def _decode_params_jit(params: Params, dtype: Any) -> Params:
 
 # ----------------------------------------------------------------------------- jitted kernels
 #
-# A fresh generation (_generate: prefill, then decode) and a continued one (_continue: compact
-# the cache, read the appended tokens, then decode) share one decode loop (decode_loop). What jit
-# specialises on travels as DecodeSettings (static); everything else as named pytrees.
+# A fresh generation (_generate: prefill, then decode) and a continued one (_compact the
+# cache, then _read_and_decode: read the appended tokens, then decode) share one decode loop
+# (decode_loop). What jit specialises on travels as DecodeSettings (static); everything else
+# as named pytrees.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -391,22 +392,6 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
         stop_state=jnp.zeros((rows.size,), jnp.int32)), mesh)
 
 
-def _continue(cfg: ModelConfig, params: Params, previous: Frontier, plan: ContinuePlan,
-              key: jax.Array, stopping: Stopping, *, settings: DecodeSettings, keep: int,
-              consume: bool = False) -> Decoded:
-    """The continuing rows' cache compacted to `keep` slots (>= every row's real-token count)
-    with room for the chunk and the new tokens (:func:`_compact`), then the rows that read
-    new tokens append them and decoding proceeds (:func:`_read_and_decode`). Under a mesh
-    (plan.rows [S,B/S]) every row stays on its shard and reads its own chunk line: no rows
-    move. With `consume`, each of the previous cache's layers is freed as soon as it has
-    been compacted: the continuation then holds one cache and one layer at its peak instead
-    of two caches (the previous state is no longer usable)."""
-    grow = plan.chunk.shape[1] + round_up(settings.max_new, 16)
-    start = _compact(previous, plan, keep=keep, grow=grow, mesh=settings.mesh, consume=consume)
-    return _read_and_decode(cfg, params, start, plan, key, stopping, settings=settings,
-                            first_slot=keep)
-
-
 @functools.partial(jax.jit, static_argnames=("keep", "grow", "mesh"))
 def _compaction(valid: jax.Array, previous: Frontier, plan: ContinuePlan, *, keep: int,
                 grow: int, mesh: Mesh | None) -> tuple[jax.Array, Frontier]:
@@ -572,11 +557,13 @@ class Continuation:
     """Which rows of an earlier generation to extend, in output order: output row i continues
     row ``rows[i]`` after reading the tokens ``appended[i]`` (e.g. a tool's observation; may
     be empty), for at most ``max_new_per_row[i]`` new tokens (default: the sampling's
-    max_new_tokens)."""
+    max_new_tokens). ``consume``: the earlier generation's state is not used again, so its
+    cache is freed while the new one is built."""
 
     rows: Sequence[int]
     appended: Sequence[Sequence[int]]
     max_new_per_row: Sequence[int] | None = None
+    consume: bool = False
 
     def __post_init__(self) -> None:
         if len(self.rows) != len(self.appended):
@@ -702,7 +689,7 @@ def _sharded_prompts(prompts: Sequence[Sequence[int]], limits: np.ndarray, shard
 def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
                         state: DecodeState, continuation: Continuation,
                         sampling: SamplingParams = SamplingParams(), seed: int | jax.Array = 0,
-                        decode_text: bool = True, consume: bool = False) -> Generation:
+                        decode_text: bool = True) -> Generation:
     """Extend rows of an earlier generation without re-reading their context.
 
     Output row i continues row ``continuation.rows[i]`` of the generation that produced
@@ -719,9 +706,10 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     shard by shard, nothing of it moves between devices, and only the sampled tokens come to
     the host.
 
-    With ``consume`` the state's cache is freed layer by layer while the new one is built (a
-    multi-turn rollout that continues each state once: one cache in memory instead of two);
-    the state cannot be continued again (its arrays are deleted).
+    With ``continuation.consume`` the state's cache is freed layer by layer while the new one
+    is built (:func:`_compact`; a multi-turn rollout that continues each state once: one cache
+    in memory instead of two); the state cannot be continued again (its arrays are
+    deleted).
     """
     rows, n_state = continuation.rows, state.rows
     if min(rows) < 0 or max(rows) >= n_state:
@@ -747,10 +735,15 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
             tokenizer.pad_id, same_stops, sampling.read_block)
         plan = jax.device_put(host, row_shardings(host, mesh))
         front = jax.device_put(front, row_shardings(front, mesh))
-    decoded = _continue(
-        cfg, params, front, plan, _key(seed),
-        _stopping(cfg, tokenizer, sampling, padded, mesh),
-        settings=DecodeSettings.of(sampling, mesh), keep=keep, consume=consume)
+    # the continuing rows' cache compacted to `keep` slots (>= every row's real-token
+    # count) with room for the chunk and the new tokens, then read and decode on it
+    settings = DecodeSettings.of(sampling, mesh)
+    grow = plan.chunk.shape[1] + round_up(settings.max_new, 16)
+    start = _compact(front, plan, keep=keep, grow=grow, mesh=mesh,
+                     consume=continuation.consume)
+    decoded = _read_and_decode(cfg, params, start, plan, _key(seed),
+                               _stopping(cfg, tokenizer, sampling, padded, mesh),
+                               settings=settings, first_slot=keep)
     return _result(tokenizer, decoded, len(rows), decode_text, sampling.stop, order, mesh)
 
 

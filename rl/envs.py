@@ -64,8 +64,8 @@ class SamplerPolicy:
         ``consume``: the caller is done with ``state`` (its cache is freed while the new one
         is built, see models.sampler.continue_generation)."""
         return continue_generation(self.cfg, self.params, self.tokenizer, state,
-                                   Continuation(rows, appended, max_new_per_row), sampling,
-                                   seed=seed, consume=consume)
+                                   Continuation(rows, appended, max_new_per_row, consume),
+                                   sampling, seed=seed)
 
 
 @dataclasses.dataclass(frozen=True)

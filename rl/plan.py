@@ -454,8 +454,8 @@ def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
                       chunk: int) -> list[Program]:
     """A multi-turn rollout's continuation near the end of the budget, as
     ``models.sampler.continue_generation`` runs it over the mesh for the search environment
-    (``consume``): the previous state's cache (prompt + budget slots) compacted into a new
-    one of `keep` slots plus every row's observation line (task.max_obs_tokens, as
+    (``Continuation.consume``): the previous state's cache (prompt + budget slots) compacted
+    into a new one of `keep` slots plus every row's observation line (task.max_obs_tokens, as
     ``chunk_width`` pads it) and one chunk (task.chunk_tokens) of decoding, keep +
     observation + chunk = the prompt + budget slots. Two programs: ``compact``, one layer's
     gather (:func:`models.sampler._gather_slots`), which runs while the other layers, old or

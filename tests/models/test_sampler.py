@@ -315,8 +315,8 @@ def test_continuation_reading_in_blocks_and_consuming_its_state(tiny):
         got = continue_generation(cfg, params, tok, first.state, Continuation(rows, obs), sp)
         _assert_same_generation(got, ref)
     again = generate(cfg, params, tok, prompts, sp, max_new_per_row=[5, 2, 4, 5])
-    got = continue_generation(cfg, params, tok, again.state, Continuation(rows, obs), sp,
-                              consume=True)
+    got = continue_generation(cfg, params, tok, again.state,
+                              Continuation(rows, obs, consume=True), sp)
     _assert_same_generation(got, ref)
     assert all(x.is_deleted() for x in again.state.cache.k + again.state.cache.v)
     with pytest.raises(RuntimeError, match="deleted"):
