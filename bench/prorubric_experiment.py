@@ -27,6 +27,9 @@ Usage (CPU, shipped SmolLM2-135M, rule judge)::
 
     python -m bench.prorubric_experiment                   # warm-up, then the 3 arms; seed 0
     python -m bench.prorubric_experiment --warmup-steps 0 --algos rubric_rl,prorubric,raw_and
+    python -m bench.prorubric_experiment --out runs/prorubric_long --warmup-steps 16 \\
+        --warmup-epochs 3 --group-size 8 --max-new-tokens 160 --steps 10 \\
+        --extra algo.overlong.buffer_frac=0.25        # the README's 2026-12-02 run
     python -m bench.prorubric_experiment --dry-run         # print the commands only
     python -m bench.prorubric_experiment --summary-only    # table from existing run folders
     python -m bench.prorubric_experiment --smoke --out /tmp/prorubric_smoke   # tiny model, 1 step
@@ -76,6 +79,7 @@ class Budget:
     save_every: int = 5
     warmup_steps: int = 6        # rl.sft steps on train reference answers (0: no warm-up)
     warmup_batch: int = 8        # demonstrations per SFT step
+    warmup_epochs: int = 1       # passes over those demonstrations
     warmup_lr: float = 1e-4
 
     def overrides(self) -> list[str]:
@@ -99,10 +103,11 @@ def run_name(algo: str, seed: int) -> str:
 
 def warmup_command(run_dir: Path, budget: Budget, extra: Sequence[str]) -> list[str]:
     """``rl.sft`` on the first ``warmup_steps * warmup_batch`` train prompts' reference answers
-    (``RubricChatTask.demonstrations``), one epoch; held-out loss on 8 dev references (the dev
-    prompts are only scored, never trained on)."""
+    (``RubricChatTask.demonstrations``), ``warmup_epochs`` passes; held-out loss on 8 dev
+    references (the dev prompts are only scored, never trained on)."""
     return [sys.executable, "-m", "rl.sft", f"model={budget.model}", "task=rubric_chat",
-            f"sft.examples={budget.warmup_steps * budget.warmup_batch}", "sft.epochs=1",
+            f"sft.examples={budget.warmup_steps * budget.warmup_batch}",
+            f"sft.epochs={budget.warmup_epochs}",
             f"sft.batch_size={budget.warmup_batch}", "sft.eval_examples=8",
             f"optim.lr={budget.warmup_lr}", f"trainer.max_new_tokens={budget.max_new_tokens}",
             "trainer.seed=0", "trainer.progress=false", f"trainer.run_dir={run_dir}",
@@ -238,6 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-steps", type=int,
                    help=f"rl.sft steps of {Budget.warmup_batch} train reference answers before "
                         f"RL, shared by every arm (default {Budget.warmup_steps}; 0: none)")
+    p.add_argument("--warmup-epochs", type=int,
+                   help=f"passes over the warm-up demonstrations (default {Budget.warmup_epochs})")
+    p.add_argument("--group-size", type=int,
+                   help=f"samples per prompt (default {Budget.group_size})")
+    p.add_argument("--max-new-tokens", type=int,
+                   help=f"response budget, warm-up references cut to it too "
+                        f"(default {Budget.max_new_tokens})")
     p.add_argument("--extra", nargs="*", default=[], help="more hydra overrides for every run")
     p.add_argument("--parallel", type=int, default=1,
                    help="arms trained at once (wall time only; each needs its own memory)")
@@ -249,7 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     budget = SMOKE if a.smoke else Budget()
     changes = {k: v for k, v in (("steps", a.steps), ("model", a.model),
                                  ("temperature", a.temperature),
-                                 ("warmup_steps", a.warmup_steps)) if v is not None}
+                                 ("warmup_steps", a.warmup_steps),
+                                 ("warmup_epochs", a.warmup_epochs),
+                                 ("group_size", a.group_size),
+                                 ("max_new_tokens", a.max_new_tokens)) if v is not None}
     budget = Budget(**{**budget.__dict__, **changes})
     extra = [*(SMOKE_EXTRA if a.smoke else ()), *a.extra]
     algos = [x.strip() for x in a.algos.split(",") if x.strip()]

@@ -83,6 +83,18 @@ def test_prorubric_warmup_first_and_every_arm_starts_from_it(tmp_path, capsys):
     assert "rl.sft" not in out and "init_from" not in out
 
 
+def test_prorubric_budget_flags_reach_the_warmup_and_every_arm(tmp_path, capsys):
+    """--warmup-epochs sets the SFT passes; --max-new-tokens cuts the warm-up references and
+    bounds every arm's responses; --group-size reaches every arm."""
+    assert pro.main(["--dry-run", "--out", str(tmp_path), "--warmup-steps", "2",
+                     "--warmup-epochs", "3", "--group-size", "8",
+                     "--max-new-tokens", "160"]) == 0
+    lines = [x.split() for x in capsys.readouterr().out.splitlines() if x.strip().startswith("$")]
+    assert "sft.epochs=3" in lines[0] and "trainer.max_new_tokens=160" in lines[0]
+    assert all("algo.group_size=8" in x and "trainer.max_new_tokens=160" in x
+               for x in lines[1:])
+
+
 def test_prorubric_warmup_stats(tmp_path):
     rows = [{"step": 0, "sft/dev_loss": 3.0, "sft/demo_outcome": 1.0},
             {"step": 0, "sft/loss": 2.5}, {"step": 1, "sft/loss": 1.5},
