@@ -259,12 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     budget = SMOKE if a.smoke else Budget()
-    changes = {k: v for k, v in (("steps", a.steps), ("model", a.model),
-                                 ("temperature", a.temperature),
-                                 ("warmup_steps", a.warmup_steps),
-                                 ("warmup_epochs", a.warmup_epochs),
-                                 ("group_size", a.group_size),
-                                 ("max_new_tokens", a.max_new_tokens)) if v is not None}
+    # each budget flag's dest is its Budget field's name
+    changes = {f: getattr(a, f) for f in ("steps", "model", "temperature", "warmup_steps",
+                                          "warmup_epochs", "group_size", "max_new_tokens")
+               if getattr(a, f) is not None}
     budget = Budget(**{**budget.__dict__, **changes})
     extra = [*(SMOKE_EXTRA if a.smoke else ()), *a.extra]
     algos = [x.strip() for x in a.algos.split(",") if x.strip()]
