@@ -1,14 +1,16 @@
 """The smallest TPU slice each model fits at a batch setting, from ``rl.plan`` (#17 item 8).
 
     python -m bench.plan_table --models qwen3_4b,qwen3_8b,qwen3_14b \
-        --settings groups64,search_r1 --chips v5e,v5p --out runs/plan_table.jsonl
+        --settings groups64,search_r1 --chips v5e,v5p --out bench/results/plan_table.jsonl
 
 For every (model, setting, chip) it plans the step (``rl.plan.make_plan``: every program
 compiled ahead of time for the slice, with abstract weights) on the chip's slices from the
 smallest up, and stops at the first one where every program the config runs fits. Each
 compiled slice is one JSON line in ``--out`` (kept: a rerun skips what is there, so a long
 table can be built over several sittings), and the table of the smallest fitting slices is
-printed as Markdown. A plan of a 4B model compiles in ~5-10 min on a 2-core host, a 14B one
+printed as Markdown. A slice whose shapes alone rule it out (:func:`floor_gib`: train state,
+reference weights and KV cache per chip over its HBM) is recorded as skipped, not compiled.
+A plan of a 4B model compiles in ~5-10 min on a 2-core host, a 14B one
 longer: the whole default table is hours of compiling.
 
 Settings (the keys are printed in the table's caption):
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -81,6 +84,46 @@ def plan_row(model: str, setting: str, topology: str) -> dict[str, Any]:
             "largest_rollout": getattr(fit, "best", None)}
 
 
+def setting_value(setting: str, key: str) -> int:
+    """An integer key of a setting (its own overrides first, then the common ones)."""
+    for item in (*SETTINGS[setting], *COMMON):
+        name, _, value = item.partition("=")
+        if name == key:
+            return int(value)
+    raise KeyError(f"{setting}: no {key}")
+
+
+def floor_gib(model: str, setting: str, topology: str) -> float:
+    """A lower bound of the step's peak per chip, from shapes alone (no compile).
+
+    While the rollout's prefill runs, the float32 train state (weights and Adam's two moments:
+    12 bytes per parameter) and the bfloat16 reference weights (2 bytes, ``algo.beta > 0``)
+    stay resident, and the prefill's output is the bfloat16 KV cache of every trajectory:
+    ``(prompt + budget) x layers x 2 x kv_heads x head_dim x 2`` bytes per row. Sharded at
+    best over every chip (FSDP: the rows over data x fsdp, the state over fsdp), each chip
+    holds at least ``(14 P + ceil(rows / chips) x row_bytes)``. A slice where that exceeds HBM
+    cannot fit, so it is not compiled."""
+    from models.shapes import model_shapes
+
+    cfg = model_shapes(model)
+    chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
+    rows = setting_value(setting, "trainer.batch_prompts") * setting_value(setting,
+                                                                           "algo.group_size")
+    slots = setting_value(setting, "plan.prompt_len") + setting_value(setting,
+                                                                      "plan.response_budget")
+    row_bytes = slots * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2
+    return (14 * cfg.num_params / chips + math.ceil(rows / chips) * row_bytes) / GiB
+
+
+def skipped_row(model: str, setting: str, topology: str, floor: float, hbm: float
+                ) -> dict[str, Any]:
+    chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
+    return {"model": model, "setting": setting, "topology": topology, "chips": chips,
+            "fits": False, "floor_gib": round(floor, 3), "programs": {},
+            "skipped": f"not compiled: the train state, reference weights and KV cache alone "
+                       f"need >= {floor:.1f} GiB per chip > {hbm:.1f} GiB HBM"}
+
+
 def done_rows(out: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
     if not out.exists():
         return {}
@@ -94,9 +137,15 @@ def smallest_fitting(model: str, setting: str, chip: str, out: Path) -> dict[str
     for topology in SLICES[chip]:
         row = done_rows(out).get((model, setting, topology))
         if row is None:
-            print(f"plan_table: {model} {setting} on {topology} ...", file=sys.stderr,
-                  flush=True)
-            row = plan_row(model, setting, topology)
+            from rl.plan import CHIPS
+
+            floor, hbm = floor_gib(model, setting, topology), CHIPS[chip].hbm_bytes / GiB
+            if floor > hbm:
+                row = skipped_row(model, setting, topology, floor, hbm)
+            else:
+                print(f"plan_table: {model} {setting} on {topology} ...", file=sys.stderr,
+                      flush=True)
+                row = plan_row(model, setting, topology)
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
         if row["fits"]:
@@ -123,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--models", default="qwen3_4b,qwen3_8b,qwen3_14b")
     ap.add_argument("--settings", default="groups64,search_r1")
     ap.add_argument("--chips", default="v5e,v5p")
-    ap.add_argument("--out", default="runs/plan_table.jsonl")
+    # kept in the repository: the table is built over several sessions, and runs/ is not kept
+    ap.add_argument("--out", default="bench/results/plan_table.jsonl")
     args = ap.parse_args(argv)
     if not os.environ.get("JAX_PLATFORMS"):
         os.environ["JAX_PLATFORMS"] = "cpu"

@@ -4,6 +4,8 @@ rows it wrote, and the table names the smallest fitting slice (planning faked: t
 
 import json
 
+import pytest
+
 import bench.plan_table as T
 
 
@@ -23,6 +25,7 @@ def _fake_row(fits_from: int, calls: list):
 def test_the_walk_stops_at_the_first_fitting_slice_and_reruns_reuse_rows(tmp_path, monkeypatch):
     out, calls = tmp_path / "rows.jsonl", []
     monkeypatch.setattr(T, "plan_row", _fake_row(32, calls))
+    monkeypatch.setattr(T, "floor_gib", lambda *a: 0.0)  # every slice compiled
     row = T.smallest_fitting("qwen3_8b", "groups64", "v5e", out)
     assert row["topology"] == "v5e:4x8" and calls == ["v5e:4x4", "v5e:4x8"]
     assert [json.loads(x)["topology"] for x in out.read_text().splitlines()] == calls
@@ -33,6 +36,7 @@ def test_the_walk_stops_at_the_first_fitting_slice_and_reruns_reuse_rows(tmp_pat
 def test_none_fits_is_said_and_the_table_lists_the_smallest(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(T, "plan_row", _fake_row(10**6, calls))
+    monkeypatch.setattr(T, "floor_gib", lambda *a: 0.0)
     assert T.smallest_fitting("qwen3_14b", "search_r1", "v5e", tmp_path / "r.jsonl") is None
     assert calls == T.SLICES["v5e"]
     monkeypatch.setattr(T, "plan_row", _fake_row(16, []))
@@ -48,3 +52,30 @@ def test_search_r1_budget_is_four_turns_of_500_with_three_observations():
     assert "plan.response_budget=3500" in T.SETTINGS["search_r1"]
     assert "trainer.batch_prompts=512" in T.SETTINGS["search_r1"]
     assert "algo.group_size=5" in T.COMMON
+
+
+def test_the_shape_floor_by_hand():
+    """Qwen3-4B (model card: 36 layers, 8 KV heads of 128 dims) at groups64 on v5e:4x4: 14
+    bytes per parameter over 16 chips, plus 320 / 16 = 20 rows of a bfloat16 cache of 256 +
+    1,024 slots."""
+    from models.shapes import model_shapes
+
+    params = model_shapes("qwen3_4b").num_params
+    row = 1280 * 36 * 2 * 8 * 128 * 2
+    want = (14 * params / 16 + 20 * row) / 2**30
+    assert T.floor_gib("qwen3_4b", "groups64", "v5e:4x4") == pytest.approx(want)
+    assert 6.5 < want < 7.0  # 2.81 train state + 0.47 reference weights + 3.52 cache
+
+
+def test_slices_the_shapes_rule_out_are_recorded_not_compiled(tmp_path, monkeypatch):
+    """search_r1 (2,560 trajectories x 3,756 slots) needs an 82.5 GiB cache per chip on 16
+    v5e chips, 41 on 32, 21 on 64: only v5e:8x16 (10.3 GiB) is compiled."""
+    out, calls = tmp_path / "rows.jsonl", []
+    monkeypatch.setattr(T, "plan_row", _fake_row(128, calls))
+    row = T.smallest_fitting("qwen3_4b", "search_r1", "v5e", out)
+    assert calls == ["v5e:8x16"] and row["topology"] == "v5e:8x16"
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["topology"] for r in rows] == ["v5e:4x4", "v5e:4x8", "v5e:8x8", "v5e:8x16"]
+    cache16 = 160 * 3756 * 36 * 2 * 8 * 128 * 2 / 2**30
+    assert rows[0]["floor_gib"] > cache16 and not rows[0]["fits"]
+    assert "not compiled" in rows[0]["skipped"] and "> 16.0 GiB HBM" in rows[0]["skipped"]
