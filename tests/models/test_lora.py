@@ -52,12 +52,18 @@ def test_lora_forward_equals_the_merged_weight_forward(base):
     assert float(jnp.abs(factored - forward(CFG, base, TOKENS)).max()) > 1e-3  # it changed
 
 
-def test_fresh_adapters_give_the_base_logits_exactly(base):
+def test_fresh_adapters_leave_the_base_model_unchanged(base):
+    """B = 0 at init: the merged weights are the base weights bit for bit, so their forward is
+    the base forward exactly. The factored forward adds (x A) B = 0 but is another XLA program
+    (its fusions may order the base matmul's float32 sums differently: seen on an AVX-512 CPU,
+    6e-8 apart), so it is compared to float32 rounding."""
     adapters = L.init_adapters(base, LORA, jax.random.key(3))
-    np.testing.assert_array_equal(forward(CFG, L.adapted(base, adapters, LORA), TOKENS),
-                                  forward(CFG, base, TOKENS))
-    np.testing.assert_array_equal(forward(CFG, L.merge(base, adapters, lora=LORA), TOKENS),
-                                  forward(CFG, base, TOKENS))
+    merged = L.merge(base, adapters, lora=LORA)
+    for name, w in base["layers"].items():
+        np.testing.assert_array_equal(merged["layers"][name], w, err_msg=name)
+    np.testing.assert_array_equal(forward(CFG, merged, TOKENS), forward(CFG, base, TOKENS))
+    np.testing.assert_allclose(forward(CFG, L.adapted(base, adapters, LORA), TOKENS),
+                               forward(CFG, base, TOKENS), atol=1e-6, rtol=0)
 
 
 def test_init_is_qwix_he_uniform_per_layer_and_zero_b(base):
