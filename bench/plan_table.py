@@ -10,8 +10,15 @@ compiled slice is one JSON line in ``--out`` (kept: a rerun skips what is there,
 table can be built over several sittings), and the table of the smallest fitting slices is
 printed as Markdown. A slice whose shapes alone rule it out (:func:`floor_gib`: train state,
 reference weights and KV cache per chip over its HBM) is recorded as skipped, not compiled.
-A plan of a 4B model compiles in ~5-10 min on a 2-core host, a 14B one
-longer: the whole default table is hours of compiling.
+A plan of a 4B model compiles in ~4-10 min on a 2-core host, a 14B one
+longer: the whole default table is hours of compiling. Each slice is planned in a child
+process stopped after ``--minutes`` (60): a slice not planned in time ends its walk with
+"not known" and is tried again by a rerun.
+
+Micro-batches are per slice: a setting's count is the most it uses; where that count x
+mini-batches x the slice's shards does not cut the batch evenly (``rl.batch`` would add filler
+groups, computed for nothing), the row uses the largest smaller count that does
+(:func:`micro_batches`), and records it.
 
 Settings (the keys are printed in the table's caption):
 
@@ -30,6 +37,7 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,9 +61,27 @@ SLICES: dict[str, list[str]] = {
 GiB = 2**30
 
 
+def chips_of(topology: str) -> int:
+    return math.prod(int(d) for d in topology.split(":")[1].split("x"))
+
+
+def micro_batches(setting: str, topology: str) -> int:
+    """The setting's micro-batch count, or on a slice where it leaves filler groups, the
+    count that does not (``rl.plan.even_micro_batches``; ``mesh=fsdp``: every chip a
+    data-parallel shard): micro-batching changes no update, only how it is cut."""
+    from rl.plan import even_micro_batches
+
+    return even_micro_batches(setting_value(setting, "trainer.batch_prompts"),
+                              setting_value(setting, "algo.group_size"),
+                              setting_value(setting, "trainer.mini_batches"),
+                              chips_of(topology),
+                              setting_value(setting, "trainer.micro_batches"))
+
+
 def overrides(model: str, setting: str, topology: str) -> list[str]:
-    return [f"plan.model_shapes={model}", f"plan.topology={topology}", *COMMON,
-            *SETTINGS[setting]]
+    micro = f"trainer.micro_batches={micro_batches(setting, topology)}"
+    keys = [micro if k.startswith("trainer.micro_batches=") else k for k in SETTINGS[setting]]
+    return [f"plan.model_shapes={model}", f"plan.topology={topology}", *COMMON, *keys]
 
 
 def plan_row(model: str, setting: str, topology: str) -> dict[str, Any]:
@@ -79,9 +105,19 @@ def plan_row(model: str, setting: str, topology: str) -> dict[str, Any]:
                          "fits": p.peak <= hbm and not p.refused} for p in plan.programs}
     fit = getattr(plan, "fit", None)
     return {"model": model, "setting": setting, "topology": topology, "chips": plan.chips,
-            "mesh": plan.mesh, "hbm_gib": round(hbm / GiB, 2), "programs": programs,
+            "version": ROW_VERSION, "mesh": plan.mesh,
+            "micro_batches": run.trainer.micro_batches,
+            "filler_groups": plan.lay.filler, "hbm_gib": round(hbm / GiB, 2),
+            "programs": programs,
             "fits": all(v["fits"] for v in programs.values() if v["runs"]),
             "largest_rollout": getattr(fit, "best", None)}
+
+
+# what a compiled row was planned with: 1, the first rows; 2, the prefill's distinct-prompt
+# cache at the prompt's slots (models.sampler.prefill), micro-batches per slice. A compiled
+# row of another version is planned again; a skipped one (shapes only) stays valid.
+ROW_VERSION = 2
+DEFAULTS = {"trainer.mini_batches": 1}  # conf/trainer's value where a setting names none
 
 
 def setting_value(setting: str, key: str) -> int:
@@ -90,6 +126,8 @@ def setting_value(setting: str, key: str) -> int:
         name, _, value = item.partition("=")
         if name == key:
             return int(value)
+    if key in DEFAULTS:
+        return DEFAULTS[key]
     raise KeyError(f"{setting}: no {key}")
 
 
@@ -106,7 +144,7 @@ def floor_gib(model: str, setting: str, topology: str) -> float:
     from models.shapes import model_shapes
 
     cfg = model_shapes(model)
-    chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
+    chips = chips_of(topology)
     rows = setting_value(setting, "trainer.batch_prompts") * setting_value(setting,
                                                                            "algo.group_size")
     slots = setting_value(setting, "plan.prompt_len") + setting_value(setting,
@@ -117,7 +155,7 @@ def floor_gib(model: str, setting: str, topology: str) -> float:
 
 def skipped_row(model: str, setting: str, topology: str, floor: float, hbm: float
                 ) -> dict[str, Any]:
-    chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
+    chips = chips_of(topology)
     return {"model": model, "setting": setting, "topology": topology, "chips": chips,
             "fits": False, "floor_gib": round(floor, 3), "programs": {},
             "skipped": f"not compiled: the train state, reference weights and KV cache alone "
@@ -125,15 +163,47 @@ def skipped_row(model: str, setting: str, topology: str, floor: float, hbm: floa
 
 
 def done_rows(out: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """The rows in `out` still valid: skipped ones, and compiled ones of this
+    :data:`ROW_VERSION` planned with the slice's micro-batch count (older rows are kept in
+    the file, and planned again)."""
     if not out.exists():
         return {}
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    return {(r["model"], r["setting"], r["topology"]): r for r in rows}
+    return {(r["model"], r["setting"], r["topology"]): r for r in rows
+            if "skipped" in r or (r.get("version", 1) == ROW_VERSION and r.get(
+                "micro_batches") == micro_batches(r["setting"], r["topology"]))}
 
 
-def smallest_fitting(model: str, setting: str, chip: str, out: Path) -> dict[str, Any] | None:
+def bounded_plan_row(model: str, setting: str, topology: str,
+                     minutes: float | None) -> dict[str, Any] | None:
+    """:func:`plan_row`, in a child process stopped after `minutes` (None: in this process,
+    unbounded). Some slices compile for hours on a small host (Qwen3-14B on v5p:2x2x2: over an
+    hour on 2 cores); None when stopped."""
+    if minutes is None:
+        return plan_row(model, setting, topology)
+    cmd = [sys.executable, "-m", "bench.plan_table", "--one", f"{model},{setting},{topology}"]
+    return run_bounded(cmd, minutes * 60)
+
+
+def run_bounded(cmd: Sequence[str], seconds: float) -> dict[str, Any] | None:
+    """The JSON object `cmd` prints as its last stdout line, or None when it runs past
+    `seconds` (killed). A child that fails raises, with its stderr's tail."""
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds,
+                              cwd=Path(__file__).resolve().parents[1])
+    except subprocess.TimeoutExpired:
+        return None
+    if done.returncode:
+        raise RuntimeError(f"plan_table: {' '.join(cmd)} failed ({done.returncode}):\n"
+                           f"{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def smallest_fitting(model: str, setting: str, chip: str, out: Path,
+                     minutes: float | None = None) -> dict[str, Any] | None:
     """Plan `chip`'s slices from the smallest up (reusing rows in `out`); the first one that
-    fits, or None when none of them does."""
+    fits, None when none of them does, or ``{"unfinished": topology, ...}`` when a slice's
+    plan ran past `minutes` (nothing recorded: a rerun tries it again)."""
     for topology in SLICES[chip]:
         row = done_rows(out).get((model, setting, topology))
         if row is None:
@@ -143,9 +213,14 @@ def smallest_fitting(model: str, setting: str, chip: str, out: Path) -> dict[str
             if floor > hbm:
                 row = skipped_row(model, setting, topology, floor, hbm)
             else:
-                print(f"plan_table: {model} {setting} on {topology} ...", file=sys.stderr,
-                      flush=True)
-                row = plan_row(model, setting, topology)
+                print(f"plan_table: {model} {setting} on {topology} "
+                      f"(trainer.micro_batches={micro_batches(setting, topology)}) ...",
+                      file=sys.stderr, flush=True)
+                row = bounded_plan_row(model, setting, topology, minutes)
+                if row is None:
+                    print(f"plan_table: {model} {setting} on {topology}: not planned within "
+                          f"{minutes:g} min, stopped", file=sys.stderr, flush=True)
+                    return {"unfinished": topology, "minutes": minutes}
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
         if row["fits"]:
@@ -154,16 +229,23 @@ def smallest_fitting(model: str, setting: str, chip: str, out: Path) -> dict[str
 
 
 def table(rows: Sequence[tuple[str, str, str, dict[str, Any] | None]]) -> str:
-    lines = ["| model | setting | chip | smallest slice that fits | chips | peak GiB per chip "
-             "(prefill / decode / reference / update) |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| model | setting | chip | smallest slice that fits | chips | micro-batches | "
+             "peak GiB per chip (prefill / decode / reference / update) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for model, setting, chip, row in rows:
         if row is None:
             lines.append(f"| {model} | {setting} | {chip} | none of {', '.join(SLICES[chip])}"
-                         f" | | |")
+                         f" | | | |")
+            continue
+        if "unfinished" in row:
+            lines.append(f"| {model} | {setting} | {chip} | not known: `{row['unfinished']}` "
+                         f"not planned within {row['minutes']:g} min (smaller slices do not "
+                         f"fit) | | | |")
             continue
         peaks = " / ".join(f"{v['peak_gib']:.1f}" for v in row["programs"].values())
+        micro = row.get("micro_batches", setting_value(setting, "trainer.micro_batches"))
         lines.append(f"| {model} | {setting} | {chip} | `{row['topology']}` | {row['chips']} "
-                     f"| {peaks} (HBM {row['hbm_gib']}) |")
+                     f"| {micro} | {peaks} (HBM {row['hbm_gib']}) |")
     return "\n".join(lines)
 
 
@@ -174,10 +256,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--chips", default="v5e,v5p")
     # kept in the repository: the table is built over several sessions, and runs/ is not kept
     ap.add_argument("--out", default="bench/results/plan_table.jsonl")
+    ap.add_argument("--minutes", type=float, default=60.0,
+                    help="stop a slice's plan after this long (0: no limit)")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # MODEL,SETTING,TOPOLOGY: one row's JSON
     args = ap.parse_args(argv)
     if not os.environ.get("JAX_PLATFORMS"):
         os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    if args.one:
+        print(json.dumps(plan_row(*args.one.split(","))))
+        return
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for name, known, given in (("--settings", SETTINGS, args.settings),
@@ -185,7 +273,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         unknown = sorted(set(given.split(",")) - set(known))
         if unknown:
             sys.exit(f"plan_table: {name}: unknown {unknown}; known: {sorted(known)}")
-    rows = [(m, s, c, smallest_fitting(m, s, c, out)) for m in args.models.split(",")
+    minutes = args.minutes or None
+    rows = [(m, s, c, smallest_fitting(m, s, c, out, minutes)) for m in args.models.split(",")
             for s in args.settings.split(",") for c in args.chips.split(",")]
     print("settings: " + "; ".join(f"{k}: {' '.join(COMMON + v)}" for k, v in SETTINGS.items()))
     print(table(rows))

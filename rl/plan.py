@@ -196,6 +196,16 @@ def batch_groups(prompts: int, size: int, slices: int) -> tuple[int, int, int]:
     return len(groups), len(groups[0]), filler
 
 
+def even_micro_batches(prompts: int, size: int, mini: int, shards: int, most: int) -> int:
+    """The micro-batch count in 1..`most` whose layout adds the fewest filler groups
+    (:func:`batch_groups` over mini x micro x `shards` slices), the largest of those. Where
+    `most` leaves filler on a slice (Search-R1's 16 micro-batches of 2 mini-batches on 128
+    shards: 4,096 slices of 2,560 trajectories, 3,584 filler groups), this is the count that
+    does not (10: one trajectory per shard per micro-batch)."""
+    return min(range(1, most + 1),
+               key=lambda m: (batch_groups(prompts, size, mini * m * shards)[2], -m))
+
+
 def layout(run: RunConfig, plan: PlanConfig, mesh: Mesh) -> Layout:
     """The layout of the configured batch (``rl.batch``: mini-batches x micro-batches x the
     mesh's data-parallel shards equal slices)."""
@@ -747,6 +757,9 @@ def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
     ok = lambda prompts, mini, micro: splits(prompts, g, mini * micro * shards)  # noqa: E731
     micro = next((m for m in range(t.micro_batches + 1, 8 * t.micro_batches + 1)
                   if ok(t.batch_prompts, t.mini_batches, m)), None)
+    if micro is None and plan.lay.filler:  # fewer micro-batches, cut evenly: no filler rows
+        even = even_micro_batches(t.batch_prompts, g, t.mini_batches, shards, t.micro_batches)
+        micro = even if ok(t.batch_prompts, t.mini_batches, even) else None
     mini = next((m for m in range(t.mini_batches + 1, 8 * t.mini_batches + 1)
                  if ok(t.batch_prompts, m, t.micro_batches)), None)
     fewer = next((b for b in range(t.batch_prompts // 2, 0, -1)
@@ -808,11 +821,21 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
         *([f"  filler: rl.batch adds {lay.filler} filler group(s) (loss mask 0) so that "
            f"{lay.rows} trajectories cut into {t.mini_batches} x {t.micro_batches} x "
            f"{plan.mesh['data'] * plan.mesh['fsdp']} equal slices: the update computes "
-           f"{lay.filler * run.algo.group_size} trajectories for nothing"] if lay.filler
-          else []),
+           f"{lay.filler * run.algo.group_size} trajectories for nothing{_even(run, plan)}"]
+          if lay.filler else []),
         f"  resident per chip: train state (float32 weights + optimizer) "
         f"{plan.state_bytes / GiB:.2f} GiB, reference weights {plan.ref_bytes / GiB:.2f} GiB",
     ]
+
+
+def _even(run: RunConfig, plan: Plan) -> str:
+    """The filler line's advice: the micro-batch count that leaves none, where one does."""
+    t, shards = run.trainer, plan.mesh["data"] * plan.mesh["fsdp"]
+    even = even_micro_batches(t.batch_prompts, run.algo.group_size, t.mini_batches, shards,
+                              t.micro_batches)
+    return (f" (trainer.micro_batches={even} cuts it evenly)"
+            if splits(t.batch_prompts, run.algo.group_size, t.mini_batches * even * shards)
+            else "")
 
 
 def report(run: RunConfig, plan: Plan) -> str:

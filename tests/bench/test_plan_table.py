@@ -14,7 +14,9 @@ def _fake_row(fits_from: int, calls: list):
         calls.append(topology)
         chips = {"v5e:4x4": 16, "v5e:4x8": 32, "v5e:8x8": 64}.get(topology, 999)
         return {"model": model, "setting": setting, "topology": topology, "chips": chips,
-                "mesh": {"fsdp": chips}, "hbm_gib": 16.0, "fits": chips >= fits_from,
+                "mesh": {"fsdp": chips}, "micro_batches": T.micro_batches(setting, topology),
+                "version": T.ROW_VERSION,
+                "hbm_gib": 16.0, "fits": chips >= fits_from,
                 "programs": {n: {"peak_gib": 64.0 / chips * 16 / 16, "runs": True,
                                  "fits": chips >= fits_from}
                              for n in ("prefill", "decode", "reference", "update")},
@@ -43,7 +45,7 @@ def test_none_fits_is_said_and_the_table_lists_the_smallest(tmp_path, monkeypatc
     fit = T.smallest_fitting("qwen3_4b", "groups64", "v5e", tmp_path / "s.jsonl")
     text = T.table([("qwen3_4b", "groups64", "v5e", fit), ("qwen3_14b", "search_r1", "v5e",
                                                            None)])
-    assert "| qwen3_4b | groups64 | v5e | `v5e:4x4` | 16 | 4.0 / 4.0 / 4.0 / 4.0 (HBM 16.0) |" \
+    assert "| qwen3_4b | groups64 | v5e | `v5e:4x4` | 16 | 4 | 4.0 / 4.0 / 4.0 / 4.0 (HBM 16.0) |" \
         in text
     assert "| qwen3_14b | search_r1 | v5e | none of v5e:4x4, v5e:4x8" in text
 
@@ -79,3 +81,48 @@ def test_slices_the_shapes_rule_out_are_recorded_not_compiled(tmp_path, monkeypa
     cache16 = 160 * 3756 * 36 * 2 * 8 * 128 * 2 / 2**30
     assert rows[0]["floor_gib"] > cache16 and not rows[0]["fits"]
     assert "not compiled" in rows[0]["skipped"] and "> 16.0 GiB HBM" in rows[0]["skipped"]
+
+
+def test_the_micro_batch_count_is_the_settings_unless_it_leaves_filler_on_the_slice():
+    """search_r1: 2 mini-batches of 1,280 rows. On 16 chips 80 rows per shard cut into its 16
+    micro-batches; on 128 chips 10 rows per shard, and 10 micro-batches (one row each) is the
+    largest count <= 16 dividing 10; groups64 on 64 chips: 5 rows per shard, only 1 of 1..4."""
+    assert T.micro_batches("search_r1", "v5p:2x2x4") == 16
+    assert T.micro_batches("search_r1", "v5e:8x16") == 10
+    assert T.micro_batches("groups64", "v5e:4x4") == 4
+    assert T.micro_batches("groups64", "v5e:8x8") == 1
+    keys = T.overrides("qwen3_4b", "search_r1", "v5e:8x16")
+    assert "trainer.micro_batches=10" in keys and "trainer.micro_batches=16" not in keys
+
+
+def test_rows_of_another_version_or_micro_batch_count_are_planned_again(tmp_path):
+    """Reused: this version's row planned with the slice's count (16 on v5p:2x2x4), and a
+    skipped row of any version. Planned again: a row with 16 micro-batches on v5e:8x16 (the
+    slice's count is 10), and a row of version 1 (no version field)."""
+    out = tmp_path / "rows.jsonl"
+    v = T.ROW_VERSION
+    rows = [{"topology": "v5e:8x16", "micro_batches": 16, "version": v},
+            {"topology": "v5p:2x2x4", "micro_batches": 16, "version": v},
+            {"topology": "v5e:16x16", "micro_batches": 5},
+            {"topology": "v5e:4x4", "skipped": "floor"}]
+    out.write_text("\n".join(json.dumps({"model": "m", "setting": "search_r1", "fits": False,
+                                          **r}) for r in rows) + "\n")
+    assert set(T.done_rows(out)) == {("m", "search_r1", "v5p:2x2x4"),
+                                     ("m", "search_r1", "v5e:4x4")}
+
+
+def test_a_plan_past_its_time_is_stopped_and_said(tmp_path, monkeypatch):
+    import sys
+
+    assert T.run_bounded([sys.executable, "-c", "import time; time.sleep(30)"], 0.5) is None
+    assert T.run_bounded([sys.executable, "-c", "print('noise'); print('{\"a\": 1}')"],
+                         30) == {"a": 1}
+    with pytest.raises(RuntimeError, match="failed"):
+        T.run_bounded([sys.executable, "-c", "raise SystemExit(3)"], 30)
+    monkeypatch.setattr(T, "bounded_plan_row", lambda *a: None)
+    monkeypatch.setattr(T, "floor_gib", lambda *a: 0.0)
+    row = T.smallest_fitting("qwen3_14b", "groups64", "v5p", tmp_path / "r.jsonl", 0.1)
+    assert row == {"unfinished": "v5p:2x2x1", "minutes": 0.1}
+    assert not (tmp_path / "r.jsonl").exists()
+    text = T.table([("qwen3_14b", "groups64", "v5p", row)])
+    assert "not known: `v5p:2x2x1` not planned within 0.1 min" in text

@@ -34,6 +34,7 @@ from rl.plan import (
     batch_groups,
     continue_programs,
     decode_flops,
+    even_micro_batches,
     fit_line,
     forward_flops,
     header,
@@ -170,6 +171,38 @@ def test_the_layout_is_rl_batchs_filler_groups_included():
     groups = [Group(prompt=None, trajectories=(traj,) * 5) for _ in range(64)]
     built = build_batch(groups, np.zeros((64, 5)), pad_id=0, resp_len=16, slices=128)
     assert built["tokens"].shape[:2] == (128, 5)
+
+
+def test_the_micro_batch_count_that_leaves_no_filler_by_hand():
+    """Search-R1's 512 x 5 in 2 mini-batches: on 16 shards 1,280 / 16 = 80 rows per shard cut
+    into 16 micro-batches of 5; on 128 shards 10 rows per shard, so 16 micro-batches need
+    filler (2 x 16 x 128 = 4,096 slices > 2,560 rows) and 10 (one row each) is the largest
+    count <= 16 that divides 10; on 32 shards 40 rows: 10 (8 and 5 divide 40 too, 10 is the
+    largest). 64 x 5 on 64 shards: 5 rows per shard, only 1 of 1..4 divides 5. On 128
+    shards no count cuts 320 rows evenly; 1 adds the fewest filler groups (64, to 128 groups
+    of 5, against 192 for 2 and 448 for 4)."""
+    assert even_micro_batches(512, 5, 2, 16, 16) == 16
+    assert even_micro_batches(512, 5, 2, 128, 16) == 10
+    assert even_micro_batches(512, 5, 2, 32, 16) == 10
+    assert even_micro_batches(64, 5, 1, 64, 4) == 1
+    assert even_micro_batches(64, 5, 1, 128, 4) == 1
+    assert [batch_groups(64, 5, m * 128)[2] for m in (1, 2, 4)] == [64, 192, 448]
+
+
+def test_a_layout_with_filler_names_the_micro_batch_count_that_has_none():
+    """8 prompts x 5 = 40 rows on the fake plan's 4 shards: 20 micro-batches need 80 slices
+    (-8 % 80 = 72 filler groups); no count in 21..160 divides 40 / 4 = 10 rows per shard, 10
+    does (one row each)."""
+    run, _ = _config("trainer.batch_prompts=8", "algo.group_size=5",
+                     "trainer.micro_batches=20")
+    plan = _fake_plan(run, update_gib=20.0)
+    groups, size, filler = batch_groups(8, 5, 80)
+    assert filler == 72
+    plan = dataclasses.replace(plan, lay=dataclasses.replace(
+        plan.lay, rows=40, groups=groups, size=size, filler=filler))
+    assert "trainer.micro_batches=10" in remedies(run, plan, "update")[0]
+    line = next(x for x in header(run, plan) if "filler" in x)
+    assert "adds 72 filler group(s)" in line and "trainer.micro_batches=10 cuts it evenly" in line
 
 
 # ------------------------------------------------------------------------------ FLOPs by hand
