@@ -10,6 +10,7 @@ import pytest
 from models import load_params
 from models.sampler import (
     Continuation,
+    PromptBatch,
     SamplingParams,
     Scoring,
     continue_generation,
@@ -18,6 +19,7 @@ from models.sampler import (
     generate,
     group_logprobs,
     left_pad,
+    prefill,
     sample_categorical,
     token_logprobs,
 )
@@ -205,6 +207,25 @@ def test_repeated_prompts_share_one_prefill(tiny):
     sampled = generate(cfg, params, tok, [a, a, a, a], SamplingParams(10, temperature=1.0),
                        seed=1).token_lists()
     assert len({tuple(x) for x in sampled}) > 1  # the copies still sample independently
+
+
+def test_the_prefill_holds_no_full_length_cache_of_the_distinct_prompts(tiny):
+    """2 distinct prompts of 32 tokens, 8 rows (groups of 4), 4,096 cache slots, float32: the
+    rows' cache (its output) is 8 x L x 2 x KV x hd x 4,096 x 4 bytes. The distinct prompts'
+    cache at 4,096 slots would be a quarter of it; at their 32 slots, 1/128 of a quarter.
+    The compiled prefill's temporaries stay under an eighth of the output."""
+    cfg, params, _ = tiny
+    prompts = PromptBatch(jnp.ones((2, 32), jnp.int32), jnp.ones((2, 32), bool),
+                          jnp.asarray([0, 0, 0, 0, 1, 1, 1, 1]))
+    front = jax.jit(prefill, static_argnames=("cfg", "cache_len")).lower(
+        cfg, params, prompts, cache_len=4096).compile().memory_analysis()
+    rows_cache = 8 * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4096 * 4
+    assert front.output_size_in_bytes >= rows_cache
+    assert front.temp_size_in_bytes < rows_cache / 8, (front.temp_size_in_bytes, rows_cache)
+    out = prefill(cfg, params, prompts, cache_len=4096)
+    assert out.cache.k[0].shape[-1] == 4096 and out.cache.v[0].shape[2] == 4096
+    assert out.cache.valid[:, :32].all() and not out.cache.valid[:, 32:].any()
+    assert not jnp.any(out.cache.k[0][..., 32:]) and jnp.any(out.cache.k[0][..., :32])
 
 
 def _concat_rows(prefixes, conts, pad_id):
