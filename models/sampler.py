@@ -385,7 +385,7 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
     cache = constrain_rows(KVCache.zeros(cfg, prompts.tokens.shape[0], width,
                                          jnp.dtype(cache_dtype)), mesh)
     hidden, cache = forward_with_cache(cfg, params, prompts.tokens, prompts.mask, cache=cache,
-                                       cache_index=0, mesh=mesh)
+                                       cache_index=0, mesh=mesh, pin_rows=True)
 
     def grown(x: jax.Array, axis: int) -> jax.Array:  # a row's copy, empty slots after
         pad = [(0, 0)] * x.ndim

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.config import ModelConfig
-from models.constraints import shard_tree_rows
+from models.constraints import shard_rows, shard_tree_rows
 
 Params = dict[str, Any]
 NEG_INF = -1e30  # finite, so a fully masked row (left padding) gives a uniform softmax, not NaN
@@ -264,7 +264,7 @@ def forward(cfg: ModelConfig, params: Params, tokens: jax.Array,
 def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
                        attn_mask: jax.Array | None = None, positions: jax.Array | None = None,
                        *, cache: KVCache, cache_index: jax.Array | int,
-                       mesh: Any = None) -> tuple[jax.Array, KVCache]:
+                       mesh: Any = None, pin_rows: bool = False) -> tuple[jax.Array, KVCache]:
     """(final hidden states [B,T,D], updated cache) for tokens [B,T] that follow the cache's
     contents: the T new tokens' keys and values are written at slots
     [cache_index, cache_index + T) and each token attends to the cache's valid slots before
@@ -272,11 +272,17 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
     :func:`forward`. Layers run one by one on per-layer weights (see :func:`unstack_layers`).
 
     ``mesh``: the mesh the program runs on; its devices' platform decides whether a bfloat16
-    cache is read in float32 (:func:`_no_bf16_dot_on_buffers`). The activations are left to
-    GSPMD: pinning their rows to the batch axes (as ``forward`` does in training) made the
-    planned v5e programs larger, the Qwen3-0.6B prefill (16 prompts of 256 tokens on
-    v5e:2x2) 2.98 GiB of temporaries per chip instead of 0.25, the Qwen3-4B continuation's
-    read (320 rows, 128-token blocks, v5e:4x4) 8.4 GiB instead of 3.5.
+    cache is read in float32 (:func:`_no_bf16_dot_on_buffers`).
+
+    ``pin_rows``: pin the activations' rows to the context mesh's batch axes after the
+    embedding and every layer (``models.constraints.shard_rows``, as ``forward`` does in
+    training); otherwise they are left to GSPMD. The prefill pins: on many shards GSPMD
+    replicated the distinct prompts' activations instead of gathering weights (Qwen3-4B,
+    512 prompts of 256 tokens on 128 chips: a float32 [512,256,9728] MLP activation on every
+    chip, 19.5 GiB of temporaries per chip; 2.2 pinned), at a small cost on few shards
+    (Qwen3-0.6B, 16 prompts on v5e:2x2: 0.62 GiB instead of 0.25; libtpu 0.0.42). The
+    continuation's read does not: pinned, the Qwen3-4B read (320 rows, 128-token blocks,
+    v5e:4x4) took 8.4 GiB instead of 3.5 (measured before, with libtpu 0.0.42 too).
     """
     t = tokens.shape[1]
     attn_mask, positions = _mask_and_positions(tokens, attn_mask, positions)
@@ -299,11 +305,13 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
             return ck.astype(jnp.float32), cv.astype(jnp.float32), (ck, cv)
         return ck, cv, (ck, cv)
 
-    x, ks, vs = params["embed"][tokens], [], []
+    pin = shard_rows if pin_rows else (lambda a: a)
+    x, ks, vs = pin(params["embed"][tokens]), [], []
     layers = unstack_layers(params)["layers"]
     for p, ck, cv in zip(layers, cache.k, cache.v, strict=True):
         x, (ck, cv) = _layer(cfg, p, x, positions, inv_freq, mask,
                              lambda k, v, ck=ck, cv=cv: write(ck, cv, k, v))
+        x = pin(x)
         ks.append(ck)
         vs.append(cv)
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
