@@ -114,7 +114,8 @@ def plan_row(model: str, setting: str, topology: str) -> dict[str, Any]:
 
 
 # what a compiled row was planned with: 1, the first rows; 2, the prefill's distinct-prompt
-# cache at the prompt's slots (models.sampler.prefill), micro-batches per slice. A compiled
+# cache at the prompt's slots and its activations' rows pinned (models.sampler.prefill),
+# micro-batches per slice. A compiled
 # row of another version is planned again; a skipped one (shapes only) stays valid.
 ROW_VERSION = 2
 DEFAULTS = {"trainer.mini_batches": 1}  # conf/trainer's value where a setting names none
@@ -200,12 +201,15 @@ def run_bounded(cmd: Sequence[str], seconds: float) -> dict[str, Any] | None:
 
 
 def smallest_fitting(model: str, setting: str, chip: str, out: Path,
-                     minutes: float | None = None) -> dict[str, Any] | None:
+                     minutes: float | None = None, plan: bool = True) -> dict[str, Any] | None:
     """Plan `chip`'s slices from the smallest up (reusing rows in `out`); the first one that
     fits, None when none of them does, or ``{"unfinished": topology, ...}`` when a slice's
-    plan ran past `minutes` (nothing recorded: a rerun tries it again)."""
+    plan ran past `minutes` (nothing recorded: a rerun tries it again). Without `plan`, only
+    the rows in `out`: ``{"unplanned": topology}`` at the first slice that has none."""
     for topology in SLICES[chip]:
         row = done_rows(out).get((model, setting, topology))
+        if row is None and not plan:
+            return {"unplanned": topology}
         if row is None:
             from rl.plan import CHIPS
 
@@ -237,6 +241,10 @@ def table(rows: Sequence[tuple[str, str, str, dict[str, Any] | None]]) -> str:
             lines.append(f"| {model} | {setting} | {chip} | none of {', '.join(SLICES[chip])}"
                          f" | | | |")
             continue
+        if "unplanned" in row:
+            lines.append(f"| {model} | {setting} | {chip} | not planned yet from "
+                         f"`{row['unplanned']}` up | | | |")
+            continue
         if "unfinished" in row:
             lines.append(f"| {model} | {setting} | {chip} | not known: `{row['unfinished']}` "
                          f"not planned within {row['minutes']:g} min (smaller slices do not "
@@ -258,6 +266,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--out", default="bench/results/plan_table.jsonl")
     ap.add_argument("--minutes", type=float, default=60.0,
                     help="stop a slice's plan after this long (0: no limit)")
+    ap.add_argument("--table-only", action="store_true",
+                    help="print the table from the rows in --out, planning nothing")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # MODEL,SETTING,TOPOLOGY: one row's JSON
     args = ap.parse_args(argv)
     if not os.environ.get("JAX_PLATFORMS"):
@@ -274,7 +284,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if unknown:
             sys.exit(f"plan_table: {name}: unknown {unknown}; known: {sorted(known)}")
     minutes = args.minutes or None
-    rows = [(m, s, c, smallest_fitting(m, s, c, out, minutes)) for m in args.models.split(",")
+    rows = [(m, s, c, smallest_fitting(m, s, c, out, minutes, plan=not args.table_only))
+            for m in args.models.split(",")
             for s in args.settings.split(",") for c in args.chips.split(",")]
     print("settings: " + "; ".join(f"{k}: {' '.join(COMMON + v)}" for k, v in SETTINGS.items()))
     print(table(rows))

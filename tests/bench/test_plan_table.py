@@ -126,3 +126,17 @@ def test_a_plan_past_its_time_is_stopped_and_said(tmp_path, monkeypatch):
     assert not (tmp_path / "r.jsonl").exists()
     text = T.table([("qwen3_14b", "groups64", "v5p", row)])
     assert "not known: `v5p:2x2x1` not planned within 0.1 min" in text
+
+
+def test_the_table_alone_plans_nothing_and_says_where_the_rows_stop(tmp_path, monkeypatch):
+    out, calls = tmp_path / "rows.jsonl", []
+    monkeypatch.setattr(T, "plan_row", _fake_row(32, calls))
+    monkeypatch.setattr(T, "floor_gib", lambda *a: 0.0)
+    assert T.smallest_fitting("qwen3_8b", "groups64", "v5e", out, plan=False) == {
+        "unplanned": "v5e:4x4"}
+    T.smallest_fitting("qwen3_8b", "groups64", "v5e", out)
+    calls.clear()
+    row = T.smallest_fitting("qwen3_8b", "groups64", "v5e", out, plan=False)
+    assert row["topology"] == "v5e:4x8" and calls == []
+    text = T.table([("qwen3_4b", "search_r1", "v5p", {"unplanned": "v5p:2x2x4"})])
+    assert "not planned yet from `v5p:2x2x4` up" in text
