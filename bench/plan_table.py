@@ -86,12 +86,13 @@ def overrides(model: str, setting: str, topology: str) -> list[str]:
 
 def plan_row(model: str, setting: str, topology: str) -> dict[str, Any]:
     """One slice's plan as a JSON-able record: per program its peak per chip (GiB, with the
-    resident train state), whether the config runs it, and whether the step fits."""
+    resident train state), whether the config runs it, and whether the step fits (every
+    program it runs within the HBM libtpu leaves usable, ``rl.plan.USABLE_HBM``)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from rl.config import parse_plan
-    from rl.plan import make_plan
+    from rl.plan import USABLE_HBM, make_plan
 
     conf = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
@@ -101,8 +102,9 @@ def plan_row(model: str, setting: str, topology: str) -> dict[str, Any]:
     run, plan_cfg = parse_plan(OmegaConf.to_container(cfg, resolve=True))
     plan = make_plan(run, plan_cfg)
     hbm = plan.chip.hbm_bytes
+    usable = USABLE_HBM.get(plan.chip.name, hbm)  # v5e: libtpu leaves 15.75 of the 16 GiB
     programs = {p.name: {"peak_gib": round(p.peak / GiB, 3), "runs": p.runs,
-                         "fits": p.peak <= hbm and not p.refused} for p in plan.programs}
+                         "fits": p.peak <= usable and not p.refused} for p in plan.programs}
     fit = getattr(plan, "fit", None)
     return {"model": model, "setting": setting, "topology": topology, "chips": plan.chips,
             "version": ROW_VERSION, "mesh": plan.mesh,
