@@ -48,7 +48,7 @@ COMMON = ["mesh=fsdp", "algo.group_size=5", "trainer.remat=true", "model.dtype=b
           "trainer.logits_chunk=256", "algo.beta=0.01", "plan.prompt_len=256",
           "plan.rollout_fit=false"]
 SETTINGS: dict[str, list[str]] = {
-    "groups64": ["trainer.batch_prompts=64", "trainer.micro_batches=4",
+    "groups64": ["trainer.batch_prompts=64", "trainer.mini_batches=1", "trainer.micro_batches=4",
                  "plan.response_budget=1024"],
     "search_r1": ["trainer.batch_prompts=512", "trainer.mini_batches=2",
                   "trainer.micro_batches=16", "plan.response_budget=3500"],
@@ -117,10 +117,9 @@ def plan_row(model: str, setting: str, topology: str) -> dict[str, Any]:
 
 # what a compiled row was planned with: 1, the first rows; 2, the prefill's distinct-prompt
 # cache at the prompt's slots and its activations' rows pinned (models.sampler.prefill),
-# micro-batches per slice. A compiled
-# row of another version is planned again; a skipped one (shapes only) stays valid.
+# micro-batches per slice. A compiled row of another version is planned again; a skipped one
+# (shapes only) stays valid.
 ROW_VERSION = 2
-DEFAULTS = {"trainer.mini_batches": 1}  # conf/trainer's value where a setting names none
 
 
 def setting_value(setting: str, key: str) -> int:
@@ -129,8 +128,6 @@ def setting_value(setting: str, key: str) -> int:
         name, _, value = item.partition("=")
         if name == key:
             return int(value)
-    if key in DEFAULTS:
-        return DEFAULTS[key]
     raise KeyError(f"{setting}: no {key}")
 
 
@@ -253,9 +250,8 @@ def table(rows: Sequence[tuple[str, str, str, dict[str, Any] | None]]) -> str:
                          f"fit) | | | |")
             continue
         peaks = " / ".join(f"{v['peak_gib']:.1f}" for v in row["programs"].values())
-        micro = row.get("micro_batches", setting_value(setting, "trainer.micro_batches"))
         lines.append(f"| {model} | {setting} | {chip} | `{row['topology']}` | {row['chips']} "
-                     f"| {micro} | {peaks} (HBM {row['hbm_gib']}) |")
+                     f"| {row['micro_batches']} | {peaks} (HBM {row['hbm_gib']}) |")
     return "\n".join(lines)
 
 

@@ -758,8 +758,7 @@ def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
     micro = next((m for m in range(t.micro_batches + 1, 8 * t.micro_batches + 1)
                   if ok(t.batch_prompts, t.mini_batches, m)), None)
     if micro is None and plan.lay.filler:  # fewer micro-batches, cut evenly: no filler rows
-        even = even_micro_batches(t.batch_prompts, g, t.mini_batches, shards, t.micro_batches)
-        micro = even if ok(t.batch_prompts, t.mini_batches, even) else None
+        micro = fewer_micro_batches(run, plan)
     mini = next((m for m in range(t.mini_batches + 1, 8 * t.mini_batches + 1)
                  if ok(t.batch_prompts, m, t.micro_batches)), None)
     fewer = next((b for b in range(t.batch_prompts // 2, 0, -1)
@@ -828,14 +827,18 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
     ]
 
 
+def fewer_micro_batches(run: RunConfig, plan: Plan) -> int | None:
+    """The largest micro-batch count below the configured one that cuts the batch with no
+    filler on the plan's shards (:func:`even_micro_batches`), or None where none does."""
+    t, g, shards = run.trainer, run.algo.group_size, plan.mesh["data"] * plan.mesh["fsdp"]
+    even = even_micro_batches(t.batch_prompts, g, t.mini_batches, shards, t.micro_batches)
+    return even if splits(t.batch_prompts, g, t.mini_batches * even * shards) else None
+
+
 def _even(run: RunConfig, plan: Plan) -> str:
     """The filler line's advice: the micro-batch count that leaves none, where one does."""
-    t, shards = run.trainer, plan.mesh["data"] * plan.mesh["fsdp"]
-    even = even_micro_batches(t.batch_prompts, run.algo.group_size, t.mini_batches, shards,
-                              t.micro_batches)
-    return (f" (trainer.micro_batches={even} cuts it evenly)"
-            if splits(t.batch_prompts, run.algo.group_size, t.mini_batches * even * shards)
-            else "")
+    even = fewer_micro_batches(run, plan)
+    return f" (trainer.micro_batches={even} cuts it evenly)" if even else ""
 
 
 def report(run: RunConfig, plan: Plan) -> str:
