@@ -20,6 +20,12 @@ mini-batches x the slice's shards does not cut the batch evenly (``rl.batch`` wo
 groups, computed for nothing), the row uses the largest smaller count that does
 (:func:`micro_batches`), and records it.
 
+The prefill's layout is per slice too: a slice whose prefill misses with its activations
+pinned to the rows (``trainer.prefill_pin_rows=true``, the default) is planned again with
+them left to the compiler, and the second plan is the row (``prefill_pin_rows`` false,
+``pinned_prefill_gib`` the first one's prefill). Neither layout is smaller everywhere (see
+``models.sampler.prefill``); the other programs do not depend on it.
+
 Settings (the keys are printed in the table's caption):
 
 * ``groups64``: 64 prompts x 5, 256-token prompts, 1,024-token response budget, 4
@@ -78,13 +84,14 @@ def micro_batches(setting: str, topology: str) -> int:
                               setting_value(setting, "trainer.micro_batches"))
 
 
-def overrides(model: str, setting: str, topology: str) -> list[str]:
+def overrides(model: str, setting: str, topology: str, pin: bool = True) -> list[str]:
     micro = f"trainer.micro_batches={micro_batches(setting, topology)}"
     keys = [micro if k.startswith("trainer.micro_batches=") else k for k in SETTINGS[setting]]
-    return [f"plan.model_shapes={model}", f"plan.topology={topology}", *COMMON, *keys]
+    return [f"plan.model_shapes={model}", f"plan.topology={topology}", *COMMON, *keys,
+            f"trainer.prefill_pin_rows={str(pin).lower()}"]
 
 
-def plan_row(model: str, setting: str, topology: str) -> dict[str, Any]:
+def plan_row(model: str, setting: str, topology: str, pin: bool = True) -> dict[str, Any]:
     """One slice's plan as a JSON-able record: per program its peak per chip (GiB, with the
     resident train state), whether the config runs it, and whether the step fits (every
     program it runs within the HBM libtpu leaves usable, ``rl.plan.USABLE_HBM``)."""
@@ -97,7 +104,7 @@ def plan_row(model: str, setting: str, topology: str) -> dict[str, Any]:
     conf = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
         # a plan writes nothing; composed outside hydra's app, ${hydra:...} has no value
-        cfg = compose("plan", overrides=[*overrides(model, setting, topology),
+        cfg = compose("plan", overrides=[*overrides(model, setting, topology, pin),
                                          "trainer.run_dir=unused"])
     run, plan_cfg = parse_plan(OmegaConf.to_container(cfg, resolve=True))
     plan = make_plan(run, plan_cfg)
@@ -108,7 +115,7 @@ def plan_row(model: str, setting: str, topology: str) -> dict[str, Any]:
     fit = getattr(plan, "fit", None)
     return {"model": model, "setting": setting, "topology": topology, "chips": plan.chips,
             "version": ROW_VERSION, "mesh": plan.mesh,
-            "micro_batches": run.trainer.micro_batches,
+            "micro_batches": run.trainer.micro_batches, "prefill_pin_rows": pin,
             "filler_groups": plan.lay.filler, "hbm_gib": round(hbm / GiB, 2),
             "programs": programs,
             "fits": all(v["fits"] for v in programs.values() if v["runs"]),
@@ -162,27 +169,36 @@ def skipped_row(model: str, setting: str, topology: str, floor: float, hbm: floa
                        f"need >= {floor:.1f} GiB per chip > {hbm:.1f} GiB HBM"}
 
 
-def done_rows(out: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """The rows in `out` still valid: skipped ones, and compiled ones of this
-    :data:`ROW_VERSION` planned with the slice's micro-batch count (older rows are kept in
-    the file, and planned again)."""
+def done_rows(out: Path) -> dict[tuple[str, str, str, bool], dict[str, Any]]:
+    """The rows in `out` still valid, by (model, setting, topology, prefill pinned): skipped
+    ones, and compiled ones of this :data:`ROW_VERSION` planned with the slice's micro-batch
+    count (older rows are kept in the file, and planned again)."""
     if not out.exists():
         return {}
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    return {(r["model"], r["setting"], r["topology"]): r for r in rows
+    return {(r["model"], r["setting"], r["topology"], r.get("prefill_pin_rows", True)): r
+            for r in rows
             if "skipped" in r or (r.get("version", 1) == ROW_VERSION and r.get(
                 "micro_batches") == micro_batches(r["setting"], r["topology"]))}
 
 
-def bounded_plan_row(model: str, setting: str, topology: str,
-                     minutes: float | None) -> dict[str, Any] | None:
+def bounded_plan_row(model: str, setting: str, topology: str, minutes: float | None,
+                     pin: bool = True) -> dict[str, Any] | None:
     """:func:`plan_row`, in a child process stopped after `minutes` (None: in this process,
     unbounded). Some slices compile for hours on a small host (Qwen3-14B on v5p:2x2x2: over an
     hour on 2 cores); None when stopped."""
     if minutes is None:
-        return plan_row(model, setting, topology)
-    cmd = [sys.executable, "-m", "bench.plan_table", "--one", f"{model},{setting},{topology}"]
+        return plan_row(model, setting, topology, pin)
+    cmd = [sys.executable, "-m", "bench.plan_table", "--one",
+           f"{model},{setting},{topology},{'pinned' if pin else 'unpinned'}"]
     return run_bounded(cmd, minutes * 60)
+
+
+def pinned_prefill_misses(row: dict[str, Any]) -> bool:
+    """Whether a compiled row's prefill, pinned to the rows, does not fit (rows without the
+    ``prefill_pin_rows`` field were all pinned): the slice is worth planning unpinned."""
+    prefill = row.get("programs", {}).get("prefill")
+    return bool(prefill) and not prefill["fits"] and row.get("prefill_pin_rows", True)
 
 
 def run_bounded(cmd: Sequence[str], seconds: float) -> dict[str, Any] | None:
@@ -206,52 +222,79 @@ def smallest_fitting(model: str, setting: str, chip: str, out: Path,
     plan ran past `minutes` (nothing recorded: a rerun tries it again). Without `plan`, only
     the rows in `out`: ``{"unplanned": topology}`` at the first slice that has none."""
     for topology in SLICES[chip]:
-        row = done_rows(out).get((model, setting, topology))
-        if row is None and not plan:
-            return {"unplanned": topology}
-        if row is None:
-            from rl.plan import CHIPS
-
-            floor, hbm = floor_gib(model, setting, topology), CHIPS[chip].hbm_bytes / GiB
-            if floor > hbm:
-                row = skipped_row(model, setting, topology, floor, hbm)
-            else:
-                print(f"plan_table: {model} {setting} on {topology} "
-                      f"(trainer.micro_batches={micro_batches(setting, topology)}) ...",
-                      file=sys.stderr, flush=True)
-                row = bounded_plan_row(model, setting, topology, minutes)
-                if row is None:
-                    print(f"plan_table: {model} {setting} on {topology}: not planned within "
-                          f"{minutes:g} min, stopped", file=sys.stderr, flush=True)
-                    return {"unfinished": topology, "minutes": minutes}
-            with out.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-        if row["fits"]:
+        row = slice_row(model, setting, topology, out, minutes, plan)
+        if "unplanned" in row or "unfinished" in row or row["fits"]:
             return row
     return None
 
 
+def slice_row(model: str, setting: str, topology: str, out: Path, minutes: float | None,
+              plan: bool) -> dict[str, Any]:
+    """One slice's row (from `out`, else planned and appended to it): with the prefill's
+    activations pinned to the rows, and when that prefill misses, the row planned without
+    the pin (which records the pinned prefill's peak); ``{"unplanned"}`` / ``{"unfinished"}``
+    as in :func:`smallest_fitting`."""
+    pinned_gib = None
+    for pin in (True, False):
+        row = done_rows(out).get((model, setting, topology, pin))
+        if row is None and not plan:
+            return {"unplanned": topology}
+        if row is None:
+            row = new_row(model, setting, topology, minutes, pin)
+            if row is None:
+                return {"unfinished": topology, "minutes": minutes}
+            if pinned_gib is not None:
+                row["pinned_prefill_gib"] = pinned_gib
+            with out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        if not pinned_prefill_misses(row):
+            return row
+        pinned_gib = row["programs"]["prefill"]["peak_gib"]
+    return row
+
+
+def new_row(model: str, setting: str, topology: str, minutes: float | None,
+            pin: bool) -> dict[str, Any] | None:
+    """A slice's row: skipped when its shapes alone rule it out (:func:`floor_gib`), else
+    planned (None: stopped after `minutes`)."""
+    from rl.plan import CHIPS
+
+    chip = topology.split(":")[0]
+    floor, hbm = floor_gib(model, setting, topology), CHIPS[chip].hbm_bytes / GiB
+    if floor > hbm:
+        return skipped_row(model, setting, topology, floor, hbm)
+    print(f"plan_table: {model} {setting} on {topology} (trainer.micro_batches="
+          f"{micro_batches(setting, topology)}, trainer.prefill_pin_rows={str(pin).lower()}) ...",
+          file=sys.stderr, flush=True)
+    row = bounded_plan_row(model, setting, topology, minutes, pin)
+    if row is None:
+        print(f"plan_table: {model} {setting} on {topology}: not planned within "
+              f"{minutes:g} min, stopped", file=sys.stderr, flush=True)
+    return row
+
+
 def table(rows: Sequence[tuple[str, str, str, dict[str, Any] | None]]) -> str:
     lines = ["| model | setting | chip | smallest slice that fits | chips | micro-batches | "
-             "peak GiB per chip (prefill / decode / reference / update) |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "prefill rows | peak GiB per chip (prefill / decode / reference / update) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for model, setting, chip, row in rows:
         if row is None:
             lines.append(f"| {model} | {setting} | {chip} | none of {', '.join(SLICES[chip])}"
-                         f" | | | |")
+                         f" | | | | |")
             continue
         if "unplanned" in row:
             lines.append(f"| {model} | {setting} | {chip} | not planned yet from "
-                         f"`{row['unplanned']}` up | | | |")
+                         f"`{row['unplanned']}` up | | | | |")
             continue
         if "unfinished" in row:
             lines.append(f"| {model} | {setting} | {chip} | not known: `{row['unfinished']}` "
                          f"not planned within {row['minutes']:g} min (smaller slices do not "
-                         f"fit) | | | |")
+                         f"fit) | | | | |")
             continue
         peaks = " / ".join(f"{v['peak_gib']:.1f}" for v in row["programs"].values())
+        pinned = "pinned" if row.get("prefill_pin_rows", True) else "compiler's"
         lines.append(f"| {model} | {setting} | {chip} | `{row['topology']}` | {row['chips']} "
-                     f"| {row['micro_batches']} | {peaks} (HBM {row['hbm_gib']}) |")
+                     f"| {row['micro_batches']} | {pinned} | {peaks} (HBM {row['hbm_gib']}) |")
     return "\n".join(lines)
 
 
@@ -266,13 +309,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="stop a slice's plan after this long (0: no limit)")
     ap.add_argument("--table-only", action="store_true",
                     help="print the table from the rows in --out, planning nothing")
-    ap.add_argument("--one", help=argparse.SUPPRESS)  # MODEL,SETTING,TOPOLOGY: one row's JSON
+    # MODEL,SETTING,TOPOLOGY,pinned|unpinned: one row's JSON
+    ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if not os.environ.get("JAX_PLATFORMS"):
         os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     if args.one:
-        print(json.dumps(plan_row(*args.one.split(","))))
+        model, setting, topology, pin = args.one.split(",")
+        print(json.dumps(plan_row(model, setting, topology, pin == "pinned")))
         return
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -55,7 +55,9 @@ class SamplingParams:
     cache, attention still computes in float32 (see models.transformer.attention).
     ``read_block``: a continuation reads its appended tokens (e.g. a search's observation) in
     blocks of at most this many (a multiple of 16), so one block's attention scores, [rows,
-    heads, block, slots] float32, are alive at a time instead of the whole observation's."""
+    heads, block, slots] float32, are alive at a time instead of the whole observation's.
+    ``prefill_pin_rows``: how a sharded prefill lays out the prompts' activations (see
+    :func:`prefill`); the samples do not depend on it, only the memory per device does."""
 
     max_new_tokens: int = 128
     temperature: float = 1.0
@@ -64,6 +66,7 @@ class SamplingParams:
     ignore_eos: bool = False
     kv_cache_dtype: str = "float32"
     read_block: int = 128
+    prefill_pin_rows: bool = True
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -211,8 +214,9 @@ class DecodeSettings:
     """What a sampler kernel is compiled for (a static jit argument: each distinct value
     compiles once): the decode loop's length, the sampling distribution, the mesh whose
     data-parallel axes its rows are sharded over (None: no constraint, one device), the
-    dtype a fresh generation's KV cache stores (SamplingParams.kv_cache_dtype) and the block
-    a continuation reads appended tokens in (SamplingParams.read_block)."""
+    dtype a fresh generation's KV cache stores (SamplingParams.kv_cache_dtype), the block
+    a continuation reads appended tokens in (SamplingParams.read_block) and the prefill's
+    activation layout (SamplingParams.prefill_pin_rows)."""
 
     max_new: int
     temperature: float
@@ -220,12 +224,13 @@ class DecodeSettings:
     mesh: Mesh | None = None
     cache_dtype: str = "float32"
     read_block: int = 128
+    prefill_pin_rows: bool = True
 
     @staticmethod
     def of(sampling: SamplingParams, mesh: Mesh | None = None) -> DecodeSettings:
         return DecodeSettings(sampling.max_new_tokens, float(sampling.temperature),
                               float(sampling.top_p), mesh, sampling.kv_cache_dtype,
-                              sampling.read_block)
+                              sampling.read_block, sampling.prefill_pin_rows)
 
 
 class Stopping(NamedTuple):
@@ -365,12 +370,14 @@ def _take_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
 def _generate(cfg: ModelConfig, params: Params, prompts: PromptBatch, key: jax.Array,
               stopping: Stopping, *, settings: DecodeSettings, cache_len: int) -> Decoded:
     params = unstack_layers(params)  # a no-op for decode_params
-    start = prefill(cfg, params, prompts, cache_len, settings.mesh, settings.cache_dtype)
+    start = prefill(cfg, params, prompts, cache_len, settings.mesh, settings.cache_dtype,
+                    settings.prefill_pin_rows)
     return decode_loop(cfg, params, start, prompts.tokens.shape[1], key, stopping, settings)
 
 
 def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: int,
-            mesh: Mesh | None = None, cache_dtype: str = "float32") -> Frontier:
+            mesh: Mesh | None = None, cache_dtype: str = "float32",
+            pin_rows: bool = True) -> Frontier:
     """Prefill each distinct prompt once (GRPO samples a group per prompt) into a cache of
     the prompt's slots stored in `cache_dtype` (every write casts to it), then give every row
     a copy of its prompt's cache, padded with empty slots to `cache_len`: the frontier the
@@ -379,13 +386,22 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
     `cache_len` slots it would be a fifth of the rows' cache again (groups of 5) while both
     are live (Qwen3-4B, Search-R1's 3,756 slots on 16 v5p chips: 16.5 GiB more per chip).
     With ``prompts.rows`` [S,B/S] (a mesh's S shards, see :func:`_take_rows`) every shard's
-    rows copy from the shard's own prompts."""
+    rows copy from the shard's own prompts.
+
+    ``pin_rows``: the prompts' activations pinned to the mesh's batch axes after every layer
+    (each device computes its own prompts, gathering each layer's FSDP-sharded weights), or
+    left to GSPMD, which tends to keep the weights sharded and replicate the activations.
+    Neither is smaller everywhere (libtpu 0.0.42, peaks per chip with the train state): pinned,
+    Qwen3-4B at Search-R1's 512 prompts on 128 v5e chips needs 2.2 GiB of prefill temporaries
+    instead of 19.5 (a float32 [512, 256, 9728] MLP activation on every chip otherwise);
+    unpinned, Qwen3-14B at 64 prompts on 64 v5e chips needs 4.9 instead of 12.9. A config
+    picks it (``trainer.prefill_pin_rows``) and ``rl.plan`` compiles the config's choice."""
     params = unstack_layers(params)
     rows, width = prompts.rows, prompts.tokens.shape[1]
     cache = constrain_rows(KVCache.zeros(cfg, prompts.tokens.shape[0], width,
                                          jnp.dtype(cache_dtype)), mesh)
     hidden, cache = forward_with_cache(cfg, params, prompts.tokens, prompts.mask, cache=cache,
-                                       cache_index=0, mesh=mesh, pin_rows=True)
+                                       cache_index=0, mesh=mesh, pin_rows=pin_rows)
 
     def grown(x: jax.Array, axis: int) -> jax.Array:  # a row's copy, empty slots after
         pad = [(0, 0)] * x.ndim

@@ -276,13 +276,10 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
 
     ``pin_rows``: pin the activations' rows to the context mesh's batch axes after the
     embedding and every layer (``models.constraints.shard_rows``, as ``forward`` does in
-    training); otherwise they are left to GSPMD. The prefill pins: on many shards GSPMD
-    replicated the distinct prompts' activations instead of gathering weights (Qwen3-4B,
-    512 prompts of 256 tokens on 128 chips: a float32 [512,256,9728] MLP activation on every
-    chip, 19.5 GiB of temporaries per chip; 2.2 pinned), at a small cost on few shards
-    (Qwen3-0.6B, 16 prompts on v5e:2x2: 0.62 GiB instead of 0.25; libtpu 0.0.42). The
-    continuation's read does not: pinned, the Qwen3-4B read (320 rows, 128-token blocks,
-    v5e:4x4) took 8.4 GiB instead of 3.5 (measured before, with libtpu 0.0.42 too).
+    training); otherwise they are left to GSPMD. The prefill pins as its config says
+    (``models.sampler.prefill``: which is smaller depends on the model, prompts and
+    shards). The continuation's read does not: pinned, the Qwen3-4B read (320 rows,
+    128-token blocks, v5e:4x4) took 8.4 GiB instead of 3.5 (libtpu 0.0.42).
     """
     t = tokens.shape[1]
     attn_mask, positions = _mask_and_positions(tokens, attn_mask, positions)

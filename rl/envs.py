@@ -31,9 +31,9 @@ class SamplerPolicy:
     (kept in the sampler's per-layer form, made once per policy; ``dtype`` "bfloat16" samples
     with bfloat16 matmuls, see models.sampler.decode_params; ``kv_cache_dtype`` "bfloat16"
     stores its generations' KV cache in bfloat16, whatever the environment's sampling says,
-    None: as it says). With a ``mesh`` the rollouts are data-parallel: rows, KV cache and
-    outputs sharded over its data axes, the weights by
-    ``models.sharding.decode_param_shardings``."""
+    None: as it says; ``prefill_pin_rows`` likewise, see models.sampler.prefill). With a
+    ``mesh`` the rollouts are data-parallel: rows, KV cache and outputs sharded over its data
+    axes, the weights by ``models.sharding.decode_param_shardings``."""
 
     cfg: ModelConfig
     params: Params
@@ -41,6 +41,7 @@ class SamplerPolicy:
     dtype: str | None = None
     mesh: Any = None
     kv_cache_dtype: str | None = None
+    prefill_pin_rows: bool | None = None
 
     def __post_init__(self) -> None:
         params = decode_params(self.params, self.dtype)
@@ -52,6 +53,8 @@ class SamplerPolicy:
                  max_new_per_row: Sequence[int] | None = None) -> Generation:
         if self.kv_cache_dtype is not None:
             sampling = dataclasses.replace(sampling, kv_cache_dtype=self.kv_cache_dtype)
+        if self.prefill_pin_rows is not None:
+            sampling = dataclasses.replace(sampling, prefill_pin_rows=self.prefill_pin_rows)
         return generate(self.cfg, self.params, self.tokenizer, prompts, sampling, seed=seed,
                         max_new_per_row=max_new_per_row, mesh=self.mesh)
 

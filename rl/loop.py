@@ -90,7 +90,7 @@ class Components:
         if self.lora is not None:
             params = self.lora.sampling(params)
         return SamplerPolicy(self.model_cfg, params, self.tokenizer, dtype=dtype, mesh=self.mesh,
-                             kv_cache_dtype=cache)
+                             kv_cache_dtype=cache, prefill_pin_rows=t.prefill_pin_rows)
 
     def scoring_params(self, params: Any) -> Any:
         """The model parameters the update's forward runs for the train state's `params`."""

@@ -429,14 +429,16 @@ def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, 
     prompts = PromptBatch(_rows((shards * distinct, lay.prompt), jnp.int32, mesh),
                           _rows((shards * distinct, lay.prompt), jnp.bool_, mesh),
                           _rows((shards, per), jnp.int32, mesh))
-    cache_dtype = run.trainer.kv_cache_dtype
-    pre = jax.jit(prefill, static_argnames=("cfg", "cache_len", "mesh", "cache_dtype")).lower(
-        cfg, dparams, prompts, cache_len=lay.cache_len, mesh=mesh, cache_dtype=cache_dtype)
+    cache_dtype, pin = run.trainer.kv_cache_dtype, run.trainer.prefill_pin_rows
+    pre = jax.jit(prefill, static_argnames=("cfg", "cache_len", "mesh", "cache_dtype",
+                                            "pin_rows")).lower(
+        cfg, dparams, prompts, cache_len=lay.cache_len, mesh=mesh, cache_dtype=cache_dtype,
+        pin_rows=pin)
     programs = [compiled_program(
         "prefill", pre, (dparams, prompts), resident=resident, flops=prefill_flops(cfg, lay),
         min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes)]
-    front = jax.eval_shape(lambda p, b: prefill(cfg, p, b, lay.cache_len, mesh, cache_dtype),
-                           dparams, prompts)
+    front = jax.eval_shape(lambda p, b: prefill(cfg, p, b, lay.cache_len, mesh, cache_dtype,
+                                                pin), dparams, prompts)
     start = Frontier(_abstract(front.cache, cache_shardings(front.cache, mesh)),
                      _rows(front.logits.shape, front.logits.dtype, mesh),
                      _rows(front.n_tokens.shape, jnp.int32, mesh),
@@ -782,8 +784,10 @@ def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
         fit = plan.fit.trajectories // g if plan.fit and plan.fit.trajectories > 0 else 0
         if 0 < fit < t.batch_prompts and ok(fit, t.mini_batches, t.micro_batches):
             rows = f"trainer.batch_prompts={fit} (the largest rollout batch that fits)"
+        pin = [f"trainer.prefill_pin_rows={str(not t.prefill_pin_rows).lower()} (the "
+               "prefill's other activation layout)"] if name == "prefill" else []
         keys = [None if t.kv_cache_dtype == "bfloat16" else "trainer.kv_cache_dtype=bfloat16 "
-                "(half the KV cache)", rows,
+                "(half the KV cache)", *pin, rows,
                 None if t.rollout_dtype == "bfloat16" else "trainer.rollout_dtype=bfloat16",
                 more_fsdp, "a smaller response budget (plan.response_budget, the task's)"]
         if name == "continue":
@@ -816,7 +820,8 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
         f"prompt {lay.prompt} tokens, response budget {lay.response}; update: "
         f"{lay.mini_batches} mini-batch(es) of {lay.update_groups} groups x {lay.size}, "
         f"{t.micro_batches} micro-batches, remat {str(t.remat).lower()}, compute "
-        f"{run.model.dtype}; rollout {t.rollout_dtype} weights, {t.kv_cache_dtype} KV cache",
+        f"{run.model.dtype}; rollout {t.rollout_dtype} weights, {t.kv_cache_dtype} KV cache, "
+        f"prefill rows {'pinned' if t.prefill_pin_rows else 'left to the compiler'}",
         *([f"  filler: rl.batch adds {lay.filler} filler group(s) (loss mask 0) so that "
            f"{lay.rows} trajectories cut into {t.mini_batches} x {t.micro_batches} x "
            f"{plan.mesh['data'] * plan.mesh['fsdp']} equal slices: the update computes "

@@ -9,17 +9,21 @@ import pytest
 import bench.plan_table as T
 
 
-def _fake_row(fits_from: int, calls: list):
-    def row(model, setting, topology):
-        calls.append(topology)
+def _fake_row(fits_from: int, calls: list, pinned_prefill_fits_from: int = 0):
+    """Rows of a fake plan: every program fits from `fits_from` chips up, except a pinned
+    prefill, only from `pinned_prefill_fits_from` chips up (0: as the others)."""
+    def row(model, setting, topology, pin=True):
+        calls.append(topology if pin else f"{topology} unpinned")
         chips = {"v5e:4x4": 16, "v5e:4x8": 32, "v5e:8x8": 64}.get(topology, 999)
+        fits = {n: chips >= fits_from for n in ("prefill", "decode", "reference", "update")}
+        if pin and pinned_prefill_fits_from:
+            fits["prefill"] = chips >= max(fits_from, pinned_prefill_fits_from)
         return {"model": model, "setting": setting, "topology": topology, "chips": chips,
                 "mesh": {"fsdp": chips}, "micro_batches": T.micro_batches(setting, topology),
-                "version": T.ROW_VERSION,
-                "hbm_gib": 16.0, "fits": chips >= fits_from,
-                "programs": {n: {"peak_gib": 64.0 / chips * 16 / 16, "runs": True,
-                                 "fits": chips >= fits_from}
-                             for n in ("prefill", "decode", "reference", "update")},
+                "version": T.ROW_VERSION, "prefill_pin_rows": pin,
+                "hbm_gib": 16.0, "fits": all(fits.values()),
+                "programs": {n: {"peak_gib": (64.0 if pin or n != "prefill" else 32.0) / chips,
+                                 "runs": True, "fits": fit} for n, fit in fits.items()},
                 "largest_rollout": None}
     return row
 
@@ -29,10 +33,13 @@ def test_the_walk_stops_at_the_first_fitting_slice_and_reruns_reuse_rows(tmp_pat
     monkeypatch.setattr(T, "plan_row", _fake_row(32, calls))
     monkeypatch.setattr(T, "floor_gib", lambda *a: 0.0)  # every slice compiled
     row = T.smallest_fitting("qwen3_8b", "groups64", "v5e", out)
-    assert row["topology"] == "v5e:4x8" and calls == ["v5e:4x4", "v5e:4x8"]
-    assert [json.loads(x)["topology"] for x in out.read_text().splitlines()] == calls
+    # v5e:4x4's prefill misses too: planned again without the pin
+    planned = ["v5e:4x4", "v5e:4x4 unpinned", "v5e:4x8"]
+    assert row["topology"] == "v5e:4x8" and calls == planned
+    assert [json.loads(x)["topology"] for x in out.read_text().splitlines()] == [
+        "v5e:4x4", "v5e:4x4", "v5e:4x8"]
     again = T.smallest_fitting("qwen3_8b", "groups64", "v5e", out)  # nothing compiled again
-    assert again == row and calls == ["v5e:4x4", "v5e:4x8"]
+    assert again == row and calls == planned
 
 
 def test_none_fits_is_said_and_the_table_lists_the_smallest(tmp_path, monkeypatch):
@@ -40,13 +47,13 @@ def test_none_fits_is_said_and_the_table_lists_the_smallest(tmp_path, monkeypatc
     monkeypatch.setattr(T, "plan_row", _fake_row(10**6, calls))
     monkeypatch.setattr(T, "floor_gib", lambda *a: 0.0)
     assert T.smallest_fitting("qwen3_14b", "search_r1", "v5e", tmp_path / "r.jsonl") is None
-    assert calls == T.SLICES["v5e"]
+    assert calls == [f"{t}{u}" for t in T.SLICES["v5e"] for u in ("", " unpinned")]
     monkeypatch.setattr(T, "plan_row", _fake_row(16, []))
     fit = T.smallest_fitting("qwen3_4b", "groups64", "v5e", tmp_path / "s.jsonl")
     text = T.table([("qwen3_4b", "groups64", "v5e", fit), ("qwen3_14b", "search_r1", "v5e",
                                                            None)])
-    assert "| qwen3_4b | groups64 | v5e | `v5e:4x4` | 16 | 4 | 4.0 / 4.0 / 4.0 / 4.0 (HBM 16.0) |" \
-        in text
+    assert ("| qwen3_4b | groups64 | v5e | `v5e:4x4` | 16 | 4 | pinned | 4.0 / 4.0 / 4.0 / 4.0 "
+            "(HBM 16.0) |") in text
     assert "| qwen3_14b | search_r1 | v5e | none of v5e:4x4, v5e:4x8" in text
 
 
@@ -103,12 +110,40 @@ def test_rows_of_another_version_or_micro_batch_count_are_planned_again(tmp_path
     v = T.ROW_VERSION
     rows = [{"topology": "v5e:8x16", "micro_batches": 16, "version": v},
             {"topology": "v5p:2x2x4", "micro_batches": 16, "version": v},
+            {"topology": "v5p:2x2x4", "micro_batches": 16, "version": v,
+             "prefill_pin_rows": False},
             {"topology": "v5e:16x16", "micro_batches": 5},
             {"topology": "v5e:4x4", "skipped": "floor"}]
     out.write_text("\n".join(json.dumps({"model": "m", "setting": "search_r1", "fits": False,
                                           **r}) for r in rows) + "\n")
-    assert set(T.done_rows(out)) == {("m", "search_r1", "v5p:2x2x4"),
-                                     ("m", "search_r1", "v5e:4x4")}
+    assert set(T.done_rows(out)) == {("m", "search_r1", "v5p:2x2x4", True),
+                                     ("m", "search_r1", "v5p:2x2x4", False),
+                                     ("m", "search_r1", "v5e:4x4", True)}
+
+
+def test_a_slice_whose_pinned_prefill_misses_is_planned_with_the_compilers_layout(
+        tmp_path, monkeypatch):
+    """Everything fits from 32 chips up but the pinned prefill only from 64: on v5e:4x8 the
+    unpinned plan is the row (with the pinned prefill's peak, 64/32 = 2.0 GiB); on v5e:4x4
+    nothing fits either way. A rerun plans nothing, and a pinned row already in the file (as
+    rows written before the layout was a key) is not planned again, only the unpinned one."""
+    out, calls = tmp_path / "rows.jsonl", []
+    monkeypatch.setattr(T, "plan_row", _fake_row(32, calls, pinned_prefill_fits_from=64))
+    monkeypatch.setattr(T, "floor_gib", lambda *a: 0.0)
+    row = T.smallest_fitting("qwen3_8b", "groups64", "v5e", out)
+    assert calls == ["v5e:4x4", "v5e:4x4 unpinned", "v5e:4x8", "v5e:4x8 unpinned"]
+    assert row["topology"] == "v5e:4x8" and row["prefill_pin_rows"] is False
+    assert row["pinned_prefill_gib"] == 2.0 and row["programs"]["prefill"]["peak_gib"] == 1.0
+    assert T.smallest_fitting("qwen3_8b", "groups64", "v5e", out) == row
+    assert len(calls) == 4
+    assert "| `v5e:4x8` | 32 | 2 | compiler's | 1.0 / 2.0 / 2.0 / 2.0 (HBM 16.0) |" in T.table(
+        [("qwen3_8b", "groups64", "v5e", row)])
+    old = [json.loads(x) for x in out.read_text().splitlines()][2]  # v5e:4x8, pinned
+    del old["prefill_pin_rows"]
+    out.write_text(json.dumps(old) + "\n")
+    calls.clear()
+    T.slice_row("qwen3_8b", "groups64", "v5e:4x8", out, None, plan=True)
+    assert calls == ["v5e:4x8 unpinned"]
 
 
 def test_a_plan_past_its_time_is_stopped_and_said(tmp_path, monkeypatch):
@@ -119,7 +154,7 @@ def test_a_plan_past_its_time_is_stopped_and_said(tmp_path, monkeypatch):
                          30) == {"a": 1}
     with pytest.raises(RuntimeError, match="failed"):
         T.run_bounded([sys.executable, "-c", "raise SystemExit(3)"], 30)
-    monkeypatch.setattr(T, "bounded_plan_row", lambda *a: None)
+    monkeypatch.setattr(T, "bounded_plan_row", lambda *a, **k: None)
     monkeypatch.setattr(T, "floor_gib", lambda *a: 0.0)
     row = T.smallest_fitting("qwen3_14b", "groups64", "v5p", tmp_path / "r.jsonl", 0.1)
     assert row == {"unfinished": "v5p:2x2x1", "minutes": 0.1}

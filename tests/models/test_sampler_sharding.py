@@ -70,6 +70,14 @@ SCRIPT = textwrap.dedent("""
         assert gm.state.cache.k[0].sharding.spec[1] == "tensor"
     print("GENERATE_OK")
 
+    # the prefill's activations left to the compiler: the same samples, the same layout
+    import dataclasses
+    gu = many.generate(rows, dataclasses.replace(sp, prefill_pin_rows=False), 0, limits)
+    assert programs["_generate"][2]["settings"].prefill_pin_rows is False
+    same(g1, gu)
+    state_sharded(gu, shards * per)
+    print("UNPINNED_PREFILL_OK")
+
     # multi-turn: rows continue (some after reading tokens), then again from that state
     cont = ([8, 0, 3, 4, 1, 6], [[5, 6, 7], [9] * 20, [], [], [11], []])
     c1, cm = one.continue_from(g1.state, *cont, sp, 1), many.continue_from(gm.state, *cont, sp, 1)
@@ -143,6 +151,10 @@ def _expect(mesh_run, marker):
 
 def test_generate_sharded_and_equal_to_one_device(mesh_run):
     _expect(mesh_run, "GENERATE_OK")
+
+
+def test_an_unpinned_prefill_gives_the_same_samples_and_layout(mesh_run):
+    _expect(mesh_run, "UNPINNED_PREFILL_OK")
 
 
 def test_continuations_sharded_and_equal_to_one_device(mesh_run):

@@ -319,6 +319,21 @@ def test_rollout_remedies_offer_a_bfloat16_kv_cache_and_the_fitted_batch():
     assert not any("max_obs_tokens" in k for k in remedies(run, plan, "prefill"))
 
 
+def test_a_prefill_that_misses_is_offered_the_other_activation_layout():
+    """The prefill's layout changes only its own memory: offered for the prefill, flipped
+    from the config's, and for no other program."""
+    run, _ = _config("trainer.batch_prompts=8")
+    plan = _fake_plan(run, 1.0)
+    assert run.trainer.prefill_pin_rows is True
+    assert ("trainer.prefill_pin_rows=false (the prefill's other activation layout)"
+            in remedies(run, plan, "prefill"))
+    unpinned, _ = _config("trainer.batch_prompts=8", "trainer.prefill_pin_rows=false")
+    assert any(k.startswith("trainer.prefill_pin_rows=true") for k in
+               remedies(unpinned, plan, "prefill"))
+    for name in ("decode", "reference", "update"):
+        assert not any("prefill_pin_rows" in k for k in remedies(run, plan, name))
+
+
 def test_rollout_remedies_offer_bfloat16_weights_only_when_float32():
     run, _ = _config()
     assert "trainer.rollout_dtype=bfloat16" in remedies(run, _fake_plan(run, 1.0), "decode")
