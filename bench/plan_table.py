@@ -20,10 +20,10 @@ mini-batches x the slice's shards does not cut the batch evenly (``rl.batch`` wo
 groups, computed for nothing), the row uses the largest smaller count that does
 (:func:`micro_batches`), and records it.
 
-The prefill's layout is per slice too: a slice whose prefill misses with its activations
-pinned to the rows (``trainer.prefill_pin_rows=true``, the default) is planned again with
-them left to the compiler, and the second plan is the row (``prefill_pin_rows`` false,
-``pinned_prefill_gib`` the first one's prefill). Neither layout is smaller everywhere (see
+The prefill's layout is per slice too: a slice where only the prefill misses, with its
+activations pinned to the rows (``trainer.prefill_pin_rows=true``, the default), is planned
+again with them left to the compiler, and the second plan is the row (``prefill_pin_rows``
+false, ``pinned_prefill_gib`` the first one's prefill). Neither layout is smaller everywhere (see
 ``models.sampler.prefill``); the other programs do not depend on it.
 
 Settings (the keys are printed in the table's caption):
@@ -194,11 +194,13 @@ def bounded_plan_row(model: str, setting: str, topology: str, minutes: float | N
     return run_bounded(cmd, minutes * 60)
 
 
-def pinned_prefill_misses(row: dict[str, Any]) -> bool:
-    """Whether a compiled row's prefill, pinned to the rows, does not fit (rows without the
-    ``prefill_pin_rows`` field were all pinned): the slice is worth planning unpinned."""
-    prefill = row.get("programs", {}).get("prefill")
-    return bool(prefill) and not prefill["fits"] and row.get("prefill_pin_rows", True)
+def only_the_pinned_prefill_misses(row: dict[str, Any]) -> bool:
+    """Whether a compiled row's prefill, pinned to the rows, is the one program that does not
+    fit (rows without the ``prefill_pin_rows`` field were all pinned): the slice is worth
+    planning unpinned, which changes the prefill alone."""
+    programs = row.get("programs", {})
+    missing = {n for n, p in programs.items() if p["runs"] and not p["fits"]}
+    return missing == {"prefill"} and row.get("prefill_pin_rows", True)
 
 
 def run_bounded(cmd: Sequence[str], seconds: float) -> dict[str, Any] | None:
@@ -231,9 +233,9 @@ def smallest_fitting(model: str, setting: str, chip: str, out: Path,
 def slice_row(model: str, setting: str, topology: str, out: Path, minutes: float | None,
               plan: bool) -> dict[str, Any]:
     """One slice's row (from `out`, else planned and appended to it): with the prefill's
-    activations pinned to the rows, and when that prefill misses, the row planned without
-    the pin (which records the pinned prefill's peak); ``{"unplanned"}`` / ``{"unfinished"}``
-    as in :func:`smallest_fitting`."""
+    activations pinned to the rows, and when that prefill is all that misses, the row planned
+    without the pin (which records the pinned prefill's peak); ``{"unplanned"}`` /
+    ``{"unfinished"}`` as in :func:`smallest_fitting`."""
     pinned_gib = None
     for pin in (True, False):
         row = done_rows(out).get((model, setting, topology, pin))
@@ -247,7 +249,7 @@ def slice_row(model: str, setting: str, topology: str, out: Path, minutes: float
                 row["pinned_prefill_gib"] = pinned_gib
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
-        if not pinned_prefill_misses(row):
+        if not only_the_pinned_prefill_misses(row):
             return row
         pinned_gib = row["programs"]["prefill"]["peak_gib"]
     return row
