@@ -20,15 +20,21 @@ from jax.sharding import PartitionSpec
 BATCH_AXES = ("data", "fsdp")
 
 
-def row_axes(shape: dict[str, int], size: int) -> tuple[str, ...]:
-    """The batch axes of a mesh of axis sizes ``shape`` that split ``size`` rows evenly, in
-    order, each used only while the rows still divide."""
+def dividing_axes(shape: dict[str, int], size: int,
+                  candidates: tuple[str, ...]) -> tuple[str, ...]:
+    """The axes among ``candidates`` of a mesh of axis sizes ``shape`` that split ``size``
+    evenly, in order, each used only while ``size`` still divides."""
     axes: list[str] = []
-    for a in BATCH_AXES:
+    for a in candidates:
         n = shape.get(a, 1)
         if n > 1 and size % (math.prod(shape[b] for b in axes) * n) == 0:
             axes.append(a)
     return tuple(axes)
+
+
+def row_axes(shape: dict[str, int], size: int) -> tuple[str, ...]:
+    """The batch axes of a mesh of axis sizes ``shape`` that split ``size`` rows evenly."""
+    return dividing_axes(shape, size, BATCH_AXES)
 
 
 def shard_rows(x: jax.Array, axis: int = 0) -> jax.Array:

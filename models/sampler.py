@@ -20,16 +20,17 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig
-from models.constraints import shard_rows
+from models.constraints import dividing_axes, shard_rows
 from models.sharding import (
     batch_shards,
     cache_layer_sharding,
     constrain_rows,
     host_copy,
     row_shardings,
+    vocab_sharding,
 )
 from models.stops import stop_tables
 from models.tokenizer import Tokenizer
@@ -40,6 +41,7 @@ from models.transformer import (
     forward_with_cache,
     forward_with_prefix,
     unembed,
+    unembedding,
     unstack_layers,
 )
 
@@ -297,6 +299,31 @@ class ContinuePlan(NamedTuple):
     resume: jax.Array      # [B] keep the row's stop-string state (else matching starts afresh)
 
 
+def row_logits(cfg: ModelConfig, params: Params, x: jax.Array, mesh: Mesh | None) -> jax.Array:
+    """The logits [B,V] (float32) the sampler draws the next tokens from, for the rows'
+    last hidden states ``x`` [B,D], rows sharded over the mesh's batch axes.
+
+    Over a mesh whose weights are split (``fsdp``, ``tensor``) each device computes the
+    logits of its ``data`` shard's rows for its own slice of the vocabulary
+    (``models.sharding.vocab_sharding``: ``x`` gathered within the shard, B D / data values;
+    the unembedding split along V, as the sampler's weights keep it), then the logits move to
+    their rows (an all-to-all of B V / devices values). Left to GSPMD with FSDP weights, each
+    device instead gathered the whole [D,V] unembedding for its own rows: 1.45 GiB of
+    bfloat16 per chip for Qwen3-14B, most of the prefill's temporaries at Search-R1's batch
+    on 128 v5e chips (``rl.plan``). Each logit is the same full-D contraction either way. A
+    vocabulary no weight axis divides keeps that gather."""
+    vocab = None if mesh is None else vocab_sharding(mesh, unembedding(cfg, params).shape[1])
+    if vocab is None:
+        return unembed(cfg, params, x)
+    data = dividing_axes(dict(mesh.shape), x.shape[0], ("data",))
+    rows = data[0] if data else None
+    params = {"unembed": jax.lax.with_sharding_constraint(unembedding(cfg, params), vocab)}
+    x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(rows, None)))
+    logits = jax.lax.with_sharding_constraint(
+        unembed(cfg, params, x), NamedSharding(mesh, PartitionSpec(rows, vocab.spec[1])))
+    return constrain_rows(logits, mesh)
+
+
 def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: int,
                 key: jax.Array, stopping: Stopping, settings: DecodeSettings) -> Decoded:
     """The decode loop shared by a fresh generation and a continued one.
@@ -343,7 +370,8 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
             lengths=jnp.where(s.done, s.lengths, s.step + 1),
             finish=jnp.where(newly_done, reason, s.finish), done=s.done | newly_done,
             cache=cache,
-            logits=jnp.where(s.done[:, None], s.logits, unembed(cfg, params, hidden[:, 0])),
+            logits=jnp.where(s.done[:, None], s.logits,
+                             row_logits(cfg, params, hidden[:, 0], mesh)),
             stop_state=jnp.where(s.done, s.stop_state,
                                  stopping.stop_next[s.stop_state, tok])), mesh)
 
@@ -412,7 +440,7 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
                     grown(cache.valid, 1))
     last = hidden[rows, -1] if rows.ndim == 1 else _take_rows(hidden[:, -1], rows)
     return constrain_rows(Frontier(
-        cache, logits=unembed(cfg, params, last),
+        cache, logits=row_logits(cfg, params, last, mesh),
         n_tokens=_take_rows(jnp.sum(prompts.mask, axis=1).astype(jnp.int32), rows),
         stop_state=jnp.zeros((rows.size,), jnp.int32)), mesh)
 
@@ -535,7 +563,8 @@ def _read_chunk(cfg: ModelConfig, params: Params, start: Frontier, plan: Continu
     cache = KVCache(tuple(map(put, k, sub.k)), tuple(map(put, v, sub.v)),
                     put(valid, sub.valid))
     # a row with nothing to read (only when every row is sent) keeps its logits
-    logits = put(start.logits, jnp.where(read[:, None] > 0, unembed(cfg, params, last[-1]),
+    logits = put(start.logits, jnp.where(read[:, None] > 0,
+                                         row_logits(cfg, params, last[-1], settings.mesh),
                                          pick(start.logits)))
     n_tokens = start.n_tokens + put(jnp.zeros_like(start.n_tokens), read)
     return Frontier(cache, logits, n_tokens, start.stop_state)

@@ -21,6 +21,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from models.constraints import dividing_axes
 from models.transformer import KVCache, Params
 
 log = logging.getLogger(__name__)
@@ -246,10 +247,22 @@ def decode_param_shardings(params: Params, mesh: Mesh,
                    "final_norm": spec(params["final_norm"], ("norm",)),
                    "layers": tuple({k: spec(a, LAYER_AXES[k][1:]) for k, a in layer.items()}
                                    for layer in params["layers"])}
-    for name in ("lm_head", "unembed"):
-        if name in params:
-            out[name] = spec(params[name], ("embed", "vocab"))
+    if "lm_head" in params:
+        out["lm_head"] = spec(params["lm_head"], ("embed", "vocab"))
+    if "unembed" in params:  # as the sampler uses it (models.sampler.row_logits)
+        out["unembed"] = (vocab_sharding(mesh, params["unembed"].shape[1])
+                          or spec(params["unembed"], ("embed", "vocab")))
     return out
+
+
+def vocab_sharding(mesh: Mesh, vocab: int) -> NamedSharding | None:
+    """A [D,V] unembedding split along its vocabulary over the mesh axes that split weights
+    (``fsdp``, ``tensor``; in order, while V still divides), replicated over ``data``; None
+    when no such axis divides V (or the weights are replicated: nothing to gather)."""
+    axes = dividing_axes(dict(mesh.shape), vocab, ("fsdp", "tensor"))
+    if not axes:
+        return None
+    return NamedSharding(mesh, PartitionSpec(None, axes[0] if len(axes) == 1 else axes))
 
 
 def cache_shardings(cache: Any, mesh: Mesh, rules: Mapping[str, Any] = DEFAULT_RULES) -> Any:

@@ -420,11 +420,15 @@ def forward_with_prefix(cfg: ModelConfig, params: Params, prefix: jax.Array,
     return norm(xp), norm(x).reshape(n, g, t, -1)
 
 
-def unembed(cfg: ModelConfig, params: Params, x: jax.Array) -> jax.Array:
-    """Logits (float32) from final hidden states: x @ lm_head, embed^T for tied embeddings, or
-    the [D,V] "unembed" matrix that decode_params makes for a narrower decode dtype."""
+def unembedding(cfg: ModelConfig, params: Params) -> jax.Array:
+    """The [D,V] output matrix: lm_head, embed^T for tied embeddings, or the "unembed" matrix
+    that decode_params makes for a narrower decode dtype."""
     if "unembed" in params:
-        w = params["unembed"]
-    else:
-        w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+        return params["unembed"]
+    return params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+
+
+def unembed(cfg: ModelConfig, params: Params, x: jax.Array) -> jax.Array:
+    """Logits (float32) from final hidden states: x @ :func:`unembedding`."""
+    w = unembedding(cfg, params)
     return jnp.einsum("...d,dv->...v", x.astype(w.dtype), w, preferred_element_type=jnp.float32)

@@ -70,6 +70,19 @@ SCRIPT = textwrap.dedent("""
         assert gm.state.cache.k[0].sharding.spec[1] == "tensor"
     print("GENERATE_OK")
 
+    if mesh.shape["fsdp"] > 1:
+        # the next-token logits by vocabulary slices (models.sampler.row_logits): no
+        # device gathers the unembedding, D V / (fsdp tensor) values of it per device
+        fn, a, k = programs["_generate"]
+        gathered = [int(np.prod([int(d) for d in dims.split(",") if d]))
+                    for line in fn.lower(*a, **k).compile().as_text().splitlines()
+                    if " all-gather(" in line
+                    for dims in re.findall(r"[a-z]+\d*\[([\d,]*)\]",
+                                           line.split(" all-gather(")[0].split("= ", 1)[1])]
+        share = cfg.hidden_size * cfg.vocab_size // (mesh.shape["fsdp"] * mesh.shape["tensor"])
+        assert gathered and max(gathered) < share, (sorted(gathered)[-3:], share)
+        print("VOCAB_SLICES_OK")
+
     # the prefill's activations left to the compiler: the same samples, the same layout
     import dataclasses
     gu = many.generate(rows, dataclasses.replace(sp, prefill_pin_rows=False), 0, limits)
@@ -151,6 +164,12 @@ def _expect(mesh_run, marker):
 
 def test_generate_sharded_and_equal_to_one_device(mesh_run):
     _expect(mesh_run, "GENERATE_OK")
+
+
+def test_the_sampler_gathers_no_unembedding(mesh_run):
+    if '"fsdp"' not in mesh_run[0]:
+        pytest.skip("weights replicated: no collective at all (test_no_rows_move_...)")
+    _expect(mesh_run, "VOCAB_SLICES_OK")
 
 
 def test_an_unpinned_prefill_gives_the_same_samples_and_layout(mesh_run):
