@@ -124,9 +124,10 @@ def plan_row(model: str, setting: str, topology: str, pin: bool = True) -> dict[
 
 # what a compiled row was planned with: 1, the first rows; 2, the prefill's distinct-prompt
 # cache at the prompt's slots and its activations' rows pinned (models.sampler.prefill),
-# micro-batches per slice. A compiled row of another version is planned again; a skipped one
-# (shapes only) stays valid.
-ROW_VERSION = 2
+# micro-batches per slice; 3, the sampler's next-token logits by vocabulary slices
+# (models.sampler.row_logits: no gathered unembedding in the prefill, decode and continue).
+# A compiled row of another version is planned again; a skipped one (shapes only) stays valid.
+ROW_VERSION = 3
 
 
 def setting_value(setting: str, key: str) -> int:
@@ -169,17 +170,27 @@ def skipped_row(model: str, setting: str, topology: str, floor: float, hbm: floa
                        f"need >= {floor:.1f} GiB per chip > {hbm:.1f} GiB HBM"}
 
 
-def done_rows(out: Path) -> dict[tuple[str, str, str, bool], dict[str, Any]]:
+def done_rows(out: Path, older: bool = False) -> dict[tuple[str, str, str, bool], dict[str, Any]]:
     """The rows in `out` still valid, by (model, setting, topology, prefill pinned): skipped
     ones, and compiled ones of this :data:`ROW_VERSION` planned with the slice's micro-batch
-    count (older rows are kept in the file, and planned again)."""
+    count (older rows are kept in the file, and planned again). With `older`, a key with no
+    such row keeps its newest row of an older version (what ``--table-only`` shows, marked,
+    until a rerun plans it again)."""
     if not out.exists():
         return {}
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    return {(r["model"], r["setting"], r["topology"], r.get("prefill_pin_rows", True)): r
-            for r in rows
-            if "skipped" in r or (r.get("version", 1) == ROW_VERSION and r.get(
-                "micro_batches") == micro_batches(r["setting"], r["topology"]))}
+    rows = [r for r in rows if "skipped" in r or r.get("micro_batches") == micro_batches(
+        r["setting"], r["topology"])]
+    found: dict[tuple[str, str, str, bool], dict[str, Any]] = {}
+    for r in sorted(rows, key=lambda r: r.get("version", 1)):  # the newest last, kept
+        if "skipped" in r or r.get("version", 1) == ROW_VERSION or older:
+            found[(r["model"], r["setting"], r["topology"], r.get("prefill_pin_rows", True))] = r
+    return found
+
+
+def is_older(row: dict[str, Any]) -> bool:
+    """A compiled row planned by code of an older :data:`ROW_VERSION`."""
+    return "skipped" not in row and row.get("version", 1) != ROW_VERSION
 
 
 def bounded_plan_row(model: str, setting: str, topology: str, minutes: float | None,
@@ -223,10 +234,14 @@ def smallest_fitting(model: str, setting: str, chip: str, out: Path,
     fits, None when none of them does, or ``{"unfinished": topology, ...}`` when a slice's
     plan ran past `minutes` (nothing recorded: a rerun tries it again). Without `plan`, only
     the rows in `out`: ``{"unplanned": topology}`` at the first slice that has none."""
+    older: list[str] = []  # the walk's slices known only from older rows ("v5e:4x4 v2")
     for topology in SLICES[chip]:
         row = slice_row(model, setting, topology, out, minutes, plan)
-        if "unplanned" in row or "unfinished" in row or row["fits"]:
+        if "unplanned" in row or "unfinished" in row:
             return row
+        older += [f"{topology} v{row.get('version', 1)}"] if is_older(row) else []
+        if row["fits"]:
+            return dict(row, older_rows=older) if older else row
     return None
 
 
@@ -238,7 +253,7 @@ def slice_row(model: str, setting: str, topology: str, out: Path, minutes: float
     ``{"unfinished"}`` as in :func:`smallest_fitting`."""
     pinned_gib = None
     for pin in (True, False):
-        row = done_rows(out).get((model, setting, topology, pin))
+        row = done_rows(out, older=not plan).get((model, setting, topology, pin))
         if row is None and not plan:
             return {"unplanned": topology}
         if row is None:
@@ -295,7 +310,10 @@ def table(rows: Sequence[tuple[str, str, str, dict[str, Any] | None]]) -> str:
             continue
         peaks = " / ".join(f"{v['peak_gib']:.1f}" for v in row["programs"].values())
         pinned = "pinned" if row.get("prefill_pin_rows", True) else "compiler's"
-        lines.append(f"| {model} | {setting} | {chip} | `{row['topology']}` | {row['chips']} "
+        older = (f" (rows of older code: {', '.join(row['older_rows'])})"
+                 if row.get("older_rows") else "")
+        lines.append(f"| {model} | {setting} | {chip} | `{row['topology']}`{older} | "
+                     f"{row['chips']} "
                      f"| {row['micro_batches']} | {pinned} | {peaks} (HBM {row['hbm_gib']}) |")
     return "\n".join(lines)
 

@@ -173,3 +173,26 @@ def test_the_table_alone_plans_nothing_and_says_where_the_rows_stop(tmp_path, mo
     assert row["topology"] == "v5e:4x8" and calls == []
     text = T.table([("qwen3_4b", "search_r1", "v5p", {"unplanned": "v5p:2x2x4"})])
     assert "not planned yet from `v5p:2x2x4` up" in text
+
+
+def test_the_table_shows_older_rows_marked_and_a_rerun_plans_them_again(tmp_path, monkeypatch):
+    """Rows of an older ROW_VERSION: the table alone still shows them, the cell naming the
+    walk's older rows; a key with rows of both versions shows the current one; a rerun that
+    plans plans them again."""
+    out, calls = tmp_path / "rows.jsonl", []
+    monkeypatch.setattr(T, "plan_row", _fake_row(32, calls))
+    monkeypatch.setattr(T, "floor_gib", lambda *a: 0.0)
+    T.smallest_fitting("qwen3_8b", "groups64", "v5e", out)          # v5e:4x4 misses, 4x8 fits
+    old = [dict(json.loads(x), version=T.ROW_VERSION - 1) for x in out.read_text().splitlines()]
+    out.write_text("".join(json.dumps(r) + "\n" for r in old))
+    calls.clear()
+    row = T.smallest_fitting("qwen3_8b", "groups64", "v5e", out, plan=False)
+    assert calls == [] and row["topology"] == "v5e:4x8"
+    v = T.ROW_VERSION - 1
+    assert (f"| `v5e:4x8` (rows of older code: v5e:4x4 v{v}, v5e:4x8 v{v}) | 32 |"
+            in T.table([("qwen3_8b", "groups64", "v5e", row)]))
+    assert T.smallest_fitting("qwen3_8b", "groups64", "v5e", out)["topology"] == "v5e:4x8"
+    assert calls == ["v5e:4x4", "v5e:4x8"]                          # planned again
+    row = T.smallest_fitting("qwen3_8b", "groups64", "v5e", out, plan=False)
+    assert "older_rows" not in row and "older code" not in T.table(
+        [("qwen3_8b", "groups64", "v5e", row)])
