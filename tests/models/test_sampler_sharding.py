@@ -77,7 +77,7 @@ SCRIPT = textwrap.dedent("""
         gathered = [int(np.prod([int(d) for d in dims.split(",") if d]))
                     for line in fn.lower(*a, **k).compile().as_text().splitlines()
                     if " all-gather(" in line
-                    for dims in re.findall(r"[a-z]+\d*\[([\d,]*)\]",
+                    for dims in re.findall(r"[a-z]+\\d*\\[([\\d,]*)\\]",
                                            line.split(" all-gather(")[0].split("= ", 1)[1])]
         share = cfg.hidden_size * cfg.vocab_size // (mesh.shape["fsdp"] * mesh.shape["tensor"])
         assert gathered and max(gathered) < share, (sorted(gathered)[-3:], share)
