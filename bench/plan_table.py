@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import subprocess
@@ -125,9 +126,12 @@ def plan_row(model: str, setting: str, topology: str, pin: bool = True) -> dict[
 # what a compiled row was planned with: 1, the first rows; 2, the prefill's distinct-prompt
 # cache at the prompt's slots and its activations' rows pinned (models.sampler.prefill),
 # micro-batches per slice; 3, the sampler's next-token logits by vocabulary slices
-# (models.sampler.row_logits: no gathered unembedding in the prefill, decode and continue).
+# (models.sampler.row_logits: no gathered unembedding in the prefill, decode and continue);
+# 4, the scoring's unembedding gathered along D (models.constraints.whole_model_axis: the
+# reference pass lower, e.g. Qwen3-4B on v5e:4x4 5.79 -> 4.86 GiB, and no windowed einsum
+# that libtpu's layout assignment did not finish on v5p:2x2x2 for Qwen3-14B).
 # A compiled row of another version is planned again; a skipped one (shapes only) stays valid.
-ROW_VERSION = 3
+ROW_VERSION = 4
 
 
 def setting_value(setting: str, key: str) -> int:
@@ -216,15 +220,16 @@ def only_the_pinned_prefill_misses(row: dict[str, Any]) -> bool:
 
 def run_bounded(cmd: Sequence[str], seconds: float) -> dict[str, Any] | None:
     """The JSON object `cmd` prints as its last stdout line, or None when it runs past
-    `seconds` (killed). A child that fails raises, with its stderr's tail."""
+    `seconds` (killed). The child's stderr (its progress: one line per compile) goes to
+    ours as it comes; a child that fails raises."""
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds,
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=seconds,
                               cwd=Path(__file__).resolve().parents[1])
     except subprocess.TimeoutExpired:
         return None
     if done.returncode:
-        raise RuntimeError(f"plan_table: {' '.join(cmd)} failed ({done.returncode}):\n"
-                           f"{done.stderr[-3000:]}")
+        raise RuntimeError(f"plan_table: {' '.join(cmd)} failed ({done.returncode}); "
+                           f"its stderr is above")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -332,6 +337,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     # MODEL,SETTING,TOPOLOGY,pinned|unpinned: one row's JSON
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    # rl.plan's progress, one line per compile, on stderr (a child's reaches ours)
+    progress = logging.StreamHandler(sys.stderr)
+    progress.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    logging.getLogger("rl.plan").addHandler(progress)
+    logging.getLogger("rl.plan").setLevel(logging.INFO)
     if not os.environ.get("JAX_PLATFORMS"):
         os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")

@@ -54,3 +54,20 @@ def shard_rows(x: jax.Array, axis: int = 0) -> jax.Array:
 def shard_tree_rows(tree: object, axis: int = 0) -> object:
     """:func:`shard_rows` on every array leaf of ``tree``."""
     return jax.tree.map(lambda a: shard_rows(a, axis), tree)
+
+
+def whole_model_axis(w: jax.Array) -> jax.Array:
+    """A [D,V] unembedding with its model axis D whole on every device under the context
+    mesh (V left to the compiler: split over ``tensor`` where the rules split it); ``w``
+    unchanged without a context mesh.
+
+    Why: FSDP splits D over ``fsdp``, the axis the scored rows are split over too, and GSPMD
+    picks how to contract them. At 8 fsdp shards (Qwen3-14B's reference pass on v5p:2x2x2,
+    libtpu 0.0.42.1) it chose a windowed einsum, a ring of collective-permutes of W's D
+    slices, and the TPU compiler's layout assignment then ran for over 25 min without
+    finishing; at 4 shards it gathered W, and the whole compile took 53 s. Pinned, every
+    mesh gathers W (one [D,V] per device for the scoring), as GSPMD already did on the
+    slices ``rl.plan`` compiled before."""
+    if jax.sharding.get_abstract_mesh().empty:
+        return w
+    return jax.lax.with_sharding_constraint(w, PartitionSpec(None, PartitionSpec.UNCONSTRAINED))

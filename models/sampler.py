@@ -23,7 +23,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig
-from models.constraints import dividing_axes, shard_rows
+from models.constraints import dividing_axes, shard_rows, whole_model_axis
 from models.sharding import (
     batch_shards,
     cache_layer_sharding,
@@ -955,7 +955,8 @@ def _score_chunked(score: Any, hidden: jax.Array, targets: jax.Array, chunk: int
 def _score(cfg: ModelConfig, params: Params, hidden: jax.Array, targets: jax.Array,
            with_entropy: bool = False, temperature: float = 1.0) -> Any:
     """log p(targets) under the logits of `hidden` / temperature (same leading shape), and
-    the entropy."""
+    the entropy. The unembedding is gathered along D (:func:`whole_model_axis`)."""
+    params = {"unembed": whole_model_axis(unembedding(cfg, params))}
     logits = unembed(cfg, params, hidden) / temperature
     logz = jax.nn.logsumexp(logits, axis=-1)
     logp = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0] - logz

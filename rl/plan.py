@@ -43,10 +43,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
 import math
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -91,6 +93,8 @@ from rl.train_step import (
     make_train_step,
     train_state_shardings,
 )
+
+log = logging.getLogger("rl.plan")  # one line per compile: a large slice takes minutes to hours
 
 GiB = 2**30
 
@@ -384,6 +388,8 @@ def compiled_program(name: str, lowered: Any, args: Any, *, resident: int, flops
     device); a program the TPU compiler refuses for lack of HBM is reported with the sizes
     its message states."""
     refused = ""
+    log.info("compiling %s ...", name)
+    start = time.monotonic()
     try:
         mem = lowered.compile().memory_analysis()
     except jax.errors.JaxRuntimeError as e:
@@ -391,6 +397,8 @@ def compiled_program(name: str, lowered: Any, args: Any, *, resident: int, flops
         if "RESOURCE_EXHAUSTED" not in str(e) or sizes is None:
             raise
         mem, refused = sizes, str(e).split("\n")[0]
+    log.info("compiled %s in %.0f s%s", name, time.monotonic() - start,
+             " (refused for lack of HBM)" if refused else "")
     return Program(name, int(mem.argument_size_in_bytes), int(mem.temp_size_in_bytes),
                    int(mem.output_size_in_bytes), int(mem.alias_size_in_bytes),
                    resident, flops, min_bytes(mem), runs, refused)
