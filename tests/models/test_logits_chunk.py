@@ -1,6 +1,7 @@
 """Chunked scoring (``Scoring.logits_chunk``) and the activation constraints
 (``models.constraints``) under a mesh: same values and gradients, the batch kept split."""
 
+import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -98,6 +99,55 @@ def test_constraints_keep_the_batch_split_under_a_mesh():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300)
     assert "CONSTRAINTS_OK" in res.stdout, res.stdout[-2000:] + res.stderr[-3000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed (pip install -e '.[tpu-plan]'): no TPU "
+                           "topology to compile for")
+def test_the_scoring_on_8_fsdp_tpu_chips_gathers_the_unembedding_and_compiles():
+    """On v5p:2x2x2 (8 FSDP chips) GSPMD had computed the tiny model's scoring logits as a
+    windowed einsum, a ring of collective-permutes of the unembedding's D slices, and
+    libtpu's layout assignment did not finish it in 5 min (Qwen3-14B's reference pass: over
+    25 min). Gathered along D, the program compiles in seconds and holds the whole [D,V] on
+    each chip: the tiny model's tied embedding, [D,V] = 64 x 49,152 (bfloat16 weights, as the
+    reference pass scores)."""
+    code = textwrap.dedent("""
+        import os
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+        import re
+        import jax, jax.numpy as jnp
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        from jax.experimental.topologies import get_topology_desc
+        from models.presets import tiny_config
+        from models.sampler import Scoring, group_logprobs
+        from models.sharding import make_mesh, param_shardings
+        from models.transformer import init_params
+        cfg = tiny_config()
+        devices = get_topology_desc(platform="tpu", topology_name="v5p:2x2x2").devices
+        mesh = make_mesh({"data": 1, "fsdp": -1, "tensor": 1}, devices=devices)
+        shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+        # bfloat16 weights, as the reference pass scores (rl.train_step.in_compute_dtype)
+        w = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, jnp.bfloat16, sharding=sh),
+                         shapes, param_shardings(shapes, mesh))
+        n, g, p, r = 16, 5, 32, 256
+        rows = lambda s, d: jax.ShapeDtypeStruct(s, d, sharding=NamedSharding(mesh, P("fsdp")))
+        args = (rows((n, p), jnp.int32), rows((n, p), jnp.bool_), rows((n, g, r), jnp.int32),
+                rows((n, g, r), jnp.bool_))
+        with jax.set_mesh(mesh):
+            hlo = group_logprobs.lower(cfg, w, *args, scoring=Scoring(logits_chunk=64)
+                                       ).compile().as_text()
+        assert "collective-permute" not in hlo
+        whole = rf"= (bf16|f32)\\[{cfg.hidden_size},{cfg.vocab_size}\\]\\S* all-gather\\("
+        assert re.search(whole, hlo), [l for l in hlo.splitlines() if "all-gather(" in l]
+        print("GATHERED_OK")
+    """)
+    try:
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=180)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the scoring program for v5p:2x2x2 did not compile within 3 min")
+    assert "GATHERED_OK" in res.stdout, res.stdout[-2000:] + res.stderr[-3000:]
 
 
 def test_reference_pass_in_parts_equals_one_pass(tiny):
