@@ -339,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     # rl.plan's progress, one line per compile, on stderr (a child's reaches ours)
     progress = logging.StreamHandler(sys.stderr)
-    progress.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    progress.setFormatter(logging.Formatter("%(message)s"))
     logging.getLogger("rl.plan").addHandler(progress)
     logging.getLogger("rl.plan").setLevel(logging.INFO)
     if not os.environ.get("JAX_PLATFORMS"):

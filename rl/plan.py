@@ -388,7 +388,7 @@ def compiled_program(name: str, lowered: Any, args: Any, *, resident: int, flops
     device); a program the TPU compiler refuses for lack of HBM is reported with the sizes
     its message states."""
     refused = ""
-    log.info("compiling %s ...", name)
+    log.info("rl.plan: compiling %s ...", name)
     start = time.monotonic()
     try:
         mem = lowered.compile().memory_analysis()
@@ -397,7 +397,7 @@ def compiled_program(name: str, lowered: Any, args: Any, *, resident: int, flops
         if "RESOURCE_EXHAUSTED" not in str(e) or sizes is None:
             raise
         mem, refused = sizes, str(e).split("\n")[0]
-    log.info("compiled %s in %.0f s%s", name, time.monotonic() - start,
+    log.info("rl.plan: compiled %s in %.0f s%s", name, time.monotonic() - start,
              " (refused for lack of HBM)" if refused else "")
     return Program(name, int(mem.argument_size_in_bytes), int(mem.temp_size_in_bytes),
                    int(mem.output_size_in_bytes), int(mem.alias_size_in_bytes),

@@ -96,8 +96,8 @@ def test_plan_of_the_tiny_model_on_an_8_device_cpu_mesh():
     assert "float32 KV cache" in out, out
     # progress: a line before and after each compile (a large slice compiles for an hour)
     for name in PROGRAMS:
-        assert re.search(rf"rl\.plan.*compiling {name} \.\.\.\n(.*\n)*.*rl\.plan.*"
-                         rf"compiled {name} in \d+ s", out), out
+        assert re.search(rf"^rl\.plan: compiling {name} \.\.\.\n(.*\n)*rl\.plan: "
+                         rf"compiled {name} in \d+ s$", out, re.M), out
     # the fit: 16 and 8 trajectories compiled (second_batch: half of 4 prompts, in units of
     # lcm(8, 4) / 4 = 2), then the predicted batch, a multiple of lcm(8 shards, 4) = 8
     m = re.search(r"rollout: largest rollout batch that fits: (\d+) trajectories \((\d+) "
