@@ -338,10 +338,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     # rl.plan's progress, one line per compile, on stderr (a child's reaches ours)
-    progress = logging.StreamHandler(sys.stderr)
+    progress, plan_log = logging.StreamHandler(sys.stderr), logging.getLogger("rl.plan")
     progress.setFormatter(logging.Formatter("%(message)s"))
-    logging.getLogger("rl.plan").addHandler(progress)
-    logging.getLogger("rl.plan").setLevel(logging.INFO)
+    plan_log.addHandler(progress)
+    plan_log.setLevel(logging.INFO)
     if not os.environ.get("JAX_PLATFORMS"):
         os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")

@@ -62,6 +62,27 @@ def test_micro_slices_take_every_shards_groups():
     np.testing.assert_array_equal(micro_slices(x, 2), [[0, 2, 4, 6], [1, 3, 5, 7]])
 
 
+# run in a child process (its own devices): the scoring's abstract arguments over a mesh
+_ABSTRACT_SCORING = textwrap.dedent("""
+    import jax, jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from models.sampler import Scoring, group_logprobs
+    from models.sharding import make_mesh, param_shardings
+    from models.transformer import init_params
+
+    def abstract_scoring(cfg, mesh, n, g, p, r, dtype=None):
+        \"\"\"Weights (``dtype``, default their own) and a batch of n groups x g, p prompt
+        and r response tokens, sharded as the trainer shards them.\"\"\"
+        shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+        w = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, dtype or s.dtype,
+                                                            sharding=sh),
+                         shapes, param_shardings(shapes, mesh))
+        rows = lambda s, d: jax.ShapeDtypeStruct(s, d, sharding=NamedSharding(mesh, P("fsdp")))
+        return w, (rows((n, p), jnp.int32), rows((n, p), jnp.bool_),
+                   rows((n, g, r), jnp.int32), rows((n, g, r), jnp.bool_))
+""")
+
+
 def test_constraints_keep_the_batch_split_under_a_mesh():
     """On an 8-device FSDP mesh the log-prob pass's logits are split over the batch: its
     temporaries are about the whole batch's logits / 8, not the whole batch's."""
@@ -69,21 +90,12 @@ def test_constraints_keep_the_batch_split_under_a_mesh():
         import os
         os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
         os.environ["JAX_PLATFORMS"] = "cpu"
-        import jax, jax.numpy as jnp
-        from jax.sharding import NamedSharding, PartitionSpec as P
+    """) + _ABSTRACT_SCORING + textwrap.dedent("""
         from models.presets import tiny_config
-        from models.sampler import Scoring, group_logprobs
-        from models.sharding import make_mesh, param_shardings
-        from models.transformer import init_params
         cfg = tiny_config(vocab_size=4096, hidden_size=64, num_heads=4, num_kv_heads=2)
         mesh = make_mesh({"data": 1, "fsdp": -1, "tensor": 1})
-        shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
-        w = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                         shapes, param_shardings(shapes, mesh))
         n, g, p, r = 16, 4, 16, 64
-        rows = lambda s, d: jax.ShapeDtypeStruct(s, d, sharding=NamedSharding(mesh, P("fsdp")))
-        args = (rows((n, p), jnp.int32), rows((n, p), jnp.bool_), rows((n, g, r), jnp.int32),
-                rows((n, g, r), jnp.bool_))
+        w, args = abstract_scoring(cfg, mesh, n, g, p, r)
         logits = n * g * r * cfg.vocab_size * 4
         def temp(scoring):
             with jax.set_mesh(mesh):
@@ -115,25 +127,15 @@ def test_the_scoring_on_8_fsdp_tpu_chips_gathers_the_unembedding_and_compiles():
         import os
         os.environ["JAX_PLATFORMS"] = "cpu"
         os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    """) + _ABSTRACT_SCORING + textwrap.dedent("""
         import re
-        import jax, jax.numpy as jnp
-        from jax.sharding import NamedSharding, PartitionSpec as P
         from jax.experimental.topologies import get_topology_desc
         from models.presets import tiny_config
-        from models.sampler import Scoring, group_logprobs
-        from models.sharding import make_mesh, param_shardings
-        from models.transformer import init_params
         cfg = tiny_config()
         devices = get_topology_desc(platform="tpu", topology_name="v5p:2x2x2").devices
         mesh = make_mesh({"data": 1, "fsdp": -1, "tensor": 1}, devices=devices)
-        shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
         # bfloat16 weights, as the reference pass scores (rl.train_step.in_compute_dtype)
-        w = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, jnp.bfloat16, sharding=sh),
-                         shapes, param_shardings(shapes, mesh))
-        n, g, p, r = 16, 5, 32, 256
-        rows = lambda s, d: jax.ShapeDtypeStruct(s, d, sharding=NamedSharding(mesh, P("fsdp")))
-        args = (rows((n, p), jnp.int32), rows((n, p), jnp.bool_), rows((n, g, r), jnp.int32),
-                rows((n, g, r), jnp.bool_))
+        w, args = abstract_scoring(cfg, mesh, 16, 5, 32, 256, dtype=jnp.bfloat16)
         with jax.set_mesh(mesh):
             hlo = group_logprobs.lower(cfg, w, *args, scoring=Scoring(logits_chunk=64)
                                        ).compile().as_text()
