@@ -118,6 +118,28 @@ def test_sample_categorical_matches_softmax_frequencies():
         assert abs(freq[t] - probs[t]) < 5 * np.sqrt(probs[t] * (1 - probs[t]) / n)
 
 
+def test_the_sampler_asks_for_float32_true_prefix_sums():
+    # at a backend's default precision a TPU multiplies float32 in one bfloat16 pass and an
+    # NVIDIA GPU in TF32: the program itself must ask for HIGHEST on every dot
+    text = jax.jit(sample_categorical).lower(jax.random.key(0), jnp.zeros((2, 300))).as_text()
+    dots = [line for line in text.splitlines() if "stablehlo.dot" in line]
+    assert len(dots) == 2  # the block sums and the sums inside the chosen block
+    assert all("precision = [HIGHEST, HIGHEST]" in line for line in dots)
+
+
+def test_the_drawn_distribution_on_a_grid_of_uniforms_is_the_softmax():
+    from bench.sampling_check import compare, grid_counts, test_logits
+
+    bits, logits = 16, test_logits(1000, seed=3)
+    counts = np.asarray(grid_counts(jnp.asarray(logits), bits, 4096, "HIGHEST"))
+    assert counts.sum() == 1 << bits
+    figures = compare(counts, logits, bits)
+    # each token's share of 2^16 stratified uniforms is its float64 softmax probability to
+    # within one grid step (float32 rounding adds far less than a step here)
+    assert figures["max_error_steps"] < 1.5
+    assert figures["impossible_drawn"] == 0
+
+
 def test_first_argmax_equals_numpy_argmax_with_ties():
     x = np.asarray([[1.0, 3.0, 3.0, -2.0], [-np.inf, -1.0, -1.0, -1.0], [0.0, 0.0, 0.0, 5.0]],
                    np.float32)
