@@ -1,8 +1,8 @@
 """Decode throughput and GRPO update time on one accelerator (GPU or TPU chip), with MFU.
 
 A random-initialised model of a shape preset (default Qwen3-0.6B, ``models/shapes/``; no
-download), bfloat16 weights and KV cache for decoding and bfloat16 compute for the update (float32 master
-weights), on ``jax.devices()[0]``:
+download), bfloat16 weights and KV cache for decoding and bfloat16 compute for the update
+(float32 master weights), on ``jax.devices()[0]``:
 
 * decode: ``models.sampler.generate`` of ``--batch`` rows x ``--new-tokens`` greedy tokens
   after ``--prompt-len``-token prompts (EOS ignored); tokens/s = batch x new tokens / time;

@@ -18,7 +18,8 @@
 #    - bench.accelerator at a larger batch.
 # Each part's output goes to OUT_DIR/<part>.log, the figures to OUT_DIR/*.jsonl.
 # TOKENIZER=<HF folder or GGUF> names the tokenizer (default: the shipped SmolLM2 GGUF).
-# A dry run on a CPU, small: SHAPES=tiny, and extra arguments appended (so they win) with
+# ONLY=<regex> runs the parts whose names match (sampling_check sampler_tests accelerator train
+# resume accelerator_large). A dry run on a CPU, small: SHAPES=tiny, and extra arguments appended (so they win) with
 # ACCEL_ARGS (bench.accelerator), SAMPLING_ARGS (bench.sampling_check), TRAIN_ARGS (rl.train).
 set -u
 cd "$(dirname "$0")/.."
@@ -37,6 +38,7 @@ export PYTHONUNBUFFERED=1
 
 part() {  # part NAME SECONDS command...: run it under the smaller of SECONDS and what is left
   local name=$1 limit=$2; shift 2
+  if [[ ! $name =~ ${ONLY:-.} ]]; then return; fi
   local left=$((BUDGET - ($(date +%s) - START)))
   if [ "$left" -lt 20 ]; then echo "== $name: skipped (budget spent)"; return; fi
   [ "$limit" -gt "$left" ] && limit=$left
@@ -44,7 +46,8 @@ part() {  # part NAME SECONDS command...: run it under the smaller of SECONDS an
   local t0; t0=$(date +%s)
   timeout --kill-after=5 "$limit" "$@" > "$OUT_DIR/$name.log" 2>&1
   local rc=$?
-  grep -v "^\s*$" "$OUT_DIR/$name.log" | grep -iv "warning\|^  warnings.warn" | tail -n 25
+  grep -v "^\s*$" "$OUT_DIR/$name.log" | grep -iv "warning\|^  warnings.warn\|compil" |
+    tail -n 25
   echo "== $name: exit $rc in $(($(date +%s) - t0)) s$([ $rc = 124 ] && echo ' (timed out)')"
 }
 
@@ -89,10 +92,14 @@ TRAIN=(model=hf "model.path=$MODEL" model.dtype=bfloat16 algo.beta=0.04
   trainer.batch_prompts=16 algo.group_size=8 trainer.max_new_tokens=256
   trainer.rollout_dtype=bfloat16 trainer.kv_cache_dtype=bfloat16 trainer.remat=true
   trainer.logits_chunk=128 trainer.skip_zero_advantage=false trainer.eval_at_ends=false
-  trainer.progress=false trainer.sample_every=0 trainer.loggers=[] "trainer.run_dir=$RUN"
-  "${EXTRA_TRAIN[@]}")
-part train 210 "$PY" -m rl.train "${TRAIN[@]}" trainer.max_steps=3 trainer.save_every=3
-part resume 90 "$PY" -m rl.train "${TRAIN[@]}" trainer.max_steps=4 trainer.resume=true
+  trainer.progress=false trainer.sample_every=0 trainer.loggers=[] "trainer.run_dir=$RUN")
+part train 210 env JAX_LOG_COMPILES=1 "$PY" -m rl.train "${TRAIN[@]}" trainer.max_steps=3 \
+  trainer.save_every=3 "${EXTRA_TRAIN[@]}"
+echo "programs compiled in those steps (the rollout's, the scoring passes', the update's):"
+grep -o "Compiling jit([a-z_]*)" "$OUT_DIR/train.log" | sort | uniq -c |
+  grep "_generate\|batch_logprobs\|train_step"
+part resume 90 "$PY" -m rl.train "${TRAIN[@]}" trainer.max_steps=4 trainer.resume=true \
+  "${EXTRA_TRAIN[@]}"
 cp "$RUN/metrics.jsonl" "$OUT_DIR/train_metrics.jsonl" 2>/dev/null &&
   "$PY" - "$OUT_DIR/train_metrics.jsonl" <<'EOF'
 import json, sys

@@ -362,6 +362,9 @@ def _step(c: Components, loop: LoopState, collected: Collect | None,
     train_metrics: list[dict] = []
     trained = None if skips_update(c, batch) else with_old_and_reference(c, loop, batch)
     off = off_policy_record(c, loop, trained) if upcoming is not None else {}
+    # JAX returns before the device finishes: without the wait the reference pass's time
+    # is counted in the update's
+    jax.block_until_ready(trained)
     t1 = time.perf_counter()
     if trained is not None:
         loop, train_metrics = update(c, loop, trained)

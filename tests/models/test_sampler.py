@@ -77,6 +77,27 @@ def test_same_seed_same_samples_and_seed_matters(tiny):
     assert a.token_lists() != c.token_lists()
 
 
+def test_a_repeated_prompt_compiles_no_new_rollout_program(tiny):
+    # a GRPO batch of 16 prompts x 2 where two prompts coincide has 15 distinct prompts: the
+    # prefill holds 16 either way (one filler row), so one program serves both steps
+    from models.sampler import _generate, prompt_count_bucket
+
+    cfg, params, tok = tiny
+    texts = [f"question {i} asks" for i in range(16)]
+    distinct = [tok.encode(t) for t in texts for _ in range(2)]
+    repeated = [tok.encode(t) for t in texts[:15] + texts[:1] for _ in range(2)]
+    sp = SamplingParams(max_new_tokens=4, temperature=0)
+    before = _generate._cache_size()
+    out_distinct = generate(cfg, params, tok, distinct, sp).token_lists()
+    out_repeated = generate(cfg, params, tok, repeated, sp).token_lists()
+    assert _generate._cache_size() - before <= 1
+    # the filler row changes no row's output: each equals the same prompt's row alone
+    assert out_repeated[:30] == out_distinct[:30]
+    assert out_repeated[30:] == out_distinct[:2]
+    assert [prompt_count_bucket(n) for n in (1, 3, 8, 9, 15, 16, 17, 33)] == [
+        1, 4, 8, 10, 16, 16, 20, 40]
+
+
 def test_per_row_limits_and_lengths(tiny):
     cfg, params, tok = tiny
     prompts = _prompts(tok)
