@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import socket
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,90 +62,6 @@ def logical_axes(params: Params) -> Params:
     if "lm_head" in params:
         axes["lm_head"] = ("embed", "vocab")
     return axes
-
-
-def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
-                           process_id: int | None = None, connect_timeout_s: int = 300,
-                           heartbeat_timeout_s: int = 60) -> None:
-    """Join a multi-host job (TPU pods, multi-node GPU, several CPU processes) when configured;
-    a no-op otherwise. Must run before any other JAX call.
-
-    Driven by arguments (from the `mesh` config) or the standard JAX environment variables;
-    on TPU pods `jax.distributed.initialize()` discovers everything by itself. CPU processes
-    exchange their collectives over gloo (the CPU client has no other cross-process
-    transport). `connect_timeout_s` bounds the wait for the coordinator and the other
-    processes; a process that stops sending heartbeats for `heartbeat_timeout_s` ends the job
-    on every process, with an error naming it, instead of leaving the others blocked in a
-    collective; so does a process that stops on an error (its shutdown waits as long).
-    ValueError (naming the ``mesh.*`` key) on inconsistent settings, before connecting;
-    RuntimeError naming ``mesh.coordinator`` when the job cannot be joined.
-    """
-    coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
-    if coordinator is None and os.environ.get("TPU_WORKER_HOSTNAMES") is None:
-        if num_processes not in (None, 1) or process_id not in (None, 0):
-            raise ValueError(f"mesh.coordinator: mesh.num_processes={num_processes} / "
-                             f"mesh.process_id={process_id} need a coordinator address "
-                             f"(host:port of process 0), none is set")
-        return
-    _check_process_ids(coordinator, num_processes, process_id)
-    # a process that stops on an error waits for the others at the shutdown barrier while they
-    # wait for it in a collective: the same bound as a silent process ends that wait
-    kw: dict[str, Any] = {"initialization_timeout": int(connect_timeout_s),
-                          "heartbeat_timeout_seconds": int(heartbeat_timeout_s),
-                          "shutdown_timeout_seconds": int(heartbeat_timeout_s)}
-    if coordinator:
-        kw["coordinator_address"] = coordinator
-    if num_processes is not None:
-        kw["num_processes"] = num_processes
-    if process_id is not None:
-        kw["process_id"] = process_id
-    if coordinator and process_id:  # process 0 serves the coordinator; the others reach it
-        _wait_for_coordinator(coordinator, connect_timeout_s)
-    log.info("joining the job at %s as process %s of %s (mesh.coordinator, mesh.process_id, "
-             "mesh.num_processes; waiting up to mesh.connect_timeout_s=%s s for the others)",
-             coordinator, process_id, num_processes, connect_timeout_s)
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    try:
-        jax.distributed.initialize(**kw)
-    except Exception as e:  # XlaRuntimeError: deadline exceeded, connection refused, ...
-        raise RuntimeError(
-            f"mesh.coordinator: could not join the job at {coordinator!r} as process "
-            f"{process_id} of {num_processes} within mesh.connect_timeout_s="
-            f"{connect_timeout_s}: {type(e).__name__}: {e}") from None
-    log.info("jax.distributed: process %d of %d", jax.process_index(), jax.process_count())
-
-
-def _wait_for_coordinator(address: str, timeout_s: float) -> None:
-    """Return once something listens at `address` (host:port); RuntimeError naming
-    ``mesh.coordinator`` after `timeout_s`. (JAX's own connect timeout aborts the process
-    without saying which setting is wrong.)"""
-    host, _, port = address.rpartition(":")
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
-                return
-        except OSError as e:
-            if time.monotonic() >= deadline:
-                raise RuntimeError(
-                    f"mesh.coordinator: nothing answers at {address} after {timeout_s} s "
-                    f"(mesh.connect_timeout_s): {e}. Is process 0 running, and is that "
-                    f"address reachable from this host?") from None
-            time.sleep(0.5)
-
-
-def _check_process_ids(coordinator: str | None, num_processes: int | None,
-                       process_id: int | None) -> None:
-    if coordinator and ":" not in coordinator:
-        raise ValueError(f"mesh.coordinator: {coordinator!r} is not host:port")
-    if (num_processes is None) != (process_id is None):
-        raise ValueError("mesh.num_processes / mesh.process_id: set both or neither "
-                         f"(got {num_processes} / {process_id})")
-    if num_processes is not None and num_processes < 1:
-        raise ValueError(f"mesh.num_processes: must be >= 1, got {num_processes}")
-    if process_id is not None and not 0 <= process_id < num_processes:
-        raise ValueError(f"mesh.process_id: must be in [0, mesh.num_processes="
-                         f"{num_processes}), got {process_id}")
 
 
 def host_copy(tree: Any) -> Any:

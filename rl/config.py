@@ -451,11 +451,18 @@ def check_off_policy(run: RunConfig) -> None:
     t = run.trainer
     _require(t.off_policy_steps in (0, 1), "trainer.off_policy_steps",
              f"must be 0 (on-policy) or 1 (one-step off-policy), got {t.off_policy_steps}")
-    if t.off_policy_steps:
-        _require((run.mesh.num_processes or 1) == 1, "trainer.off_policy_steps",
+    check_job_size(run, run.mesh.num_processes or 1, "mesh.num_processes")
+
+
+def check_job_size(run: RunConfig, processes: int, source: str = "jax.process_count()") -> None:
+    """The settings that need a single process (trainer.off_policy_steps=1, see
+    :func:`check_off_policy`), against the job's process count: the configured one before
+    joining, the joined job's after (a cluster JAX found by itself configures none)."""
+    if run.trainer.off_policy_steps:
+        _require(processes == 1, "trainer.off_policy_steps",
                  f"=1 runs the rollout on a second host thread, which a multi-process job "
-                 f"(mesh.num_processes={run.mesh.num_processes}) cannot order the same way on "
-                 f"every process; set trainer.off_policy_steps=0")
+                 f"({source}={processes}) cannot order the same way on every process; set "
+                 f"trainer.off_policy_steps=0")
 
 
 def overlong_buffer(run: RunConfig, budget: int) -> int:

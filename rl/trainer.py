@@ -25,13 +25,14 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from core.cluster import join_cluster
 from core.types import Prompt, Task
 from models import load_params
 from models.sampler import SamplingParams
-from models.sharding import initialize_distributed, make_mesh
+from models.sharding import make_mesh
 from rl import loop as L
 from rl.checkpoint import Checkpointer, CheckpointError, json_digest
-from rl.config import ConfigError, RunConfig, overlong_buffer, parse
+from rl.config import ConfigError, RunConfig, check_job_size, overlong_buffer, parse
 from rl.data import PromptStream
 from rl.eval import greedy_rollouts, restore_run_params, run_config
 from rl.lora import BASE_META, fresh_adapters, lora_run
@@ -337,15 +338,17 @@ class Inputs:
     exchange: Any = None  # rl.multihost.Exchange in a multi-process job
 
 
-def join_job(mesh: Any) -> Exchange | None:
-    """``models.sharding.initialize_distributed`` with the ``mesh`` section's settings (its
-    errors as ConfigError: they name the key); the job's host exchange when it has several
-    processes (``rl.multihost``), else None."""
+def join_job(run: RunConfig) -> Exchange | None:
+    """``core.cluster.join_cluster`` with the ``mesh`` section's settings (explicit, or the
+    cluster JAX finds; its errors as ConfigError: they name the key); the job's host exchange
+    when it has several processes (``rl.multihost``), else None."""
+    mesh = run.mesh
     try:
-        initialize_distributed(mesh.coordinator, mesh.num_processes, mesh.process_id,
-                               mesh.connect_timeout_s, mesh.heartbeat_timeout_s)
+        join_cluster(mesh.coordinator, mesh.num_processes, mesh.process_id,
+                     mesh.connect_timeout_s, mesh.heartbeat_timeout_s)
     except (ValueError, RuntimeError) as e:
         raise ConfigError(str(e)) from None
+    check_job_size(run, jax.process_count())
     return Exchange(mesh.wait_timeout_s) if jax.process_count() > 1 else None
 
 
@@ -398,7 +401,7 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
         cfg = OmegaConf.to_container(cfg, resolve=True)
     run = parse(cfg)
     # before any other JAX call: a multi-host job agrees on its devices first
-    exchange = join_job(run.mesh)
+    exchange = join_job(run)
     if exchange is not None:  # the same program everywhere: the same config (but the rank)
         exchange.agree(json_digest(_job_config(run.raw)), "the run config")
     inp = read_inputs(run, exchange)

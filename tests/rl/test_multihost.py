@@ -180,12 +180,15 @@ def _free_port() -> int:
 
 
 def _train(run_dir: Path, devices: int, overrides: list[str], job: tuple[int, int, int] | None
-           = None, log: Path | None = None) -> subprocess.Popen:
-    """``python -m rl.train`` on `devices` CPU devices; `job` = (port, processes, rank)."""
+           = None, log: Path | None = None, cluster: dict[str, str] | None = None
+           ) -> subprocess.Popen:
+    """``python -m rl.train`` on `devices` CPU devices; `job` = (port, processes, rank) as
+    ``mesh.*`` keys, or `cluster`: environment variables of a cluster JAX detects."""
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **(cluster or {}))
     env.pop("JAX_COORDINATOR_ADDRESS", None)
-    args = [f"trainer.run_dir={run_dir}", f"hydra.run.dir={run_dir}_hydra{job[2] if job else ''}",
+    rank = job[2] if job else (cluster or {}).get("SLURM_PROCID", "")
+    args = [f"trainer.run_dir={run_dir}", f"hydra.run.dir={run_dir}_hydra{rank}",
             "trainer.progress=false", "trainer.loggers=[]", *overrides]
     if job is not None:
         port, n, rank = job
@@ -260,6 +263,36 @@ def test_two_processes_train_the_same_weights_as_one(tmp_path, char_model):
         assert a["kl"] == pytest.approx(b["kl"], abs=1e-6)
     history = _lines(two / "config_history.jsonl")
     assert [h["resumed"] for h in history] == [False, True]
+
+
+def test_two_processes_find_each_other_from_slurm_variables_alone(tmp_path, char_model):
+    """No mesh.* keys, no JAX_COORDINATOR_ADDRESS: the job JAX's own cluster detection finds
+    in SLURM's variables (a step of 2 tasks on localhost) trains; and a setting that needs one
+    process is refused by key once the job is joined (its size came from no config key)."""
+    port = _free_port()
+
+    def slurm(rank: int) -> dict[str, str]:
+        return {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "2", "SLURM_PROCID": str(rank),
+                "SLURM_LOCALID": str(rank), "SLURM_STEP_NODELIST": "localhost",
+                "JAX_COORDINATOR_PORT": str(port)}
+
+    overrides = ["model=hf", f"model.path={char_model}", *LEARN, "trainer.max_steps=2",
+                 "trainer.batch_prompts=4", "algo.group_size=4", "trainer.max_new_tokens=8",
+                 "trainer.eval_at_ends=false", "trainer.save_every=0"]
+    run = tmp_path / "run"
+    logs = [tmp_path / f"p{r}.log" for r in range(2)]
+    _finish([_train(run, 2, overrides, None, logs[r], slurm(r)) for r in range(2)], logs)
+    assert [r["step"] for r in _lines(run / "metrics.jsonl")] == [0, 1]
+    for r, log in enumerate(logs):
+        text = log.read_text()
+        assert "(found by slurm)" in text and f"jax.distributed: process {r} of 2" in text
+
+    logs = [tmp_path / f"off{r}.log" for r in range(2)]
+    procs = [_train(tmp_path / "off", 2, [*overrides, "trainer.off_policy_steps=1"], None,
+                    logs[r], slurm(r)) for r in range(2)]
+    assert [p.wait(timeout=300) for p in procs] != [0, 0]
+    assert "trainer.off_policy_steps: =1 runs the rollout on a second host thread, which a " \
+           "multi-process job (jax.process_count()=2)" in logs[0].read_text()
 
 
 def _memory(run: Path) -> dict:
@@ -342,8 +375,8 @@ SAMPLER_SCRIPT = """
 import os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 os.environ["JAX_PLATFORMS"] = "cpu"
-from models.sharding import initialize_distributed
-initialize_distributed(f"127.0.0.1:{sys.argv[1]}", 2, int(sys.argv[2]), 60, 10)
+from core.cluster import join_cluster
+join_cluster(f"127.0.0.1:{sys.argv[1]}", 2, int(sys.argv[2]), 60, 10)
 import jax, numpy as np
 import models.sampler as S
 from core.search_r1 import search_prompt
