@@ -2,15 +2,25 @@
 
 Both produce our parameter dict (see ``transformer.param_shapes``): matrices stored [in, out]
 so the forward pass is ``x @ W``, layer weights stacked on a leading axis.
+
+    cfg, params = load_hf_folder(folder)       # every parameter, whole, on the host
+    weights = hf_weights(folder)               # nothing read yet: config and sources
+    weights.read(weights.leaves["layers"]["wq"], (slice(None), slice(0, 512)))  # one slice
+
+Reading by slices is what lets each process of a multi-host job read only the shards its
+devices hold (``models.sharded_load``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Callable
+import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import jax
+import ml_dtypes
 import numpy as np
 
 from models.config import ModelConfig, ModelLoadError, llama3_freq_factors, load_hf_config
@@ -51,35 +61,105 @@ GGUF_LAYER = {
 }
 
 
-def _assemble(cfg: ModelConfig, get: Callable[[str], np.ndarray], names: dict[str, str],
-              layer_fmt: str, layer_map: dict, source: str, dtype: Any) -> Params:
-    """Gather tensors by name, transpose to [in, out], check shapes, stack layers."""
+@dataclasses.dataclass(frozen=True)
+class LeafSource:
+    """Where one of our parameters comes from: a stored tensor, or one per layer stacked on a
+    leading axis (`stacked`), each stored [out, in] when `transpose`; `shape` is ours."""
+
+    tensors: tuple[str, ...]
+    transpose: bool
+    stacked: bool
+    shape: tuple[int, ...]
+
+
+class TensorFiles(Protocol):
+    """Stored tensors read slice by slice: a slice costs its own bytes (``bytes_read``)."""
+
+    source: str
+    bytes_read: int
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The tensor's shape as stored; ModelLoadError naming it when it is missing."""
+
+    def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        """``tensor[index]`` as float32 (index in the stored orientation)."""
+
+
+@dataclasses.dataclass
+class Weights:
+    """A model before its weights are read: config, each parameter's source (a tree shaped
+    like the parameters, of :class:`LeafSource`), and the files. :meth:`read` reads one
+    parameter, or the slice of it a device holds, in our layout and `dtype`."""
+
+    cfg: ModelConfig
+    leaves: Params
+    files: TensorFiles
+
+    def read(self, leaf: LeafSource, index: tuple[slice, ...] | None = None,
+             dtype: Any = np.float32) -> np.ndarray:
+        index = tuple(index) if index is not None else ()
+        index += (slice(None),) * (len(leaf.shape) - len(index))
+        if not leaf.stacked:
+            return self._tensor(leaf, leaf.tensors[0], index, dtype)
+        layers = range(len(leaf.tensors))[index[0]]
+        return np.stack([self._tensor(leaf, leaf.tensors[i], index[1:], dtype) for i in layers])
+
+    def read_all(self, dtype: Any = np.float32) -> Params:
+        """Every parameter, whole (in the tree's order: embedding, norm, head, layers)."""
+        return jax.tree.map(lambda leaf: self.read(leaf, None, dtype), self.leaves,
+                            is_leaf=lambda x: isinstance(x, LeafSource))
+
+    def check(self) -> None:
+        """ModelLoadError naming the first missing or misshapen tensor, before any read."""
+        for leaf in jax.tree.leaves(self.leaves, is_leaf=lambda x: isinstance(x, LeafSource)):
+            for name in leaf.tensors:
+                self._check_shape(leaf, name)
+
+    def _check_shape(self, leaf: LeafSource, name: str) -> None:
+        stored = self.files.shape(name)
+        ours = tuple(reversed(stored)) if leaf.transpose else tuple(stored)
+        want = leaf.shape[1:] if leaf.stacked else leaf.shape
+        if ours != want:
+            raise ModelLoadError(f"{self.files.source}: tensor {name} has shape {ours} "
+                                 f"(after transpose), expected {want}")
+
+    def _tensor(self, leaf: LeafSource, name: str, index: tuple[slice, ...],
+                dtype: Any) -> np.ndarray:
+        part = self.files.read(name, index[::-1] if leaf.transpose else index)
+        self._check_shape(leaf, name)  # after the read: a GGUF's quantisation error first
+        return np.asarray(part.T if leaf.transpose else part, dtype=dtype)
+
+
+def leaf_sources(cfg: ModelConfig, names: dict[str, str], layer_fmt: str,
+                 layer_map: dict) -> Params:
+    """Each parameter's :class:`LeafSource` (names: the embedding, final norm and head's
+    stored names; layer_fmt/layer_map: a layer tensor's)."""
     expected = param_shapes(cfg)
-
-    def fetch(name: str, transpose: bool, shape: tuple[int, ...]) -> np.ndarray:
-        arr = get(name)
-        arr = arr.T if transpose else arr
-        if arr.shape != shape:
-            raise ModelLoadError(f"{source}: tensor {name} has shape {arr.shape} "
-                                 f"(after transpose), expected {shape}")
-        return np.asarray(arr, dtype=dtype)
-
-    params: Params = {
-        "embed": fetch(names["embed"], False, expected["embed"]),
-        "final_norm": fetch(names["final_norm"], False, expected["final_norm"]),
+    leaves: Params = {
+        "embed": LeafSource((names["embed"],), False, False, expected["embed"]),
+        "final_norm": LeafSource((names["final_norm"],), False, False, expected["final_norm"]),
         "layers": {},
     }
     if not cfg.tie_embeddings:
-        params["lm_head"] = fetch(names["lm_head"], True, expected["lm_head"])
+        leaves["lm_head"] = LeafSource((names["lm_head"],), True, False, expected["lm_head"])
     for key, shape in layer_shapes(cfg).items():
         suffix, transpose = layer_map[key]
-        params["layers"][key] = np.stack([
-            fetch(layer_fmt.format(i=i, name=suffix), transpose, shape)
-            for i in range(cfg.num_layers)])
-    return params
+        leaves["layers"][key] = LeafSource(
+            tuple(layer_fmt.format(i=i, name=suffix) for i in range(cfg.num_layers)),
+            transpose, True, (cfg.num_layers, *shape))
+    return leaves
 
 
 # ----------------------------------------------------------------------------- HF safetensors
+
+# safetensors dtype names -> numpy (ml_dtypes for bfloat16 and float8)
+SAFETENSORS_DTYPES: dict[str, Any] = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+    "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+MAX_HEADER_BYTES = 100 * 1024**2  # the safetensors format's own bound
 
 
 def _safetensors_files(folder: Path) -> list[Path]:
@@ -100,41 +180,88 @@ def _safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def load_hf_folder(folder: str | Path, dtype: Any = np.float32) -> tuple[ModelConfig, Params]:
-    """Config and parameters from an HF folder (config.json + safetensors, sharded or not)."""
-    from safetensors import safe_open
+def _safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
+    """(the JSON header, where the data starts) of a safetensors file: 8 bytes little-endian
+    header length N, N bytes of JSON, then the tensors' bytes (offsets from there)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if size < 8 or not 2 <= n <= min(size - 8, MAX_HEADER_BYTES):
+            raise ModelLoadError(f"{path}: cannot read safetensors (header length {n} for a "
+                                 f"file of {size} bytes)")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ModelLoadError(f"{path}: cannot read safetensors (header: {e})") from None
+    if not isinstance(header, dict):
+        raise ModelLoadError(f"{path}: cannot read safetensors (header is not an object)")
+    return header, 8 + n
 
+
+class SafetensorsFiles:
+    """The tensors of an HF folder's safetensors files, each read through a read-only memory
+    map of its file: a slice reads its own bytes. Our own reader of the format (header, then
+    raw little-endian data), so any dtype ml_dtypes knows reads without a framework."""
+
+    def __init__(self, folder: Path) -> None:
+        self.source, self.bytes_read = str(folder), 0
+        self._where: dict[str, tuple[Path, Any, tuple[int, ...], int]] = {}
+        for path in _safetensors_files(folder):
+            header, start = _safetensors_header(path)
+            size = path.stat().st_size
+            for name, info in header.items():
+                if name == "__metadata__":
+                    continue
+                try:
+                    dtype = SAFETENSORS_DTYPES[info["dtype"]]
+                    shape = tuple(int(x) for x in info["shape"])
+                    begin, end = (int(x) for x in info["data_offsets"])
+                except (KeyError, TypeError, ValueError) as e:
+                    raise ModelLoadError(f"{path}: cannot read tensor {name!r} "
+                                         f"(header entry {info!r}: {e})") from None
+                if end - begin != math.prod(shape) * np.dtype(dtype).itemsize or (
+                        start + end > size):
+                    raise ModelLoadError(f"{path}: cannot read tensor {name!r}: bytes "
+                                         f"[{begin}, {end}) do not hold {shape} {info['dtype']}"
+                                         f" in a file of {size} bytes (truncated?)")
+                self._where[name] = (path, dtype, shape, start + begin)
+
+    def names(self) -> set[str]:
+        return set(self._where)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        if name not in self._where:
+            raise ModelLoadError(f"{self.source}: tensor {name!r} missing from the weights")
+        return self._where[name][2]
+
+    def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        path, dtype, shape, offset = self._where[name]
+        stored = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+        part = stored[index]
+        self.bytes_read += part.nbytes
+        return np.asarray(part, dtype=np.float32)
+
+
+def hf_weights(folder: str | Path) -> Weights:
+    """An HF folder's config and weight sources (config.json + safetensors, sharded or not);
+    nothing is read yet."""
     folder = Path(folder)
     cfg = load_hf_config(folder)
-    tensors: dict[str, tuple[Path, Any]] = {}
-    handles = []
-    for f in _safetensors_files(folder):
-        try:
-            h = safe_open(str(f), framework="flax")
-        except Exception as e:
-            raise ModelLoadError(f"{f}: cannot read safetensors ({e})") from None
-        handles.append(h)
-        for name in h.keys():
-            tensors[name] = (f, h)
-
-    def get(name: str) -> np.ndarray:
-        if name not in tensors:
-            raise ModelLoadError(f"{folder}: tensor {name!r} missing from the weights")
-        f, h = tensors[name]
-        try:
-            return np.asarray(h.get_tensor(name), dtype=np.float32)
-        except Exception as e:
-            raise ModelLoadError(f"{f}: cannot read tensor {name!r} ({e})") from None
-
+    files = SafetensorsFiles(folder)
     names = {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight",
              "lm_head": "lm_head.weight"}
-    if not cfg.tie_embeddings and "lm_head.weight" not in tensors:
+    if not cfg.tie_embeddings and "lm_head.weight" not in files.names():
         # a tied head that an export dropped looks the same as a missing shard: only the
         # config can tell, and it says the head is untied
         raise ModelLoadError(f"{folder}: config.json has tie_word_embeddings=false but the "
                              f"weights hold no lm_head.weight (a missing shard?)")
-    params = _assemble(cfg, get, names, "model.layers.{i}.{name}", HF_LAYER, str(folder), dtype)
-    return cfg, params
+    return Weights(cfg, leaf_sources(cfg, names, "model.layers.{i}.{name}", HF_LAYER), files)
+
+
+def load_hf_folder(folder: str | Path, dtype: Any = np.float32) -> tuple[ModelConfig, Params]:
+    """Config and parameters from an HF folder (config.json + safetensors, sharded or not)."""
+    weights = hf_weights(folder)
+    return weights.cfg, weights.read_all(dtype)
 
 
 # ----------------------------------------------------------------------------- GGUF
@@ -196,8 +323,50 @@ def gguf_config(reader: Any, source: str) -> ModelConfig:
     )
 
 
-def load_gguf(path: str | Path, dtype: Any = np.float32) -> tuple[ModelConfig, Params]:
-    """Config and dequantized parameters from a GGUF file."""
+class GGUFFiles:
+    """The tensors of a GGUF file, dequantized to float32 a whole tensor at a time (quantized
+    blocks cannot be cut by row and column), the last few kept while a parameter's shards are
+    read; llama's Q/K rows are put back into rotate-half order (``_unpermute_qk``)."""
+
+    def __init__(self, path: Path, reader: Any, cfg: ModelConfig) -> None:
+        self.source, self.bytes_read = str(path), 0
+        self._tensors = {t.name: t for t in reader.tensors}
+        self._cfg = cfg
+        self._recent: dict[str, np.ndarray] = {}
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        t = self._tensors.get(name)
+        if t is None:
+            raise ModelLoadError(f"{self.source}: tensor {name!r} missing")
+        return tuple(int(x) for x in reversed(t.shape))
+
+    def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        if name not in self._recent:
+            if len(self._recent) >= 4:
+                self._recent.pop(next(iter(self._recent)))
+            self._recent[name] = self._dequantized(name)
+        return self._recent[name][index]
+
+    def _dequantized(self, name: str) -> np.ndarray:
+        import gguf
+
+        t = self._tensors[name]
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError:
+            raise ModelLoadError(f"{self.source}: tensor {name!r} uses quantisation "
+                                 f"{t.tensor_type.name}, which gguf cannot dequantize") from None
+        self.bytes_read += int(t.data.nbytes)
+        w = np.asarray(w, np.float32).reshape(self.shape(name))
+        if self._cfg.arch == "llama" and name.endswith("attn_q.weight"):
+            w = _unpermute_qk(w, self._cfg.num_heads)
+        elif self._cfg.arch == "llama" and name.endswith("attn_k.weight"):
+            w = _unpermute_qk(w, self._cfg.num_kv_heads)
+        return w
+
+
+def gguf_weights(path: str | Path) -> Weights:
+    """A GGUF file's config and weight sources; nothing is dequantized yet."""
     import gguf
 
     path = Path(path)
@@ -208,25 +377,13 @@ def load_gguf(path: str | Path, dtype: Any = np.float32) -> tuple[ModelConfig, P
     except Exception as e:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from None
     cfg = gguf_config(reader, str(path))
-    tensors = {t.name: t for t in reader.tensors}
-
-    def get(name: str) -> np.ndarray:
-        t = tensors.get(name)
-        if t is None:
-            raise ModelLoadError(f"{path}: tensor {name!r} missing")
-        try:
-            w = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError:
-            raise ModelLoadError(f"{path}: tensor {name!r} uses quantisation "
-                                 f"{t.tensor_type.name}, which gguf cannot dequantize") from None
-        w = np.asarray(w, np.float32).reshape(tuple(int(x) for x in reversed(t.shape)))
-        if cfg.arch == "llama" and name.endswith("attn_q.weight"):
-            w = _unpermute_qk(w, cfg.num_heads)
-        elif cfg.arch == "llama" and name.endswith("attn_k.weight"):
-            w = _unpermute_qk(w, cfg.num_kv_heads)
-        return w
-
     names = {"embed": "token_embd.weight", "final_norm": "output_norm.weight",
              "lm_head": "output.weight"}
-    params = _assemble(cfg, get, names, "blk.{i}.{name}", GGUF_LAYER, str(path), dtype)
-    return cfg, params
+    return Weights(cfg, leaf_sources(cfg, names, "blk.{i}.{name}", GGUF_LAYER),
+                   GGUFFiles(path, reader, cfg))
+
+
+def load_gguf(path: str | Path, dtype: Any = np.float32) -> tuple[ModelConfig, Params]:
+    """Config and dequantized parameters from a GGUF file."""
+    weights = gguf_weights(path)
+    return weights.cfg, weights.read_all(dtype)

@@ -274,7 +274,8 @@ def test_demo_cli_generates_for_each_prompt():
 
 def test_load_params_onto_a_mesh_places_every_array_on_its_shards(tmp_path):
     """With a mesh, each parameter goes straight to its sharding (no device holds the whole
-    array): the values equal the mesh-less load, and a sharded axis is split."""
+    array): the values equal the mesh-less load, and a sharded axis is split; from an HF
+    folder each stored byte is read once."""
     import subprocess
     import sys
     import textwrap
@@ -296,8 +297,31 @@ def test_load_params_onto_a_mesh_places_every_array_on_its_shards(tmp_path):
         w = placed["layers"]["w_up"]
         assert {sh.data.shape for sh in w.addressable_shards} == {
             (w.shape[0], w.shape[1] // 4, w.shape[2])}
+
+        # an HF folder (bfloat16 on disk): read slice by slice, each byte once, and cast per
+        # slice to the same values as the whole-file load
+        import sys
+        from bench.random_model import write_random_model
+        from models import loaders
+        out = write_random_model("tiny", sys.argv[1], dtype="bfloat16").out_dir
+        read = []
+        plain_read = loaders.SafetensorsFiles.read
+        def counting(self, name, index):
+            before = self.bytes_read
+            part = plain_read(self, name, index)
+            read.append(self.bytes_read - before)
+            return part
+        loaders.SafetensorsFiles.read = counting
+        _, placed, _ = load_params(str(out), mesh=mesh)
+        loaders.SafetensorsFiles.read = plain_read
+        with open(out / "model.safetensors", "rb") as f:
+            header = int.from_bytes(f.read(8), "little")
+        assert sum(read) == (out / "model.safetensors").stat().st_size - 8 - header
+        _, host, _ = load_params(str(out))
+        for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(placed)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         print("PLACED_OK")
     """)
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=600)
+    res = subprocess.run([sys.executable, "-c", script, str(tmp_path / "random")],
+                         capture_output=True, text=True, timeout=600)
     assert "PLACED_OK" in res.stdout, res.stderr[-3000:]

@@ -448,3 +448,72 @@ def test_sampler_and_search_env_over_two_processes_equal_one_device(tmp_path):
         assert p.wait(timeout=600) == 0, log.read_text()[-4000:]
         text = log.read_text()
         assert "SAMPLER_OK" in text and "SEARCH_ENV_OK" in text, text[-3000:]
+
+
+LOAD_SCRIPT = """
+import logging, os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["JAX_PLATFORMS"] = "cpu"
+from core.cluster import join_cluster
+join_cluster(f"127.0.0.1:{sys.argv[1]}", 2, int(sys.argv[2]), 60, 10)
+import jax, jax.numpy as jnp, numpy as np
+from collections import Counter
+from models import load_params, loaders
+from models.sharding import make_mesh
+
+assert len(jax.devices()) == 4 and len(jax.local_devices()) == 2
+mesh = make_mesh({"data": 1, "fsdp": 4})
+read_bytes = Counter()  # bytes this process read of each stored tensor
+files_read = loaders.SafetensorsFiles.read
+def counting(self, name, index):
+    part = files_read(self, name, index)
+    read_bytes[name] += part.size * 4  # the char model is stored in float32
+    return part
+loaders.SafetensorsFiles.read = counting
+
+compiled = []  # any program compiled while loading (an all-gather would be one)
+handler = logging.Handler()
+handler.emit = lambda record: compiled.append(record.getMessage())
+logging.getLogger("jax._src.interpreters.pxla").addHandler(handler)
+jax.config.update("jax_log_compiles", True)
+_, params, _ = load_params(sys.argv[3], jnp.float32, mesh=mesh)
+jax.config.update("jax_log_compiles", False)
+assert not [m for m in compiled if "Compiling" in m], compiled
+
+loaders.SafetensorsFiles.read = files_read
+weights = loaders.hf_weights(sys.argv[3])
+_, whole = loaders.load_hf_folder(sys.argv[3])
+is_leaf = lambda x: isinstance(x, loaders.LeafSource)
+for leaf, array, ref in zip(jax.tree.leaves(weights.leaves, is_leaf=is_leaf),
+                            jax.tree.leaves(params), jax.tree.leaves(whole)):
+    stored = sum(int(np.prod(weights.files.shape(n))) * 4 for n in leaf.tensors)
+    got = sum(read_bytes[n] for n in leaf.tensors)
+    share = 1.0 if array.sharding.is_fully_replicated else 0.5  # 2 of the 4 fsdp shards
+    assert got <= share * stored, (leaf.tensors[0], got, stored)
+    for s in array.addressable_shards:  # every local shard holds the whole load's values
+        np.testing.assert_array_equal(np.asarray(s.data), ref[s.index])
+split = [a for a in jax.tree.leaves(params) if not a.sharding.is_fully_replicated]
+assert len(split) >= 8, len(split)
+print("LOAD_OK", sum(read_bytes.values()), flush=True)
+"""
+
+
+def test_each_process_reads_only_its_shards_of_the_weights(tmp_path, char_model):
+    """fsdp over 2 processes x 2 devices: each process reads from the safetensors at most half
+    of every split parameter's bytes (all of a replicated one), runs no program while
+    loading (no all-gather), and its shards hold the whole-file load's values."""
+    port, logs = _free_port(), [tmp_path / f"l{r}.log" for r in range(2)]
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    procs = [subprocess.Popen([sys.executable, "-c", LOAD_SCRIPT, str(port), str(r),
+                               str(char_model)], cwd=ROOT, env=env,
+                              stdout=open(logs[r], "w"),  # noqa: SIM115
+                              stderr=subprocess.STDOUT) for r in range(2)]
+    totals = []
+    for p, log in zip(procs, logs):
+        assert p.wait(timeout=300) == 0, log.read_text()[-4000:]
+        text = log.read_text()
+        assert "LOAD_OK" in text, text[-3000:]
+        totals.append(int(text.split("LOAD_OK")[1].split()[0]))
+    whole = (char_model / "model.safetensors").stat().st_size
+    assert all(t < 0.75 * whole for t in totals), (totals, whole)
