@@ -16,12 +16,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.config import ModelConfig, ModelLoadError
-from models.presets import PRESETS, cached_tokenizer, load_preset, shipped_gguf_path
+from models.presets import (
+    PRESETS,
+    cached_tokenizer,
+    load_preset,
+    preset_config,
+    shipped_gguf_path,
+)
 from models.tokenizer import Tokenizer
 from models.transformer import KVCache, forward, init_params
 
-__all__ = ["load_params", "ModelConfig", "ModelLoadError", "Tokenizer", "KVCache", "forward",
-           "init_params", "shipped_gguf_path", "PRESETS"]
+__all__ = ["load_params", "load_shapes", "ModelConfig", "ModelLoadError", "Tokenizer",
+           "KVCache", "forward", "init_params", "shipped_gguf_path", "PRESETS"]
 
 
 def load_params(path_or_preset: str, dtype: Any = jnp.float32, seed: int = 0,
@@ -32,7 +38,6 @@ def load_params(path_or_preset: str, dtype: Any = jnp.float32, seed: int = 0,
     process reads from the files only the slices its devices hold (a GGUF: whole tensors,
     one at a time, as quantized blocks do not split), casts them to `dtype` and hands them
     to its devices; no host holds the whole model, nothing is gathered across processes."""
-    from models.loaders import gguf_weights, hf_weights
     from models.sharded_load import host_slice, place_sharded
 
     if path_or_preset in PRESETS:
@@ -40,17 +45,49 @@ def load_params(path_or_preset: str, dtype: Any = jnp.float32, seed: int = 0,
         if mesh is None:
             return cfg, params, tok
         return cfg, place_sharded(jax.tree.map(np.asarray, params), host_slice, mesh, dtype), tok
+    weights, tok = _files(path_or_preset)
+    cfg = weights.cfg
+    if mesh is None:
+        return cfg, jax.tree.map(lambda x: jnp.asarray(x, dtype), weights.read_all()), tok
+    weights.check()  # every tensor there and of its shape, before any device work
+    return cfg, place_sharded(weights.leaves, weights.read, mesh, dtype), tok
+
+
+def load_shapes(path_or_preset: str, dtype: Any = jnp.float32,
+                mesh: Any = None) -> tuple[ModelConfig, dict, Tokenizer]:
+    """What :func:`load_params` returns, with each parameter a ``jax.ShapeDtypeStruct``
+    carrying the sharding it would have (``models.sharding.param_shardings`` over `mesh`,
+    else the first device): a restore target, read from headers only, no weight read."""
+    from models.sharding import param_shardings
+    from models.transformer import param_shapes
+
+    if path_or_preset in PRESETS:
+        cfg, tok = preset_config(path_or_preset)
+    else:
+        weights, tok = _files(path_or_preset)
+        cfg = weights.cfg
+    shapes = jax.tree.map(lambda shape: jax.ShapeDtypeStruct(shape, dtype), param_shapes(cfg),
+                          is_leaf=lambda x: isinstance(x, tuple))
+    if mesh is None:
+        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        shardings = jax.tree.map(lambda _: one, shapes)
+    else:
+        shardings = param_shardings(shapes, mesh)
+    return cfg, jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=sharding), shapes, shardings), tok
+
+
+def _files(path_or_preset: str) -> tuple[Any, Tokenizer]:
+    """(the weights' sources, not read yet, the tokenizer) of an HF folder or GGUF file."""
+    from models.loaders import gguf_weights, hf_weights
+
     path = Path(path_or_preset).expanduser()
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or folder, and not a preset "
                              f"({', '.join(PRESETS)})")
     weights = hf_weights(path) if path.is_dir() else gguf_weights(path)
-    cfg = weights.cfg
     tok = cached_tokenizer(str(path))
-    if tok.vocab_size > cfg.vocab_size:
+    if tok.vocab_size > weights.cfg.vocab_size:
         raise ModelLoadError(f"{path}: tokenizer has {tok.vocab_size} tokens but the model's "
-                             f"vocabulary is {cfg.vocab_size}")
-    if mesh is None:
-        return cfg, jax.tree.map(lambda x: jnp.asarray(x, dtype), weights.read_all()), tok
-    weights.check()  # every tensor there and of its shape, before any device work
-    return cfg, place_sharded(weights.leaves, weights.read, mesh, dtype), tok
+                             f"vocabulary is {weights.cfg.vocab_size}")
+    return weights, tok

@@ -61,4 +61,17 @@ def load_preset(name: str, dtype: Any, seed: int = 0) -> tuple[ModelConfig, Para
     raise ModelLoadError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}")
 
 
+def preset_config(name: str) -> tuple[ModelConfig, Tokenizer]:
+    """A preset's config and tokenizer without its weights (the GGUF's header only)."""
+    from models.loaders import gguf_weights
+
+    if name == "smollm2_135m":
+        path = shipped_gguf_path()
+        return gguf_weights(path).cfg, cached_tokenizer(str(path))
+    if name == "tiny":
+        tok = cached_tokenizer(str(shipped_gguf_path()))
+        return tiny_config(vocab_size=tok.vocab_size), tok
+    raise ModelLoadError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}")
+
+
 PRESETS = ("smollm2_135m", "tiny")

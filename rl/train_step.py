@@ -89,6 +89,24 @@ def init_train_state(params: Params, optimizer: optax.GradientTransformation,
     return jax.device_put(state, train_state_shardings(state, optimizer, mesh))
 
 
+def abstract_train_state(params: Params, optimizer: optax.GradientTransformation,
+                         mesh: Mesh | None = None) -> TrainState:
+    """The shapes, dtypes and shardings :func:`init_train_state` gives `params` (here
+    ``jax.ShapeDtypeStruct`` leaves carrying their shardings), computing nothing: the target
+    a resume restores its checkpoint onto without the model's weights in memory."""
+    state = jax.eval_shape(
+        lambda p: TrainState(jnp.zeros((), jnp.int32), p, optimizer.init(p)), params)
+    state = state._replace(params=params)
+    if mesh is None:
+        one = jax.tree.leaves(params)[0].sharding
+        shardings = jax.tree.map(lambda _: one, state)
+    else:
+        shardings = train_state_shardings(state, optimizer, mesh)
+    return jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                                 sharding=sharding),
+                        state, shardings)
+
+
 def train_state_shardings(state: Any, optimizer: optax.GradientTransformation,
                           mesh: Mesh) -> TrainState:
     """Shardings of a train state (concrete, or shapes with shardings) whose params carry

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from core.cluster import join_cluster
 from core.types import Prompt, Task
-from models import load_params
+from models import load_params, load_shapes
 from models.sampler import SamplingParams
 from models.sharding import make_mesh
 from rl import loop as L
@@ -41,7 +41,13 @@ from rl.off_policy import Behaviour, RolloutPrefetch, snapshot
 from rl.optim import lr_schedule, make_optimizer
 from rl.resume import SETTINGS, refuse_changes, settings
 from rl.runlog import RunLog
-from rl.train_step import TrainState, in_compute_dtype, init_train_state, make_train_step
+from rl.train_step import (
+    TrainState,
+    abstract_train_state,
+    in_compute_dtype,
+    init_train_state,
+    make_train_step,
+)
 from rl.wiring import make_judge, make_rewarder, make_task
 
 log = logging.getLogger(__name__)
@@ -323,6 +329,19 @@ def _weights(run: RunConfig, mesh: Any) -> tuple[Any, Any, Any]:
     return model_cfg, params, tokenizer
 
 
+def _checkpoint_holds_everything(run: RunConfig, lc: Any) -> bool:
+    """Whether a resume needs only its checkpoint: no KL reference (beta > 0: the base
+    weights), no LoRA (the frozen base and its fingerprint), no off-policy sampler copy made
+    from the fresh weights."""
+    return lc.beta <= 0 and not run.model.lora.enabled and not run.trainer.off_policy_steps
+
+
+def _shapes(run: RunConfig, mesh: Any) -> tuple[Any, Any, Any]:
+    """(model config, the float32 master weights' shapes and shardings, tokenizer): what
+    :func:`_weights` gives, read from the files' headers only."""
+    return load_shapes(run.model.path, jnp.float32, mesh=mesh)
+
+
 @dataclasses.dataclass(frozen=True)
 class Inputs:
     """Everything a run reads besides the model, read and checked before the model loads, so
@@ -408,7 +427,10 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
     lc, oc = run.loss_config(inp.budget), run.optim_config()
     t = run.trainer
     ckpt, steps = _open_checkpoints(run)
-    model_cfg, params, tokenizer = _weights(run, inp.mesh)
+    # a resume that needs nothing but its checkpoint reads no base weights: shapes only
+    from_checkpoint = bool(steps) and _checkpoint_holds_everything(run, lc)
+    model_cfg, params, tokenizer = (_shapes(run, inp.mesh) if from_checkpoint
+                                    else _weights(run, inp.mesh))
     optimizer = make_optimizer(oc)
     lora = lora_run(run.model.lora, model_cfg, params, {
         "model.path": run.model.path, "trainer.init_from": t.init_from or ""})
@@ -431,7 +453,9 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
         train_step=step_fn, ref_params=ref_params, loss_cfg=lc, mesh=inp.mesh,
         judge=inp.judge, response_budget=inp.budget, eval_prompts=inp.eval_prompts, lora=lora,
         exchange=exchange)
-    loop = L.LoopState(train=init_train_state(params, optimizer, inp.mesh),
+    train = (abstract_train_state if from_checkpoint else init_train_state)(
+        params, optimizer, inp.mesh)
+    loop = L.LoopState(train=train,
                        reward=rewarder.init_state(), data_position=0, step=0,
                        behaviour=snapshot(params, 0) if t.off_policy_steps else None)
     now = settings(run.raw, model_config_hash(model_cfg), inp.train_prompts)

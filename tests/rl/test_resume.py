@@ -293,3 +293,32 @@ def test_a_checkpoint_from_before_the_kv_cache_dtype_key_resumes_as_float32():
     assert changes(before, {**before, "trainer.kv_cache_dtype": "float32"}) == {}
     assert changes(before, {**before, "trainer.kv_cache_dtype": "bfloat16"}) == {
         "trainer.kv_cache_dtype": ("float32", "bfloat16")}
+
+
+def test_a_resume_takes_its_weights_from_the_checkpoint_alone(tmp_path, char_model,
+                                                            monkeypatch):
+    """No KL reference and no LoRA: a resume reads the model's config and tokenizer but not
+    one byte of its weights (the checkpoint holds them), and ends as an uninterrupted run."""
+    from models import loaders
+
+    hf = ["model=hf", f"model.path={char_model}", "trainer.max_steps=2", "trainer.save_every=1"]
+
+    def run_of(run_dir, *overrides, until=None):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose("config", overrides=[*(o for o in TINY if o != "model=tiny"), *hf,
+                                               f"trainer.run_dir={run_dir}", *overrides])
+        t = build_trainer(OmegaConf.to_container(cfg, resolve=True))
+        t.run(until=until)
+        t.close()
+        return t
+
+    ref = jax.device_get(run_of(tmp_path / "straight").state.params)
+    run_of(tmp_path / "r", until=1)
+
+    def refuse(self, name, index):
+        raise AssertionError(f"the resume read {name} from {self.source}")
+
+    monkeypatch.setattr(loaders.SafetensorsFiles, "read", refuse)
+    t = run_of(tmp_path / "r", "trainer.resume=true")
+    assert t.start_step == 1
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(t.state.params), ref)
