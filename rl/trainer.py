@@ -314,9 +314,12 @@ def _check_fingerprint(run: RunConfig, meta: Mapping[str, Any], where: str,
                 "fingerprint (%s) is compared", where, ", ".join(want))
 
 
-def _weights(run: RunConfig, mesh: Any) -> tuple[Any, Any, Any]:
+def _weights(run: RunConfig, mesh: Any, shapes_only: bool = False) -> tuple[Any, Any, Any]:
     """(model config, float32 master weights, tokenizer): loaded (sharded over the mesh when
-    there is one), initialised from trainer.init_from when set."""
+    there is one), initialised from trainer.init_from when set; with `shapes_only` the
+    weights' shapes and shardings, from the files' headers (a resume that restores them)."""
+    if shapes_only:
+        return load_shapes(run.model.path, jnp.float32, mesh=mesh)
     # float32 master weights and optimizer state whatever model.dtype says: that is the
     # forward/backward dtype (LossConfig.compute_dtype), and bfloat16 weights would round
     # small updates away
@@ -334,12 +337,6 @@ def _checkpoint_holds_everything(run: RunConfig, lc: Any) -> bool:
     weights), no LoRA (the frozen base and its fingerprint), no off-policy sampler copy made
     from the fresh weights."""
     return lc.beta <= 0 and not run.model.lora.enabled and not run.trainer.off_policy_steps
-
-
-def _shapes(run: RunConfig, mesh: Any) -> tuple[Any, Any, Any]:
-    """(model config, the float32 master weights' shapes and shardings, tokenizer): what
-    :func:`_weights` gives, read from the files' headers only."""
-    return load_shapes(run.model.path, jnp.float32, mesh=mesh)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -429,8 +426,7 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
     ckpt, steps = _open_checkpoints(run)
     # a resume that needs nothing but its checkpoint reads no base weights: shapes only
     from_checkpoint = bool(steps) and _checkpoint_holds_everything(run, lc)
-    model_cfg, params, tokenizer = (_shapes(run, inp.mesh) if from_checkpoint
-                                    else _weights(run, inp.mesh))
+    model_cfg, params, tokenizer = _weights(run, inp.mesh, shapes_only=from_checkpoint)
     optimizer = make_optimizer(oc)
     lora = lora_run(run.model.lora, model_cfg, params, {
         "model.path": run.model.path, "trainer.init_from": t.init_from or ""})
