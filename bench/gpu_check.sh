@@ -15,11 +15,12 @@
 #      no download) with the settings recommended for accelerators: bfloat16 compute, bfloat16
 #      rollouts and KV cache, remat, response logits in chunks; beta 0.04 so the reference
 #      pass runs; then a resume of that run for 1 more step from its checkpoint;
+#    - rl.smoke (3 steps straight against 2 + save + restore + 1, memory per chip);
 #    - bench.accelerator at a larger batch.
 # Each part's output goes to OUT_DIR/<part>.log, the figures to OUT_DIR/*.jsonl.
 # TOKENIZER=<HF folder or GGUF> names the tokenizer (default: the shipped SmolLM2 GGUF).
 # ONLY=<regex> runs the parts whose names match (sampling_check sampler_tests accelerator train
-# resume accelerator_large). A dry run on a CPU, small: SHAPES=tiny, and extra arguments appended (so they win) with
+# resume smoke accelerator_large). A dry run on a CPU, small: SHAPES=tiny, and extra arguments appended (so they win) with
 # ACCEL_ARGS (bench.accelerator), SAMPLING_ARGS (bench.sampling_check), TRAIN_ARGS (rl.train).
 set -u
 cd "$(dirname "$0")/.."
@@ -95,9 +96,11 @@ TRAIN=(model=hf "model.path=$MODEL" model.dtype=bfloat16 algo.beta=0.04
   trainer.progress=false trainer.sample_every=0 trainer.loggers=[] "trainer.run_dir=$RUN")
 part train 210 env JAX_LOG_COMPILES=1 "$PY" -m rl.train "${TRAIN[@]}" trainer.max_steps=3 \
   trainer.save_every=3 "${EXTRA_TRAIN[@]}"
-echo "programs compiled in those steps (the rollout's, the scoring passes', the update's):"
-grep -o "Compiling jit([a-z_]*)" "$OUT_DIR/train.log" | sort | uniq -c |
-  grep "_generate\|batch_logprobs\|train_step"
+if [ -f "$OUT_DIR/train.log" ]; then
+  echo "programs compiled in those steps (the rollout's, the scoring passes', the update's):"
+  grep -o "Compiling jit([a-z_]*)" "$OUT_DIR/train.log" | sort | uniq -c |
+    grep "_generate\|batch_logprobs\|train_step"
+fi
 part resume 90 "$PY" -m rl.train "${TRAIN[@]}" trainer.max_steps=4 trainer.resume=true \
   "${EXTRA_TRAIN[@]}"
 cp "$RUN/metrics.jsonl" "$OUT_DIR/train_metrics.jsonl" 2>/dev/null &&
@@ -110,7 +113,9 @@ for line in open(sys.argv[1]):
           f"{r['time/train_s']:9.2f} {r['time/step_s']:7.2f} {r['rollout/generated_tokens']:17d} "
           f"{r['rollout/tokens_per_s']:14.0f}")
 EOF
+part smoke 150 "$PY" -m rl.smoke "${TRAIN[@]}" "trainer.run_dir=$OUT_DIR/smoke" \
+  trainer.batch_prompts=4 algo.group_size=4 trainer.max_new_tokens=32 "${EXTRA_TRAIN[@]}"
 part accelerator_large 150 "$PY" -m bench.accelerator "${TOK_ARGS[@]}" --batch 256 \
   --new-tokens 256 --json "$OUT_DIR/accelerator.jsonl" "${ACCEL[@]}"
-rm -rf "$MODEL" "$RUN/checkpoints" "$OUT_DIR/site"
+rm -rf "$MODEL" "$RUN/checkpoints" "$OUT_DIR/smoke"/*/checkpoints "$OUT_DIR/site"
 echo "== done in $(($(date +%s) - START)) s"

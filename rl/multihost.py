@@ -62,7 +62,7 @@ class Exchange:
     coordinator's key-value store. Keys are deleted by process 0 once every process has
     passed them (at the next :meth:`agree`), so the store does not grow with the run."""
 
-    def __init__(self, wait_timeout_s: int, client: Any = None):
+    def __init__(self, wait_timeout_s: int, client: Any = None, prefix: str = KEY_ROOT):
         if client is None:
             from jax._src import distributed  # the client jax.distributed.initialize made
 
@@ -72,6 +72,7 @@ class Exchange:
         self._client = client
         self._timeout_ms = int(wait_timeout_s * 1000)
         self._wait_timeout_s = wait_timeout_s
+        self._prefix = prefix  # keys of another exchange in the same job stay apart
         self._next = 0
         self._written: list[str] = []  # process 0's values since the last agree
         self._stale: list[str] = []  # the last agree's digests
@@ -79,7 +80,7 @@ class Exchange:
         self.exchanges = 0  # how many values passed (a counter for the run's metrics)
 
     def _key(self) -> str:
-        key = f"{KEY_ROOT}/{self._next}"
+        key = f"{self._prefix}/{self._next}"
         self._next += 1
         self.exchanges += 1
         return key

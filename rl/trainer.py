@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import time
@@ -36,7 +37,7 @@ from rl.config import ConfigError, RunConfig, check_job_size, overlong_buffer, p
 from rl.data import PromptStream
 from rl.eval import greedy_rollouts, restore_run_params, run_config
 from rl.lora import BASE_META, fresh_adapters, lora_run
-from rl.multihost import Exchange, is_leader, shared, shared_env
+from rl.multihost import KEY_ROOT, Exchange, is_leader, shared, shared_env
 from rl.off_policy import Behaviour, RolloutPrefetch, snapshot
 from rl.optim import lr_schedule, make_optimizer
 from rl.resume import SETTINGS, refuse_changes, settings
@@ -51,6 +52,8 @@ from rl.train_step import (
 from rl.wiring import make_judge, make_rewarder, make_task
 
 log = logging.getLogger(__name__)
+
+_BUILDS = itertools.count()  # this process's trainers with a job exchange (join_job)
 
 __all__ = ["CheckpointError", "ConfigError", "Trainer", "build_trainer", "fingerprint",
            "response_budget"]
@@ -365,7 +368,11 @@ def join_job(run: RunConfig) -> Exchange | None:
     except (ValueError, RuntimeError) as e:
         raise ConfigError(str(e)) from None
     check_job_size(run, jax.process_count())
-    return Exchange(mesh.wait_timeout_s) if jax.process_count() > 1 else None
+    if jax.process_count() == 1:
+        return None
+    # every process builds its trainers in the same order (rl.smoke builds three): the n-th
+    # build's exchange keys are its own, whatever the ones before left in the store
+    return Exchange(mesh.wait_timeout_s, prefix=f"{KEY_ROOT}/build{next(_BUILDS)}")
 
 
 def _job_config(raw: Mapping[str, Any]) -> dict[str, Any]:

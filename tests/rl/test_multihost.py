@@ -517,3 +517,33 @@ def test_each_process_reads_only_its_shards_of_the_weights(tmp_path, char_model)
         totals.append(int(text.split("LOAD_OK")[1].split()[0]))
     whole = (char_model / "model.safetensors").stat().st_size
     assert all(t < 0.75 * whole for t in totals), (totals, whole)
+
+
+def test_the_smoke_command_passes_over_two_processes_with_fsdp_across_them(tmp_path,
+                                                                         char_model):
+    """``rl.smoke`` as a new slice runs it, here 2 processes x 2 CPU devices with FSDP over all
+    4 (each process holds half of every split weight), GRPO with a KL reference: load sharded,
+    3 steps straight against 2 steps + save + restore + 1 step, verdict PASS everywhere."""
+    port = _free_port()
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env.pop("JAX_COORDINATOR_ADDRESS", None)
+    run, logs = tmp_path / "smoke", [tmp_path / f"smoke{r}.log" for r in range(2)]
+    args = ["model=hf", f"model.path={char_model}", "task=arith", "task.size=16",
+            "trainer.batch_prompts=4", "algo.group_size=2", "trainer.max_new_tokens=8",
+            "algo.beta=0.05", "optim.lr=5e-2", "mesh.shape={data:1,fsdp:4,tensor:1}",
+            "trainer.progress=false", "trainer.loggers=[]", f"trainer.run_dir={run}",
+            f"mesh.coordinator=127.0.0.1:{port}", "mesh.num_processes=2",
+            "mesh.heartbeat_timeout_s=10"]
+    procs = [subprocess.Popen([sys.executable, "-m", "rl.smoke", *args, f"mesh.process_id={r}",
+                               f"hydra.run.dir={run}_hydra{r}"], cwd=ROOT, env=env,
+                              stdout=open(logs[r], "w"),  # noqa: SIM115
+                              stderr=subprocess.STDOUT) for r in range(2)]
+    _finish(procs, logs, timeout=600)
+    for log in logs:
+        text = log.read_text()
+        assert "on 2 process(es), 4 cpu device(s)" in text and "fsdp=4" in text, text[-3000:]
+        assert "rl.smoke: PASS" in text, text[-3000:]
+    result = json.loads((run / "smoke.json").read_text())
+    assert result["passed"] and result["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert len(result["straight_step_s"]) == 3

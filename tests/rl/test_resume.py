@@ -322,3 +322,17 @@ def test_a_resume_takes_its_weights_from_the_checkpoint_alone(tmp_path, char_mod
     t = run_of(tmp_path / "r", "trainer.resume=true")
     assert t.start_step == 1
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(t.state.params), ref)
+
+
+def test_a_resumed_run_reuses_the_rollout_program_of_the_run_before(tmp_path):
+    """A fresh run's train state is committed to its device, as a restored one is: the
+    programs of both are the same, so a resume finds them compiled (committed and uncommitted
+    arguments compile apart; on an H200 a resumed Qwen3-0.6B run compiled for 20 s again)."""
+    from models.sampler import _generate
+
+    common = ["trainer.max_steps=2", "trainer.save_every=1", "trainer.skip_zero_advantage=false"]
+    run = tmp_path / "r"
+    train(run, *common, until=1)
+    compiled = _generate._cache_size()
+    train(run, *common, "trainer.resume=true")
+    assert _generate._cache_size() == compiled

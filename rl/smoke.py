@@ -1,0 +1,158 @@
+"""The first command to run on a new slice or cluster: ``python -m rl.smoke [overrides]``.
+
+The run's own config (the same hydra overrides as ``rl.train``: model, mesh, task, ...), on
+every host of the job as ``rl.train`` is, then:
+
+1. join the job and load the model sharded, timed (``<trainer.run_dir>/straight``);
+2. train 3 steps straight;
+3. in ``<trainer.run_dir>/resumed``: train 2 steps and save, then build a fresh trainer that
+   restores the checkpoint (as a restarted job does) and trains the third step;
+4. compare the two runs' final parameters, each process its own shards;
+5. print the load times, the step times, each local chip's memory (``memory_stats()``, where
+   the backend reports it) and a verdict: ``rl.smoke: PASS`` (exit 0) when the resumed run
+   ends within 1e-5 of the straight one (bit-identical is expected and said), else FAIL.
+
+    python -m rl.smoke model=hf model.path=/ckpt/Qwen3-4B mesh=fsdp trainer.run_dir=/shared/smoke
+
+It writes ``smoke.json`` (the figures) into ``trainer.run_dir``. The steps use the config's
+batch and lengths; for a quick check shrink them (``trainer.batch_prompts``,
+``trainer.max_new_tokens``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from rl.compile_cache import use_compile_cache
+
+log = logging.getLogger("rl.smoke")
+
+STEPS, SAVED_AT = 3, 2
+TOLERANCE = 1e-5  # the multi-process tests' bound: another layout may round differently
+
+GiB = 1024**3
+
+
+def _build(resolved: dict, run_dir: Path, **trainer: Any) -> tuple[Any, float]:
+    """A trainer for `run_dir` with `trainer` settings over the config's; its build time."""
+    from rl.trainer import build_trainer
+
+    cfg = json.loads(json.dumps(resolved))
+    cfg["trainer"] |= {"run_dir": str(run_dir), "max_steps": STEPS, "eval_at_ends": False,
+                       "eval_every": 0, **trainer}
+    t0 = time.perf_counter()
+    built = build_trainer(cfg, OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    return built, time.perf_counter() - t0
+
+
+def max_difference(a: Any, b: Any) -> float:
+    """The largest |a - b| over every parameter, each process comparing the shards it holds
+    and the job taking the largest (an all-gather of one number per process)."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    local = 0.0
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        for sx, sy in zip(x.addressable_shards, y.addressable_shards, strict=True):
+            diff = np.abs(np.asarray(sx.data, np.float64) - np.asarray(sy.data, np.float64))
+            local = max(local, float(diff.max(initial=0.0)))
+    if jax.process_count() == 1:
+        return local
+    return float(np.max(multihost_utils.process_allgather(np.float32(local))))
+
+
+def chip_memory() -> list[str]:
+    """Each local device's peak and limit (``memory_stats``), or why there are none."""
+    import jax
+
+    lines = []
+    for d in jax.local_devices():
+        stats = d.memory_stats() or {}
+        if "peak_bytes_in_use" in stats:
+            limit = stats.get("bytes_limit")
+            lines.append(f"{d.platform}:{d.id} peak {stats['peak_bytes_in_use'] / GiB:.2f} GiB"
+                         + (f" of {limit / GiB:.2f} GiB" if limit else ""))
+        else:
+            lines.append(f"{d.platform}:{d.id} (no memory statistics on this backend)")
+    return lines
+
+
+def smoke(resolved: dict) -> dict[str, Any]:
+    """Steps 1-4 of the module docstring; the figures, ``passed`` among them."""
+    import jax
+
+    run_dir = Path(str(resolved["trainer"]["run_dir"]))
+    log.info("rl.smoke: 1/3 loading %s and training %d steps (%s)", resolved["model"]["path"],
+             STEPS, run_dir / "straight")
+    straight, load_s = _build(resolved, run_dir / "straight", save_every=0, resume=False)
+    log.info("rl.smoke: loaded in %.1f s", load_s)
+    straight_steps = straight.run()
+    straight.close()
+    log.info("rl.smoke: 2/3 training %d steps and saving (%s)", SAVED_AT, run_dir / "resumed")
+    first, _ = _build(resolved, run_dir / "resumed", save_every=SAVED_AT, resume=False)
+    first_steps = first.run(until=SAVED_AT)
+    first.close()
+    log.info("rl.smoke: 3/3 restoring step %d into a fresh trainer, training step %d",
+             SAVED_AT, STEPS)
+    resumed, reload_s = _build(resolved, run_dir / "resumed", save_every=SAVED_AT, resume=True)
+    if resumed.start_step != SAVED_AT:
+        raise RuntimeError(f"rl.smoke: the resume started at step {resumed.start_step}, not at "
+                           f"the checkpoint of step {SAVED_AT} ({run_dir / 'resumed'})")
+    last_steps = resumed.run()
+    resumed.close()
+    diff = max_difference(straight.state.params, resumed.state.params)
+    devices = jax.devices()
+    return {"processes": jax.process_count(), "devices": len(devices),
+            "platform": devices[0].platform, "device_kind": devices[0].device_kind,
+            "mesh": dict(straight.parts.mesh.shape) if straight.parts.mesh else None,
+            "model": resolved["model"]["path"], "load_s": load_s, "resume_load_s": reload_s,
+            "straight_step_s": [r["time/step_s"] for r in straight_steps],
+            "resumed_step_s": [r["time/step_s"] for r in (*first_steps, *last_steps)],
+            "max_abs_diff": diff, "passed": diff <= TOLERANCE, "memory": chip_memory()}
+
+
+def report(r: dict[str, Any]) -> str:
+    mesh = " ".join(f"{k}={v}" for k, v in (r["mesh"] or {}).items()) or "one device"
+    steps = lambda xs: ", ".join(f"{x:.2f}" for x in xs)  # noqa: E731
+    same = ("bit-identical" if r["max_abs_diff"] == 0 else
+            f"max abs diff {r['max_abs_diff']:.3g}, within {TOLERANCE:g}" if r["passed"] else
+            f"max abs diff {r['max_abs_diff']:.3g}, over {TOLERANCE:g}")
+    return "\n".join([
+        f"rl.smoke: {r['model']} on {r['processes']} process(es), {r['devices']} "
+        f"{r['platform']} device(s) ({r['device_kind']}), mesh {mesh}",
+        f"  load: {r['load_s']:.1f} s; resume from the checkpoint: {r['resume_load_s']:.1f} s",
+        f"  steps, straight: {steps(r['straight_step_s'])} s (the first compiles)",
+        f"  steps, saved at {SAVED_AT} and resumed: {steps(r['resumed_step_s'])} s",
+        *(f"  memory {line}" for line in r["memory"]),
+        f"  resumed run against the straight run: {same}",
+        f"rl.smoke: {'PASS' if r['passed'] else 'FAIL'}"])
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    import jax
+    from absl import logging as absl_logging
+
+    use_compile_cache(cfg.get("compile_cache"))
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    result = smoke(resolved)
+    print(report(result), flush=True)
+    if jax.process_index() == 0:
+        out = Path(str(resolved["trainer"]["run_dir"])) / "smoke.json"
+        out.write_text(json.dumps(result, indent=1))
+    if not result["passed"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
