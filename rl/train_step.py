@@ -79,16 +79,20 @@ class TrainState(NamedTuple):
 
 def init_train_state(params: Params, optimizer: optax.GradientTransformation,
                      mesh: Mesh | None = None) -> TrainState:
-    """Step 0, `params`, the optimizer's fresh state, on the first device. With a `mesh`
+    """Step 0, `params`, the optimizer's fresh state, on the params' device. With a `mesh`
     (and `params` placed on it) the state is placed by :func:`train_state_shardings`, so that
     every leaf is one array over the job's devices (a multi-host checkpoint cannot save an
     array that lives on one device of one process)."""
     state = TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
     if mesh is None:
-        # committed to the device, as a restored checkpoint's arrays are: committed and
-        # uncommitted arguments compile apart, and a resumed run would miss the compile cache
-        # of the programs the run compiled before
-        return jax.device_put(state, jax.devices()[0])
+        # committed to the params' device, as a restored checkpoint's arrays are: committed
+        # and uncommitted arguments compile apart, and a resumed run would miss the compile
+        # cache of the programs the run compiled before (params placed by hand over several
+        # devices are left as they are)
+        devices = {d for x in jax.tree.leaves(params)
+                   for d in getattr(x, "sharding", jax.sharding.SingleDeviceSharding(
+                       jax.devices()[0])).device_set}
+        return jax.device_put(state, devices.pop()) if len(devices) == 1 else state
     return jax.device_put(state, train_state_shardings(state, optimizer, mesh))
 
 
