@@ -325,8 +325,10 @@ def gguf_config(reader: Any, source: str) -> ModelConfig:
 
 class GGUFFiles:
     """The tensors of a GGUF file, dequantized to float32 a whole tensor at a time (quantized
-    blocks cannot be cut by row and column), the last few kept while a parameter's shards are
-    read; llama's Q/K rows are put back into rotate-half order (``_unpermute_qk``)."""
+    blocks cannot be cut by row and column); one parameter's tensors (every layer's) are kept
+    while its shards are read, so each local device's slice reuses them instead of
+    dequantizing the layers again; llama's Q/K rows are put back into rotate-half order
+    (``_unpermute_qk``)."""
 
     def __init__(self, path: Path, reader: Any, cfg: ModelConfig) -> None:
         self.source, self.bytes_read = str(path), 0
@@ -342,7 +344,7 @@ class GGUFFiles:
 
     def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
         if name not in self._recent:
-            if len(self._recent) >= 4:
+            if len(self._recent) > self._cfg.num_layers:
                 self._recent.pop(next(iter(self._recent)))
             self._recent[name] = self._dequantized(name)
         return self._recent[name][index]
