@@ -11,6 +11,8 @@
 #    - bench.sampling_check (the sampler's drawn distribution against the softmax, at HIGHEST
 #      and at the backend's default matmul precision) and the sampler's distribution tests;
 #    - bench.accelerator at its defaults (decode tokens/s, HBM bandwidth, update MFU);
+#    - bench.scoring_precision (a float32 policy's log-probs against float32-true, sampler
+#      against scoring pass, at the default precision, at ours and at HIGHEST);
 #    - 3 steps of rl.train on a random-weight Qwen3-0.6B-shaped HF folder (bench.random_model,
 #      no download) with the settings recommended for accelerators: bfloat16 compute, bfloat16
 #      rollouts and KV cache, remat, response logits in chunks; beta 0.04 so the reference
@@ -19,9 +21,11 @@
 #    - bench.accelerator at a larger batch.
 # Each part's output goes to OUT_DIR/<part>.log, the figures to OUT_DIR/*.jsonl.
 # TOKENIZER=<HF folder or GGUF> names the tokenizer (default: the shipped SmolLM2 GGUF).
-# ONLY=<regex> runs the parts whose names match (sampling_check sampler_tests accelerator train
-# resume smoke accelerator_large). A dry run on a CPU, small: SHAPES=tiny, and extra arguments appended (so they win) with
-# ACCEL_ARGS (bench.accelerator), SAMPLING_ARGS (bench.sampling_check), TRAIN_ARGS (rl.train).
+# ONLY=<regex> runs the parts whose names match (sampling_check sampler_tests accelerator
+# scoring_precision train resume smoke accelerator_large). A dry run on a CPU, small:
+# SHAPES=tiny, and extra arguments appended (so they win) with
+# ACCEL_ARGS (bench.accelerator), SAMPLING_ARGS (bench.sampling_check), PRECISION_ARGS
+# (bench.scoring_precision), TRAIN_ARGS (rl.train).
 set -u
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:-${OUT:-bench/results/gpu_check}}
@@ -30,6 +34,7 @@ PY=${PYTHON:-python3}
 SHAPES=${SHAPES:-qwen3_0_6b}
 read -r -a ACCEL <<< "${ACCEL_ARGS:-}"
 read -r -a SAMPLING <<< "${SAMPLING_ARGS:-}"
+read -r -a PRECISION <<< "${PRECISION_ARGS:-}"
 read -r -a EXTRA_TRAIN <<< "${TRAIN_ARGS:-}"
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
 START=$(date +%s)
@@ -86,6 +91,8 @@ part sampler_tests 90 env JAX_PLATFORMS="${JAX_PLATFORMS:-cuda}" "$PY" -m pytest
   -p no:cacheprovider tests/models/test_sampler.py -k "frequencies or float32_true or grid_of"
 part accelerator 150 "$PY" -m bench.accelerator "${TOK_ARGS[@]}" \
   --json "$OUT_DIR/accelerator.jsonl" "${ACCEL[@]}"
+part scoring_precision 120 "$PY" -m bench.scoring_precision --shapes "$SHAPES" "${TOK_ARGS[@]}" \
+  --json "$OUT_DIR/scoring_precision.jsonl" "${PRECISION[@]}"
 
 wait $WRITER; echo "== random_model: exit $?"; tail -n 3 "$OUT_DIR/random_model.log"
 RUN=$OUT_DIR/train_run
@@ -113,7 +120,7 @@ for line in open(sys.argv[1]):
           f"{r['time/train_s']:9.2f} {r['time/step_s']:7.2f} {r['rollout/generated_tokens']:17d} "
           f"{r['rollout/tokens_per_s']:14.0f}")
 EOF
-part smoke 150 "$PY" -m rl.smoke "${TRAIN[@]}" "trainer.run_dir=$OUT_DIR/smoke" \
+part smoke 240 "$PY" -m rl.smoke "${TRAIN[@]}" "trainer.run_dir=$OUT_DIR/smoke" \
   trainer.batch_prompts=4 algo.group_size=4 trainer.max_new_tokens=32 "${EXTRA_TRAIN[@]}"
 part accelerator_large 150 "$PY" -m bench.accelerator "${TOK_ARGS[@]}" --batch 256 \
   --new-tokens 256 --json "$OUT_DIR/accelerator.jsonl" "${ACCEL[@]}"

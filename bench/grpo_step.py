@@ -40,7 +40,7 @@ def ours_fwd_bwd(batch: int = 8, seq: int = 256, remat: bool = False) -> float:
     import jax.numpy as jnp
 
     from models import load_params
-    from models.sampler import token_logprobs
+    from models.scoring import token_logprobs
 
     cfg, params, _ = load_params("smollm2_135m")
     ids = jnp.asarray(np.random.default_rng(0).integers(100, 40000, (batch, seq)), jnp.int32)

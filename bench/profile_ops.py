@@ -54,7 +54,8 @@ def main() -> None:
     import jax.numpy as jnp
 
     from models import load_params
-    from models.sampler import SamplingParams, decode_params, generate, token_logprobs
+    from models.sampler import SamplingParams, decode_params, generate
+    from models.scoring import token_logprobs
 
     cfg, params, tok = load_params("smollm2_135m")
     rng = np.random.default_rng(0)

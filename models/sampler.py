@@ -1,4 +1,4 @@
-"""Jitted batched sampling with a KV cache, and token log-probabilities for training.
+"""Jitted batched sampling with a KV cache.
 
 Prompts of different lengths share one batch by left padding: every row then writes its next
 token into the same cache slot, so a decode step is one dense ``dynamic_update_slice``. RoPE
@@ -6,8 +6,8 @@ positions count real tokens only, so padding never shifts a row's positions.
 
 Returned log-probabilities are those of the distribution the token was sampled from at its
 temperature, ``log_softmax(logits / T)`` (greedy decoding, T = 0: of the model's own, T = 1),
-without top-p truncation, as verl and TRL compute them; :func:`group_logprobs` with the same
-``temperature`` recomputes exactly these for the PPO ratio and the KL.
+without top-p truncation, as verl and TRL compute them; ``models.scoring.group_logprobs`` with
+the same ``temperature`` recomputes exactly these for the PPO ratio and the KL.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig
-from models.constraints import dividing_axes, shard_rows, whole_model_axis
+from models.constraints import dividing_axes
 from models.sharding import (
     batch_shards,
     cache_layer_sharding,
@@ -37,9 +37,7 @@ from models.tokenizer import Tokenizer
 from models.transformer import (
     KVCache,
     Params,
-    forward,
     forward_with_cache,
-    forward_with_prefix,
     unembed,
     unembedding,
     unstack_layers,
@@ -235,7 +233,7 @@ def _decode_params_jit(params: Params, dtype: Any) -> Params:
 # ----------------------------------------------------------------------------- jitted kernels
 #
 # A fresh generation (_generate: prefill, then decode) and a continued one (_compact the
-# cache, then _read_and_decode: read the appended tokens, then decode) share one decode loop
+# cache, then read_and_decode: read the appended tokens, then decode) share one decode loop
 # (decode_loop). What jit specialises on travels as DecodeSettings (static); everything else
 # as named pytrees.
 
@@ -499,7 +497,7 @@ def _compaction(valid: jax.Array, previous: Frontier, plan: ContinuePlan, *, kee
 
 
 @functools.partial(jax.jit, static_argnames=("axis", "mesh"))
-def _gather_slots(layer: jax.Array, rows: jax.Array, source: jax.Array, *, axis: int,
+def gather_slots(layer: jax.Array, rows: jax.Array, source: jax.Array, *, axis: int,
                   mesh: Mesh | None) -> jax.Array:
     """One cache layer compacted (:func:`_compaction`): row ``rows[i]``'s slots ``source[i]``
     along the slot axis `axis` (keys [B,KV,hd,S]: 3, values [B,KV,S,hd]: 2), straight into
@@ -522,7 +520,7 @@ def _compact(previous: Frontier, plan: ContinuePlan, *, keep: int, grow: int,
              mesh: Mesh | None, consume: bool) -> Frontier:
     """The frontier a continuation starts from: the continuing rows' cache compacted
     (:func:`_compaction`) one layer at a time, each layer gathered into its new buffer by its
-    own small program (:func:`_gather_slots`); with `consume` the previous layer is deleted
+    own small program (:func:`gather_slots`); with `consume` the previous layer is deleted
     as soon as its gather is enqueued (the runtime frees it once the gather has read it), so
     the memory held never exceeds one cache and one layer (the layers change shape, so
     donating the whole cache to one program could not reuse its buffers)."""
@@ -532,7 +530,7 @@ def _compact(previous: Frontier, plan: ContinuePlan, *, keep: int, grow: int,
     def gather(layers: tuple[jax.Array, ...], axis: int) -> tuple[jax.Array, ...]:
         out = []
         for layer in layers:
-            out.append(_gather_slots(layer, plan.rows, source, axis=axis, mesh=mesh))
+            out.append(gather_slots(layer, plan.rows, source, axis=axis, mesh=mesh))
             if consume:
                 layer.delete()
         return tuple(out)
@@ -544,7 +542,7 @@ def _compact(previous: Frontier, plan: ContinuePlan, *, keep: int, grow: int,
 
 
 @functools.partial(jax.jit, static_argnames=(*_STATIC, "first_slot"), donate_argnames="start")
-def _read_and_decode(cfg: ModelConfig, params: Params, start: Frontier, plan: ContinuePlan,
+def read_and_decode(cfg: ModelConfig, params: Params, start: Frontier, plan: ContinuePlan,
                      key: jax.Array, stopping: Stopping, *, settings: DecodeSettings,
                      first_slot: int) -> Decoded:
     """A continuation after its compaction: the reader rows read their chunk lines at slots
@@ -828,7 +826,7 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     grow = plan.chunk.shape[1] + round_up(settings.max_new, 16)
     start = _compact(front, plan, keep=keep, grow=grow, mesh=mesh,
                      consume=continuation.consume)
-    decoded = _read_and_decode(cfg, params, start, plan, _key(seed),
+    decoded = read_and_decode(cfg, params, start, plan, _key(seed),
                                _stopping(cfg, tokenizer, sampling, padded, mesh),
                                settings=settings, first_slot=keep)
     return _result(tokenizer, decoded, len(rows), decode_text, sampling.stop, order, mesh)
@@ -908,92 +906,3 @@ def _continue_plan(continuation: Continuation, b: int, pad_id: int, same_stops: 
         resume[:len(rows)] = [len(a) == 0 for a in appended]
     return ContinuePlan(jnp.asarray(idx), jnp.asarray(reader_idx), jnp.asarray(chunk),
                         jnp.asarray(chunk_mask), jnp.asarray(resume))
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "remat", "with_entropy"))
-def token_logprobs(cfg: ModelConfig, params: Params, tokens: jax.Array, mask: jax.Array,
-                   remat: bool = False, with_entropy: bool = False,
-                   temperature: float = 1.0) -> Any:
-    """log p(tokens[:, t] | tokens[:, <t]), shape [B, T] (position 0 gets 0); mask [B, T]
-    marks real tokens. With `with_entropy`, also the policy entropy at the same positions.
-    Both of ``softmax(logits / temperature)``."""
-    hidden = forward(cfg, params, tokens, mask, remat=remat, return_hidden=True)
-    out = _score(cfg, params, hidden[:, :-1], tokens[:, 1:], with_entropy, temperature)
-    return jax.tree.map(lambda a: jnp.pad(a, ((0, 0), (1, 0))), out)
-
-
-class Scoring(NamedTuple):
-    """How :func:`group_logprobs` scores (static under jit): per-layer rematerialisation,
-    whether to return the entropy too, the temperature of the policy scored, and
-    ``logits_chunk``: score that many positions at a time (0: all at once; see
-    :func:`_score_chunked`)."""
-
-    remat: bool = False
-    with_entropy: bool = False
-    temperature: float = 1.0
-    logits_chunk: int = 0
-
-
-PLAIN_SCORING = Scoring()  # log-probs at temperature 1, no entropy, no remat
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "scoring"))
-def group_logprobs(cfg: ModelConfig, params: Params, prefix: jax.Array, prefix_mask: jax.Array,
-                   tokens: jax.Array, mask: jax.Array, scoring: Scoring = PLAIN_SCORING) -> Any:
-    """log p(tokens[n, g, t] | prefix[n], tokens[n, g, <t]), shape [N, G, T], for G
-    continuations [N,G,T] (right padded, mask) of each of N prefixes [N,P] (prefix_mask; any
-    padding): a GRPO group's trajectories after their shared prompt. The prefix runs once per
-    group (:func:`models.transformer.forward_with_prefix`); logits are computed for the
-    continuations only, which is what RL scores. With `scoring.with_entropy`, also the
-    entropy. Both of ``softmax(logits / scoring.temperature)``: the sampling temperature makes
-    these the sampled policy's log-probs (verl's and TRL's ``logits / temperature``)."""
-    n, g, _ = tokens.shape
-    prefix_h, hidden = forward_with_prefix(cfg, params, prefix, prefix_mask, tokens, mask,
-                                           remat=scoring.remat)
-    last = jnp.max(jnp.where(prefix_mask, jnp.arange(prefix.shape[1]), 0), axis=1)
-    first = jnp.take_along_axis(prefix_h, last[:, None, None], axis=1)  # [N,1,D]
-    first = jnp.broadcast_to(first[:, None], (n, g, 1, first.shape[-1]))
-    hidden = shard_rows(jnp.concatenate([first, hidden[:, :, :-1]], axis=2))
-    score = functools.partial(_score, cfg, params, with_entropy=scoring.with_entropy,
-                              temperature=scoring.temperature)
-    if 0 < scoring.logits_chunk < tokens.shape[-1]:
-        return _score_chunked(score, hidden, tokens, scoring.logits_chunk)
-    return jax.tree.map(shard_rows, score(hidden, tokens))
-
-
-def _score_chunked(score: Any, hidden: jax.Array, targets: jax.Array, chunk: int) -> Any:
-    """``score(hidden, targets)`` over the last (position) axis ``chunk`` positions at a time,
-    each chunk rematerialised: the [.., T, V] logits never exist at once, forward or
-    backward, only [.., chunk, V] (Liger kernel's and MaxText's ``vocab_tiling`` idea, here
-    over positions). The same values as one call up to float rounding; gradients flow to
-    ``hidden`` and the unembedding through the scan."""
-    t = targets.shape[-1]
-    pad = -t % chunk
-    lead = hidden.shape[:-2]
-    h = jnp.pad(hidden, [(0, 0)] * len(lead) + [(0, pad), (0, 0)])
-    y = jnp.pad(targets, [(0, 0)] * len(lead) + [(0, pad)])
-    k = (t + pad) // chunk
-    h = jnp.moveaxis(h.reshape(*lead, k, chunk, h.shape[-1]), -3, 0)  # [k, .., chunk, D]
-    y = jnp.moveaxis(y.reshape(*lead, k, chunk), -2, 0)  # [k, .., chunk]
-    body = jax.checkpoint(lambda hy: jax.tree.map(shard_rows, score(shard_rows(hy[0]), hy[1])),
-                          prevent_cse=False)
-    out = jax.lax.map(body, (h, y))
-
-    def back(a: jax.Array) -> jax.Array:  # [k, .., chunk] -> [.., T]
-        return shard_rows(jnp.moveaxis(a, 0, -2).reshape(*lead, k * chunk)[..., :t])
-
-    return jax.tree.map(back, out)
-
-
-def _score(cfg: ModelConfig, params: Params, hidden: jax.Array, targets: jax.Array,
-           with_entropy: bool = False, temperature: float = 1.0) -> Any:
-    """log p(targets) under the logits of `hidden` / temperature (same leading shape), and
-    the entropy. The unembedding is gathered along D (:func:`whole_model_axis`)."""
-    params = {"unembed": whole_model_axis(unembedding(cfg, params))}
-    logits = unembed(cfg, params, hidden) / temperature
-    logz = jax.nn.logsumexp(logits, axis=-1)
-    logp = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0] - logz
-    if not with_entropy:
-        return logp
-    probs = jnp.exp(logits - logz[..., None])
-    return logp, logz - jnp.sum(probs * logits, axis=-1)

@@ -107,10 +107,22 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
+def probability_precision(dtype: Any) -> jax.lax.Precision | None:
+    """The precision of a dot whose result forms probabilities (attention scores and weights,
+    the logits): HIGHEST on float32 operands, so a TPU (one bfloat16 pass by default) or a
+    recent NVIDIA GPU (TF32) computes it as a float32 CPU does; None, the backend's default,
+    on narrower operands, whose products are exact in the float32 accumulator anyway. The
+    weight matmuls (:func:`dense`) keep JAX's default, ``jax_default_matmul_precision``: the
+    model's dtype is the user's choice of speed there, and that flag makes them float32-true
+    too."""
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Grouped-query attention. q [B,T,H,hd]; k [B,KV,hd,S], v [B,KV,S,hd] (the cache's layout,
     see :func:`cached_keys`); mask [B,T,S] (True = attend). Scores and outputs accumulate in
-    float32 whatever the cache's dtype.
+    float32 whatever the cache's dtype, float32-true on a float32 cache
+    (:func:`probability_precision`).
 
     One new token (T = 1, a decode step) takes a multiply-and-reduce over the cache instead of
     the two dots: XLA:CPU runs a batched dot as one small matmul per (row, KV head), 96 per
@@ -130,10 +142,10 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
         # several tokens (prefill, training): two dots, each contracting its operands' minor
         # axes, in the cache's dtype with float32 accumulation
         scores = jnp.einsum("btkgd,bksd->bkgts", qg.astype(k.dtype), k.swapaxes(2, 3),
-                            preferred_element_type=f32)
+                            preferred_element_type=f32, precision=probability_precision(k.dtype))
         probs = _masked_softmax(scores, mask[:, None, None, :, :], hd)      # [B,KV,G,T,S]
         out = jnp.einsum("bkgts,bkds->btkgd", probs.astype(v.dtype), v.swapaxes(2, 3),
-                         preferred_element_type=f32)
+                         preferred_element_type=f32, precision=probability_precision(v.dtype))
     return out.reshape(b, t, h * hd).astype(q.dtype)
 
 
@@ -429,6 +441,8 @@ def unembedding(cfg: ModelConfig, params: Params) -> jax.Array:
 
 
 def unembed(cfg: ModelConfig, params: Params, x: jax.Array) -> jax.Array:
-    """Logits (float32) from final hidden states: x @ :func:`unembedding`."""
+    """Logits (float32) from final hidden states: x @ :func:`unembedding`, float32-true on
+    float32 weights (:func:`probability_precision`)."""
     w = unembedding(cfg, params)
-    return jnp.einsum("...d,dv->...v", x.astype(w.dtype), w, preferred_element_type=jnp.float32)
+    return jnp.einsum("...d,dv->...v", x.astype(w.dtype), w, preferred_element_type=jnp.float32,
+                      precision=probability_precision(w.dtype))

@@ -1,7 +1,7 @@
 """The training batch: each group's prompt once, its trajectories after it.
 
 A GRPO group's trajectories continue one prompt. The batch keeps that prompt once per group and
-the policy reads it once (``models.sampler.group_logprobs``) instead of once per trajectory: on
+the policy reads it once (``models.scoring.group_logprobs``) instead of once per trajectory: on
 the search task (224-token prompts, groups of 4, 256-token responses) that is ~35 % fewer
 tokens through the model in every update.
 

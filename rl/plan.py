@@ -7,9 +7,9 @@ nothing downloaded or allocated), the programs of one RL step as ``rl.train`` wo
     prefill    the rollout's prompts into a KV cache of prompt + response budget slots
     decode     the rollout's decode loop over the response budget (``models.sampler``)
     compact    a chunked multi-turn task's cache compaction at the end of the budget, one
-               layer at a time, each old layer freed once gathered (``_gather_slots``)
+               layer at a time, each old layer freed once gathered (``gather_slots``)
     continue   that continuation's read of an observation and decoding of a chunk, on the
-               compacted cache (``_read_and_decode``, the cache donated)
+               compacted cache (``read_and_decode``, the cache donated)
     reference  the reference / old-policy log-prob pass (``rl.train_step.batch_logprobs``)
     update     one optimizer update (``rl.train_step.make_train_step``) on a mini-batch
 
@@ -64,12 +64,12 @@ from models.sampler import (
     Frontier,
     PromptBatch,
     Stopping,
-    _gather_slots,
-    _read_and_decode,
     chunk_width,
     decode_loop,
     decode_params,
+    gather_slots,
     prefill,
+    read_and_decode,
     round_up,
 )
 from models.shapes import model_shapes
@@ -478,9 +478,9 @@ def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
     into a new one of `keep` slots plus every row's observation line (task.max_obs_tokens, as
     ``chunk_width`` pads it) and one chunk (task.chunk_tokens) of decoding, keep +
     observation + chunk = the prompt + budget slots. Two programs: ``compact``, one layer's
-    gather (:func:`models.sampler._gather_slots`), which runs while the other layers, old or
+    gather (:func:`models.sampler.gather_slots`), which runs while the other layers, old or
     already compacted, are held (resident here with the sampler's weights); and
-    ``continue`` (:func:`models.sampler._read_and_decode`), the observation read in blocks
+    ``continue`` (:func:`models.sampler.read_and_decode`), the observation read in blocks
     and the chunk decoded on the compacted cache, which it takes over (donated)."""
     b, shards = previous.logits.shape[0], batch_shards(mesh)
     sampling = run.sampling()
@@ -491,8 +491,8 @@ def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
     rows = _rows((shards, b // shards), jnp.int32, mesh)
     source = _rows((b, slots), jnp.int32, mesh)
     old = previous.cache.k[0]
-    compact = _gather_slots.lower(old, rows, source, axis=3, mesh=mesh)
-    new = jax.eval_shape(lambda a, r, o: _gather_slots(a, r, o, axis=3, mesh=mesh), old, rows,
+    compact = gather_slots.lower(old, rows, source, axis=3, mesh=mesh)
+    new = jax.eval_shape(lambda a, r, o: gather_slots(a, r, o, axis=3, mesh=mesh), old, rows,
                          source)
     layer = max(bytes_per_chip(old), bytes_per_chip(_abstract(
         new, cache_layer_sharding(new, mesh))))
@@ -517,7 +517,7 @@ def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
     settings = DecodeSettings(chunk, run.trainer.temperature, run.trainer.top_p, mesh,
                               run.trainer.kv_cache_dtype, sampling.read_block)
     stopping = _stopping(cfg, b, mesh)
-    lowered = _read_and_decode.lower(cfg, dparams, start, plan, key, stopping,
+    lowered = read_and_decode.lower(cfg, dparams, start, plan, key, stopping,
                                      settings=settings, first_slot=keep)
     flops = (sum(forward_flops(cfg, b * obs, b * obs * slots, b))
              + chunk * sum(forward_flops(cfg, b, b * slots, b)))

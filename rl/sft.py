@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.types import Group, Trajectory
 from models.config import ModelConfig
-from models.sampler import Scoring, group_logprobs
+from models.scoring import Scoring, group_logprobs
 from models.transformer import Params
 from rl.batch import trajectory_arrays
 from rl.compile_cache import use_compile_cache

@@ -28,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from models.config import ModelConfig
 from models.constraints import shard_rows
 from models.lora import LoraConfig, adapted
-from models.sampler import Scoring, group_logprobs
+from models.scoring import Scoring, group_logprobs
 from models.transformer import Params
 from rl.kl import kl_penalty
 from rl.losses import POLICY_LOSSES, agg_count, agg_loss, masked_mean
@@ -52,7 +52,7 @@ class LossConfig:
     remat: bool = False
     compute_dtype: str = "float32"  # forward/backward dtype; the weights stay float32 masters
     temperature: float = 1.0  # the rollouts' sampling temperature: log-probs of that policy
-    logits_chunk: int = 0  # positions scored at a time (models.sampler.Scoring)
+    logits_chunk: int = 0  # positions scored at a time (models.scoring.Scoring)
 
     def scoring(self, with_entropy: bool = False) -> Scoring:
         """The log-prob passes' settings: the update's (with entropy), the reference's."""

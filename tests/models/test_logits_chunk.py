@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from models import load_params
-from models.sampler import Scoring, group_logprobs, left_pad
+from models.sampler import left_pad
+from models.scoring import Scoring, group_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def test_micro_slices_take_every_shards_groups():
 _ABSTRACT_SCORING = textwrap.dedent("""
     import jax, jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from models.sampler import Scoring, group_logprobs
+    from models.scoring import Scoring, group_logprobs
     from models.sharding import make_mesh, param_shardings
     from models.transformer import init_params
 

@@ -12,17 +12,15 @@ from models.sampler import (
     Continuation,
     PromptBatch,
     SamplingParams,
-    Scoring,
     continue_generation,
     decode_params,
     first_argmax,
     generate,
-    group_logprobs,
     left_pad,
     prefill,
     sample_categorical,
-    token_logprobs,
 )
+from models.scoring import token_logprobs
 from models.stops import _automaton, stop_tables
 
 
@@ -232,15 +230,6 @@ def test_sampling_params_validation():
         SamplingParams(kv_cache_dtype="float16")
 
 
-def test_token_logprobs_entropy_shapes(tiny):
-    cfg, params, tok = tiny
-    toks, mask = left_pad(_prompts(tok), tok.pad_id)
-    lp, ent = token_logprobs(cfg, params, jnp.asarray(toks), jnp.asarray(mask), with_entropy=True)
-    assert lp.shape == ent.shape == toks.shape
-    assert float(jnp.max(ent)) <= np.log(cfg.vocab_size) + 1e-3
-    assert jax.numpy.all(lp <= 0)
-
-
 def test_repeated_prompts_share_one_prefill(tiny):
     cfg, params, tok = tiny
     a, b = _prompts(tok)[:2]
@@ -269,53 +258,6 @@ def test_the_prefill_holds_no_full_length_cache_of_the_distinct_prompts(tiny):
     assert out.cache.k[0].shape[-1] == 4096 and out.cache.v[0].shape[2] == 4096
     assert out.cache.valid[:, :32].all() and not out.cache.valid[:, 32:].any()
     assert not jnp.any(out.cache.k[0][..., 32:]) and jnp.any(out.cache.k[0][..., :32])
-
-
-def _concat_rows(prefixes, conts, pad_id):
-    """Right-padded rows prefix + continuation, and where each continuation starts."""
-    rows = [list(p) + list(c) for p, group in zip(prefixes, conts) for c in group]
-    width = max(map(len, rows))
-    toks = np.full((len(rows), width), pad_id, np.int32)
-    mask = np.zeros((len(rows), width), bool)
-    for i, r in enumerate(rows):
-        toks[i, :len(r)], mask[i, :len(r)] = r, True
-    starts = [len(p) for p, group in zip(prefixes, conts) for _ in group]
-    return jnp.asarray(toks), jnp.asarray(mask), starts
-
-
-def test_group_logprobs_equal_full_sequences_with_gradients(tiny):
-    """The prefix read once per group gives every continuation the log-probs, entropies and
-    gradients of running prefix + continuation as one sequence."""
-    cfg, params, tok = tiny
-    prefixes = [tok.encode("the shared prompt of group one"), tok.encode("group two")]
-    conts = [[tok.encode(" a reply"), tok.encode(" another, longer reply here")],
-             [tok.encode(" yes"), tok.encode(" no thanks")]]
-    width = max(len(c) for g in conts for c in g) + 3  # right padding on every row
-    pre, pre_mask = left_pad(prefixes, tok.pad_id)
-    toks = np.full((2, 2, width), tok.pad_id, np.int32)
-    mask = np.zeros_like(toks, bool)
-    for i, j in np.ndindex(2, 2):
-        toks[i, j, :len(conts[i][j])] = conts[i][j]
-        mask[i, j, :len(conts[i][j])] = True
-    args = (jnp.asarray(pre), jnp.asarray(pre_mask), jnp.asarray(toks), jnp.asarray(mask))
-    lp, ent = group_logprobs(cfg, params, *args, scoring=Scoring(with_entropy=True))
-    assert lp.shape == toks.shape
-    flat, flat_mask, starts = _concat_rows(prefixes, conts, tok.pad_id)
-    full, ent_full = token_logprobs(cfg, params, flat, flat_mask, with_entropy=True)
-    for r, (i, j) in enumerate(np.ndindex(2, 2)):
-        n, s = len(conts[i][j]), starts[r]
-        np.testing.assert_allclose(lp[i, j, :n], full[r, s:s + n], atol=1e-5)
-        np.testing.assert_allclose(ent[i, j, :n], ent_full[r, s:s + n], atol=1e-5)
-
-    weights = np.random.default_rng(0).normal(size=toks.shape).astype(np.float32) * mask
-    flat_w = np.zeros(flat.shape, np.float32)  # the same weights on the same tokens
-    for r, (i, j) in enumerate(np.ndindex(2, 2)):
-        flat_w[r, starts[r]:starts[r] + len(conts[i][j])] = weights[i, j, :len(conts[i][j])]
-    g_group = jax.grad(lambda p: jnp.sum(group_logprobs(cfg, p, *args) * weights))(params)
-    g_full = jax.grad(lambda p: jnp.sum(token_logprobs(cfg, p, flat, flat_mask) * flat_w))(
-        params)
-    for a, b in zip(jax.tree.leaves(g_group), jax.tree.leaves(g_full)):
-        np.testing.assert_allclose(a, b, atol=1e-5 * float(jnp.max(jnp.abs(b))) + 1e-7)
 
 
 def test_ignore_eos_generates_exact_lengths(shipped):

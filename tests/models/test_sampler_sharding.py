@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent("""
     shards = batch_shards(mesh)
     cfg, params, tok = load_params("tiny", seed=3)
     programs = {}  # the sampler's jitted kernels as last called: to read their HLO
-    for name in ("_generate", "_compaction", "_gather_slots", "_read_and_decode"):
+    for name in ("_generate", "_compaction", "gather_slots", "read_and_decode"):
         def spy(*a, _o=getattr(S, name), _n=name, **k):
             programs[_n] = (_o, a, k)
             return _o(*a, **k)
@@ -115,7 +115,7 @@ SCRIPT = textwrap.dedent("""
             assert all(shape.endswith("[]") and op == "all-reduce"
                        for shape, op in ops), (name, ops)
             # the decode loops reduce their rows' done flags; the compaction nothing
-            assert ops or name in ("_compaction", "_gather_slots"), name
+            assert ops or name in ("_compaction", "gather_slots"), name
         print("NO_ROW_MOVES_OK")
 
     class Retriever:
