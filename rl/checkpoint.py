@@ -8,6 +8,12 @@ memory / reward state, data position, step, settings). :meth:`Checkpointer.resto
 recomputes them on the restored values; :meth:`Checkpointer.restore_latest_valid` walks back
 from the newest checkpoint to the newest one that restores and verifies, setting the broken
 ones aside (``checkpoints_corrupt/``), never deleting them.
+
+In a job of several processes (a ``rl.multihost.Exchange`` given) an array spread over hosts
+is checksummed shard by shard: each process digests the shards it holds, the checkpoint
+records every process's digests, and on restore each process verifies the shards it holds.
+Process 0 lists the checkpoints and the processes decide together: a checkpoint is used only
+when it verifies on every process, and only process 0 moves a broken one aside.
 """
 
 from __future__ import annotations
@@ -15,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +43,54 @@ class CorruptCheckpoint(CheckpointError):
     """One checkpoint is incomplete or its bytes differ from what was saved."""
 
 
-def array_digest(x: Any) -> str | None:
-    """SHA-256 over an array's dtype, shape and bytes (None for an array spread over several
-    hosts, which one process cannot read whole)."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        return None
-    a = np.ascontiguousarray(np.asarray(jax.device_get(x)))
+def _sha256(a: np.ndarray) -> str:
+    a = np.ascontiguousarray(a)
     h = hashlib.sha256(f"{a.dtype}{a.shape}".encode())
     h.update(memoryview(a.reshape(-1).view(np.uint8)))
     return h.hexdigest()
 
 
-def tree_digests(tree: Any) -> dict[str, str | None]:
+def array_digest(x: Any) -> str | dict[str, str]:
+    """SHA-256 over an array's dtype, shape and bytes; for an array spread over several hosts,
+    which one process cannot read whole, {shard index: SHA-256} of the shards this process
+    holds (:func:`shard_digests`)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return shard_digests(x)
+    return _sha256(np.asarray(jax.device_get(x)))
+
+
+def shard_digests(x: jax.Array) -> dict[str, str]:
+    """{index: SHA-256} of the shards of `x` this process holds, one per distinct index
+    (``"0:64,0:128"``: the slice of the whole array each covers)."""
+    out: dict[str, str] = {}
+    for shard in x.addressable_shards:
+        key = _index_key(shard.index, x.shape)
+        if key not in out:
+            out[key] = _sha256(np.asarray(shard.data))
+    return out
+
+
+def _index_key(index: tuple[slice, ...], shape: tuple[int, ...]) -> str:
+    return ",".join(f"{s.start or 0}:{n if s.stop is None else s.stop}"
+                    for s, n in zip(index, shape))
+
+
+def tree_digests(tree: Any) -> dict[str, Any]:
     """{path in the tree: array_digest} for every leaf."""
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     return {jax.tree_util.keystr(path): array_digest(leaf) for path, leaf in leaves}
+
+
+def job_digests(tree: Any, exchange: Any = None) -> dict[str, Any]:
+    """What a checkpoint records of `tree`'s arrays: :func:`tree_digests`, the shard digests
+    of a spread array as {"shards": {process index: {index: SHA-256}}}, every process's
+    (gathered through `exchange`; this process's alone without one)."""
+    mine = tree_digests(tree)
+    spread = {k: v for k, v in mine.items() if isinstance(v, dict)}
+    hosts = ({jax.process_index(): spread} if exchange is None or not spread
+             else dict(enumerate(exchange.gather(spread, "shard checksums"))))
+    return {k: ({"shards": {str(p): h[k] for p, h in hosts.items() if k in h}}
+                if isinstance(v, dict) else v) for k, v in mine.items()}
 
 
 def json_digest(obj: Any) -> str:
@@ -59,15 +98,17 @@ def json_digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
-def with_integrity(tree: Any, meta: dict[str, Any]) -> dict[str, Any]:
-    """`meta` plus the checksums of `tree`'s arrays and of `meta` itself."""
-    return {**meta, INTEGRITY: {"algorithm": "sha256", "arrays": tree_digests(tree),
+def with_integrity(tree: Any, meta: dict[str, Any], exchange: Any = None) -> dict[str, Any]:
+    """`meta` plus the checksums of `tree`'s arrays (:func:`job_digests`) and of `meta`."""
+    return {**meta, INTEGRITY: {"algorithm": "sha256", "arrays": job_digests(tree, exchange),
                                 "meta": json_digest(meta)}}
 
 
 def integrity_problems(tree: Any, meta: dict[str, Any]) -> list[str]:
     """What differs between restored values and the checksums saved with them (empty: all
-    agree). The arrays a process could not read whole (None) are not compared."""
+    agree). A spread array is compared shard by shard where this process holds a shard whose
+    index a saved digest covers (this process's own record first); a checkpoint of an older
+    version recorded None for it and is not compared there."""
     saved = meta[INTEGRITY]
     rest = {k: v for k, v in meta.items() if k != INTEGRITY}
     problems = [] if json_digest(rest) == saved["meta"] else [
@@ -76,30 +117,61 @@ def integrity_problems(tree: Any, meta: dict[str, Any]) -> list[str]:
     for key, digest in saved["arrays"].items():
         if key not in now:
             problems.append(f"array {key} is missing")
-        elif digest is not None and now[key] is not None and digest != now[key]:
+        elif isinstance(digest, dict):
+            problems += _shard_problems(key, digest["shards"], now[key])
+        elif digest is not None and isinstance(now[key], str) and digest != now[key]:
             problems.append(f"array {key} fails its checksum")
     return problems
 
 
+def _shard_problems(key: str, saved: dict[str, dict[str, str]], now: Any) -> list[str]:
+    if not isinstance(now, dict):  # restored whole onto one host: no shard to compare
+        return []
+    mine = str(jax.process_index())
+    order = [mine] + [p for p in saved if p != mine]
+    bad = []
+    for index, digest in now.items():
+        want = next((saved[p][index] for p in order if index in saved.get(p, {})), None)
+        if want is not None and want != digest:
+            bad.append(index)
+    return [f"array {key} fails its checksum on process {mine} (shard(s) "
+            f"{'; '.join(bad)})"] if bad else []
+
+
 class Checkpointer:
-    def __init__(self, directory: str | Path, keep: int | None = 2):
-        """`keep`: how many of the newest checkpoints stay (None: all)."""
-        self.dir = Path(directory).absolute()
+    def __init__(self, directory: str | Path | epath.Path, keep: int | None = 2,
+                 exchange: Any = None):
+        """`keep`: how many of the newest checkpoints stay (None: all). `exchange`: the job's
+        ``rl.multihost.Exchange`` when it has several processes."""
+        self.dir = epath.Path(directory).expanduser().absolute()
+        self.exchange = exchange
         self.manager = ocp.CheckpointManager(
             self.dir, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+
+    @property
+    def leader(self) -> bool:
+        """The process that lists, moves and deletes checkpoint folders (process 0)."""
+        return self.exchange is None or self.exchange.rank == 0
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
     def step_dirs(self) -> list[int]:
         """Steps with a folder here, newest first: those orbax lists and integer-named folders
-        it does not (emptied or never finalised)."""
-        on_disk = {int(p.name) for p in self.dir.iterdir() if p.is_dir() and p.name.isdigit()}
-        return sorted(on_disk | set(self.manager.all_steps()), reverse=True)
+        it does not (emptied or never finalised). In a job, process 0's list, on every
+        process."""
+        def listed() -> list[int]:
+            on_disk = {int(p.name) for p in self.dir.iterdir()
+                       if p.is_dir() and p.name.isdigit()}
+            return sorted(on_disk | set(self.manager.all_steps()), reverse=True)
+
+        if self.exchange is None:
+            return listed()
+        return self.exchange.from_leader(listed, "process 0's list of checkpoints")
 
     def save(self, step: int, tree: Any, meta: dict[str, Any]) -> None:
         """Save `tree` (a dict of pytrees of arrays) and `meta` (JSON) with their checksums."""
-        meta = with_integrity(tree, meta)
+        meta = with_integrity(tree, meta, self.exchange)
         self.manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)))
         self.manager.wait_until_finished()
@@ -175,13 +247,14 @@ class Checkpointer:
         sees each candidate's metadata first (it raises to refuse the run, e.g. changed
         settings). Newer broken checkpoints are named in a warning, with how many steps
         are trained again, and moved to ``checkpoints_corrupt/``; CheckpointError when none
-        is valid (nothing is moved then)."""
+        is valid (nothing is moved then). In a job a candidate is used only when it verifies
+        on every process (each reads and checks its own shards); the reasons name the
+        processes."""
         broken: list[tuple[int, str]] = []
         for step in self.step_dirs():
-            try:
-                meta = self.meta_verified(step)
-                check(step, meta)
-                state, meta = self.restore_verified(step, like)
+            try:  # the metadata first, on every process, so all restore or none does
+                check(step, self._everywhere(self.meta_verified, step))
+                state, meta = self._everywhere(self.restore_verified, step, like)
             except CorruptCheckpoint as e:
                 broken.append((step, str(e)))
                 continue
@@ -191,21 +264,41 @@ class Checkpointer:
         raise CheckpointError(f"{self.dir}: no valid checkpoint to resume from: " + "; ".join(
             reason for _, reason in broken))
 
+    def _everywhere(self, attempt: Callable[..., Any], *args: Any) -> Any:
+        """`attempt(*args)`'s value when it succeeds on every process of the job, else
+        CorruptCheckpoint on every process with each failing process's reason."""
+        try:
+            value, problem = attempt(*args), None
+        except CorruptCheckpoint as e:
+            value, problem = None, str(e)
+        if self.exchange is not None:
+            problems = self.exchange.gather(problem, "checkpoint verdict")
+            failed = [(i, p) for i, p in enumerate(problems) if p is not None]
+            if failed:
+                raise CorruptCheckpoint("; ".join(
+                    p if len(problems) == 1 else f"process {i}: {p}" for i, p in failed))
+        elif problem is not None:
+            raise CorruptCheckpoint(problem)
+        return value
+
     def _fall_back(self, step: int, broken: list[tuple[int, str]]) -> None:
         newest = broken[0][0]
         log.warning("checkpoint(s) %s not usable: %s. Resuming from step %d instead: steps "
                     "%d-%d (%d) are trained again; the broken ones are moved to %s",
                     ", ".join(str(s) for s, _ in broken), "; ".join(r for _, r in broken),
                     step, step, newest - 1, newest - step, self.corrupt_dir)
-        for s, _ in broken:
-            self._set_aside(s)
+        if self.leader:
+            for s, _ in broken:
+                self._set_aside(s)
+        if self.exchange is not None:  # the others list the folder only once it has moved
+            self.exchange.gather(True, "move of the broken checkpoints")
         self.manager.reload()
 
     @property
-    def corrupt_dir(self) -> Path:
+    def corrupt_dir(self) -> epath.Path:
         return self.dir.parent / f"{self.dir.name}_corrupt"
 
-    def _set_aside(self, step: int) -> Path:
+    def _set_aside(self, step: int) -> epath.Path:
         """Move step's folder to checkpoints_corrupt/<step>[.n] (kept for inspection; a new
         checkpoint of that step is written when the run reaches it again)."""
         target, n = self.corrupt_dir / str(step), 0
@@ -213,7 +306,7 @@ class Checkpointer:
             n += 1
             target = self.corrupt_dir / f"{step}.{n}"
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(self.dir / str(step)), str(target))
+        (self.dir / str(step)).rename(target)
         return target
 
     def close(self) -> None:

@@ -111,18 +111,24 @@ class Exchange:
             raise value
         return value
 
-    def agree(self, digest: str, what: str) -> None:
-        """Every process posts `digest`; each compares all of them. DivergenceError naming
-        `what` and the processes when they differ."""
+    def gather(self, value: Any, what: str) -> list[Any]:
+        """Every process posts `value` (it must pickle); each gets all of them, by process
+        index. `what` names the value in a timeout's message."""
         key = self._key()
-        self._client.key_value_set(f"{key}/{self.rank}", digest)
-        theirs = [self._get(f"{key}/{i}", f"process {i}'s digest of {what}").decode()
+        self._client.key_value_set_bytes(f"{key}/{self.rank}", pickle.dumps(value))
+        values = [pickle.loads(self._get(f"{key}/{i}", f"process {i}'s {what}"))
                   for i in range(self.size)]
-        if self.rank == 0:  # everyone has passed every earlier exchange: forget them (this
-            # agreement's own keys next time: the others may still be reading them)
+        if self.rank == 0:  # everyone has posted here, so has passed every earlier exchange:
+            # forget those (this gather's own keys next time: the others may still read them)
             for old in self._stale + self._written:
                 self._client.key_value_delete(old)
             self._stale, self._written = [f"{key}/{i}" for i in range(self.size)], []
+        return values
+
+    def agree(self, digest: str, what: str) -> None:
+        """Every process posts `digest`; each compares all of them. DivergenceError naming
+        `what` and the processes when they differ."""
+        theirs = self.gather(digest, f"digest of {what}")
         if len(set(theirs)) > 1:
             differ = [i for i, d in enumerate(theirs) if d != theirs[0]]
             raise DivergenceError(

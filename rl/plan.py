@@ -12,6 +12,8 @@ nothing downloaded or allocated), the programs of one RL step as ``rl.train`` wo
                compacted cache (``read_and_decode``, the cache donated)
     reference  the reference / old-policy log-prob pass (``rl.train_step.batch_logprobs``)
     update     one optimizer update (``rl.train_step.make_train_step``) on a mini-batch
+    start-up   not a compiled program: what the chips hold when loading ends, before step 0
+               (:func:`startup_row`), so "fits" also means the run starts
 
 and prints per program the per-chip memory (arguments, temporaries, outputs: XLA's
 ``memory_analysis``) against the chip's HBM, the FLOPs and a lower bound of its time, and
@@ -696,6 +698,20 @@ def update_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, st
 # ------------------------------------------------------------------------------ report
 
 
+def startup_row(params: Any, state_bytes: int, ref_bytes: int) -> Program:
+    """The per-chip memory of loading, from the shapes (nothing to compile): each parameter
+    goes from its file slice straight to the chips that own it (``models.sharded_load``), so
+    a chip receives its shards of the float32 weights (the arguments column) and nothing
+    else; start-up then creates the optimizer's state, sharded like the weights, and with
+    algo.beta > 0 the reference weights in the compute dtype
+    (``rl.trainer.reference_weights``; the outputs column). A resume restores the same
+    train state from the checkpoint, each chip its shards. No temporaries: the step's
+    programs, below, are where the temporaries are."""
+    loaded = bytes_per_chip(params)
+    return Program("start-up", loaded, 0, state_bytes - loaded + ref_bytes, 0, 0, 0.0, 0.0,
+                   True)
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """Everything the report prints."""
@@ -741,14 +757,16 @@ def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
                           USABLE_HBM.get(chip.name, chip.hbm_bytes), rollout) \
             if plan.rollout_fit else None
         programs = [*rollout, reference_program(run, cfg, lay, mesh, params, state_bytes),
-                    update_program(run, cfg, lay, mesh, state, ref_bytes)]
+                    update_program(run, cfg, lay, mesh, state, ref_bytes),
+                    startup_row(params, state_bytes, ref_bytes)]
     return Plan(plan.model_shapes, cfg, plan.topology, chip, len(devices), dict(mesh.shape),
                 lay, state_bytes, ref_bytes, tuple(programs), fit)
 
 
 def time_bound(plan: Plan, prog: Program) -> float | None:
     """Seconds at least: max(FLOPs / (chips x peak), bytes per chip / HBM bandwidth)."""
-    if plan.chip.peak_flops is None or plan.chip.hbm_bandwidth is None:
+    if plan.chip.peak_flops is None or plan.chip.hbm_bandwidth is None or not (
+            prog.flops or prog.min_bytes):  # start-up: nothing to bound
         return None
     return max(prog.flops / (plan.chips * plan.chip.peak_flops),
                prog.min_bytes / plan.chip.hbm_bandwidth)
@@ -780,7 +798,9 @@ def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
     logits = (None if 0 < t.logits_chunk <= 128 else
               f"trainer.logits_chunk={t.logits_chunk // 2 if t.logits_chunk else 256} (the logits "
               "of fewer positions at a time)")
-    if name == "update":
+    if name == "start-up":
+        keys = [more_fsdp, "algo.beta=0 (no reference weights)" if run.algo.beta > 0 else None]
+    elif name == "update":
         keys = [micro and f"trainer.micro_batches={micro}",
                 None if t.remat else "trainer.remat=true", more_fsdp,
                 mini and f"trainer.mini_batches={mini} (smaller updates)", rows, logits]

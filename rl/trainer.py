@@ -41,6 +41,7 @@ from rl.multihost import KEY_ROOT, Exchange, is_leader, shared, shared_env
 from rl.off_policy import Behaviour, RolloutPrefetch, snapshot
 from rl.optim import lr_schedule, make_optimizer
 from rl.resume import SETTINGS, refuse_changes, settings
+from rl.run_folder import check_shared, run_path
 from rl.runlog import RunLog
 from rl.train_step import (
     TrainState,
@@ -282,18 +283,25 @@ def init_from_run(run_dir: str, run: RunConfig, params: Any) -> Any:
     return params
 
 
-def _open_checkpoints(run: RunConfig) -> tuple[Checkpointer, list[int]]:
+def _open_checkpoints(run: RunConfig, exchange: Exchange | None = None
+                      ) -> tuple[Checkpointer, list[int]]:
     """The run folder's checkpoints and their steps, newest first, as trainer.resume wants
     them: true needs one, false refuses them, auto takes them when there are some. An error
-    leaves the folder as it was."""
+    leaves the folder as it was. In a job, what process 0 sees decides."""
     t = run.trainer
-    folder = Path(t.run_dir) / "checkpoints"
-    has_steps = folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
-    if t.resume is True and not has_steps:
+    folder = run_path(t.run_dir) / "checkpoints"
+
+    def has_steps() -> bool:
+        return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
+
+    found = has_steps() if exchange is None else exchange.from_leader(
+        has_steps, "process 0's look at the checkpoints")
+    if t.resume is True and not found:
         raise ConfigError(f"trainer.resume=true: {t.run_dir} holds no checkpoint ({folder} "
                           f"is missing or empty), nothing to resume; check trainer.run_dir, "
                           f"or set trainer.resume=auto to start afresh when there is none")
-    ckpt = Checkpointer(folder, keep=None if t.keep_checkpoints == "all" else t.keep_checkpoints)
+    ckpt = Checkpointer(folder, keep=None if t.keep_checkpoints == "all" else t.keep_checkpoints,
+                        exchange=exchange)
     steps = ckpt.step_dirs()
     if steps and t.resume is False:
         ckpt.close()
@@ -418,6 +426,18 @@ def read_inputs(run: RunConfig, exchange: Exchange | None = None) -> Inputs:
                   exchange=exchange)
 
 
+def reference_weights(params: Any, dtype: Any, frozen: bool) -> Any:
+    """The KL reference's weights: the initial weights in the compute dtype (it only runs
+    forward passes). The train step donates the policy's weights, so the reference may not
+    share their buffers: a cast makes new ones, a float32 reference is copied. Copying the
+    cast as well held two references at once while loading (``rl.plan``'s start-up row).
+    `frozen` (LoRA: the base, adapters off, never donated): shared, no copy."""
+    ref = in_compute_dtype(params, dtype)
+    if frozen:
+        return ref
+    return jax.tree.map(lambda r, p: jnp.copy(r) if r is p else r, ref, params)
+
+
 def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") -> Trainer:
     """Parse and check the config, load, restore: everything up to the first step."""
     if isinstance(cfg, DictConfig):
@@ -427,21 +447,20 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
     exchange = join_job(run)
     if exchange is not None:  # the same program everywhere: the same config (but the rank)
         exchange.agree(json_digest(_job_config(run.raw)), "the run config")
+    t = run.trainer
+    if exchange is not None:  # one run folder, the same on every host, before anything in it
+        check_shared(run_path(t.run_dir), exchange, wait_s=min(30, run.mesh.wait_timeout_s))
     inp = read_inputs(run, exchange)
     lc, oc = run.loss_config(inp.budget), run.optim_config()
-    t = run.trainer
-    ckpt, steps = _open_checkpoints(run)
+    ckpt, steps = _open_checkpoints(run, exchange)
     # a resume that needs nothing but its checkpoint reads no base weights: shapes only
     from_checkpoint = bool(steps) and _checkpoint_holds_everything(run, lc)
     model_cfg, params, tokenizer = _weights(run, inp.mesh, shapes_only=from_checkpoint)
     optimizer = make_optimizer(oc)
     lora = lora_run(run.model.lora, model_cfg, params, {
         "model.path": run.model.path, "trainer.init_from": t.init_from or ""})
-    # the reference only runs forward passes: kept in the compute dtype (with LoRA the
-    # frozen base itself, adapters off: never donated, so no copy)
-    ref_params = None if lc.beta <= 0 else (
-        in_compute_dtype(params, lc.compute_dtype) if lora is not None
-        else jax.tree.map(jnp.copy, in_compute_dtype(params, lc.compute_dtype)))
+    ref_params = None if lc.beta <= 0 else reference_weights(params, lc.compute_dtype,
+                                                             lora is not None)
     step_fn = make_train_step(model_cfg, lc, optimizer, lr_schedule(oc),
                               lora=None if lora is None else lora.config)
     if lora is not None:  # train the adapters; the base weights are the step's argument

@@ -22,11 +22,13 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from etils import epath
 
 from models import load_params
 from rl.config import ConfigError
 from rl.eval import restore_run_params
 from rl.multihost import DivergenceError, Exchange, LeaderCalls
+from rl.run_folder import TOKEN, check_shared, run_path
 from rl.trainer import build_trainer
 from tests.judge_server import FakeJudgeServer
 from tests.paths import ROOT
@@ -152,6 +154,34 @@ def test_a_wait_for_a_silent_process_is_bounded_and_names_the_key():
 
 
 # ------------------------------------------------------------------------------ bad settings
+
+
+def test_gather_gives_every_process_all_values_by_process_index():
+    ex = Exchanges(size=3)
+    out = ex.run(lambda rank, e: e.gather({"rank": rank}, "a value"))
+    assert out == [[{"rank": 0}, {"rank": 1}, {"rank": 2}]] * 3
+
+
+def test_hosts_that_see_different_run_folders_stop_naming_the_key(tmp_path):
+    """Process 0 writes a token with a fresh nonce into the run folder; a process whose
+    folder is another (a local disk per host) cannot read it back: every process stops with
+    an error naming trainer.run_dir and that process, and nothing is deleted."""
+    shared = tmp_path / "shared"
+    ok = Exchanges(size=2).run(lambda rank, e: check_shared(epath.Path(shared), e, wait_s=1))
+    assert ok == [None, None] and (shared / TOKEN).read_text()
+    (shared / "keep.txt").write_text("x")
+    folders = [tmp_path / "host0", tmp_path / "host1"]
+    out = Exchanges(size=2).run(
+        lambda rank, e: check_shared(epath.Path(folders[rank]), e, wait_s=1))
+    for err in out:
+        assert isinstance(err, ConfigError), out
+        assert "trainer.run_dir" in str(err) and "process(es) [1]" in str(err)
+    assert (shared / "keep.txt").exists() and (folders[0] / TOKEN).exists()
+
+
+def test_an_object_store_run_folder_is_refused_by_name():
+    with pytest.raises(ConfigError, match="trainer.run_dir=gs://bucket/run"):
+        run_path("gs://bucket/run")
 
 
 @pytest.mark.parametrize("overrides, key", [
@@ -547,3 +577,37 @@ def test_the_smoke_command_passes_over_two_processes_with_fsdp_across_them(tmp_p
     result = json.loads((run / "smoke.json").read_text())
     assert result["passed"] and result["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
     assert len(result["straight_step_s"]) == 3
+
+
+def test_a_shard_failing_on_one_process_makes_every_process_fall_back(tmp_path, char_model):
+    """FSDP over 2 processes x 2 devices: each process checksums the shards it holds and the
+    checkpoint records both processes' digests. A digest of a shard only process 1 holds is
+    changed in the newest checkpoint: process 1 finds it on restore, and both processes
+    resume from the previous checkpoint together; process 0 alone moves the broken one aside.
+    The folder carries process 0's token."""
+    overrides = ["model=hf", f"model.path={char_model}", *LEARN, "trainer.batch_prompts=4",
+                 "algo.group_size=2", "trainer.max_new_tokens=8", "trainer.eval_at_ends=false",
+                 "mesh.shape={data:1,fsdp:4,tensor:1}", "trainer.save_every=1",
+                 "trainer.keep_checkpoints=all", "trainer.skip_zero_advantage=false"]
+    run = _two_processes(tmp_path, [*overrides, "trainer.max_steps=2"], leg="_first")
+    assert (run / TOKEN).exists()
+    steps = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+    newest = steps[-1]
+    meta_file = next(p for p in (run / "checkpoints" / str(newest) / "meta").rglob("*")
+                     if p.is_file() and p.read_text().lstrip().startswith("{"))
+    meta = json.loads(meta_file.read_text())
+    arrays = meta["integrity"]["arrays"]
+    spread = {k: v["shards"] for k, v in arrays.items() if isinstance(v, dict)}
+    assert spread and all(set(v) == {"0", "1"} for v in spread.values())
+    key, hosts = next((k, v) for k, v in spread.items() if set(v["1"]) - set(v["0"]))
+    index = sorted(set(hosts["1"]) - set(hosts["0"]))[0]
+    arrays[key]["shards"]["1"][index] = "0" * 64
+    meta_file.write_text(json.dumps(meta))
+    _two_processes(tmp_path, [*overrides, "trainer.max_steps=3", "trainer.resume=true"])
+    for r in range(2):
+        text = (tmp_path / f"two_{r}.log").read_text()
+        assert f"fails its checksum on process 1 (shard(s) {index})" in text, text[-3000:]
+        assert f"Resuming from step {steps[-2]} instead" in text, text[-3000:]
+    assert (run / "checkpoints_corrupt" / str(newest)).is_dir()
+    assert not (run / "checkpoints_corrupt" / f"{newest}.1").exists()  # moved once
+    assert [r["step"] for r in _lines(run / "metrics.jsonl")][-1] == 2

@@ -30,6 +30,8 @@ from rl.plan import (
     Plan,
     Program,
     RolloutFit,
+    abstract_params,
+    abstract_state,
     affine_fit,
     batch_groups,
     continue_programs,
@@ -46,6 +48,7 @@ from rl.plan import (
     rollout_fit,
     sampler_rows,
     second_batch,
+    startup_row,
     update_flops,
     verdict,
 )
@@ -92,6 +95,7 @@ def test_plan_of_the_tiny_model_on_an_8_device_cpu_mesh():
     assert "4 prompts x 4 = 16 trajectories" in out and "8 groups x 2" in out, out
     assert "prompt 32 tokens, response budget 32" in out, out  # rounded as rl.batch pads
     _check_table(out)
+    assert re.search(r"^  start-up\s+[\d.]+\s+0\.000\s", out, re.M), out
     assert "verdict: fits" in out, out
     assert "float32 KV cache" in out, out
     # progress: a line before and after each compile (a large slice compiles for an hour)
@@ -537,3 +541,25 @@ def test_a_multi_turn_continuation_holds_one_cache_and_one_layer():
         names = [p.name for p in rollout_programs(run1, cfg, layout(run1, plan, mesh), mesh,
                                                   dparams, resident=0)]
     assert names == ["prefill", "decode"] and continue_programs
+
+
+def test_the_start_up_row_is_the_loaded_weights_adam_and_the_reference_by_hand():
+    """One chip, so every byte is on it: N float32 weights loaded (4 N bytes), then Adam's two
+    float32 moments (8 N) and the bfloat16 reference (2 N), the step counters beside; the
+    step's programs hold the temporaries, the start-up row none."""
+    import optax
+
+    from models.sharding import make_mesh
+
+    cfg = tiny_config()
+    shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    params = abstract_params(cfg, mesh)
+    state = abstract_state(params, optax.adamw(1e-3), mesh)
+    state_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(state))
+    assert 12 * n <= state_bytes <= 12 * n + 16  # + the step counters
+    row = startup_row(params, state_bytes, ref_bytes=2 * n)
+    assert row.name == "start-up" and row.runs and row.temporaries == 0
+    assert row.arguments == 4 * n
+    assert row.peak == row.total == state_bytes + 2 * n
