@@ -270,10 +270,12 @@ def _lines(path: Path) -> list[dict]:
 
 
 def test_two_processes_train_the_same_weights_as_one(tmp_path, char_model):
-    """GRPO with a KL term (the reference pass runs) over 2 steps that update the weights;
-    the 2-process job stops after step 1 and resumes from its checkpoint (saved and restored
-    by both processes, each its shards)."""
+    """GRPO with a KL term (the reference pass runs) over 2 steps that update the weights, on
+    a mesh of 2 data-parallel x 2 FSDP shards laid over both processes' devices; the
+    2-process job stops after step 1 and resumes from its checkpoint (saved and restored by
+    both processes, each its shards). The 1-process run has the same mesh on 4 devices."""
     overrides = ["model=hf", f"model.path={char_model}", *LEARN, "algo.beta=0.05",
+                 "mesh.shape={data:2,fsdp:2,tensor:1}",
                  "trainer.max_steps=2", "trainer.batch_prompts=4", "algo.group_size=4",
                  "trainer.max_new_tokens=8", "optim.lr=5e-2", "trainer.eval_at_ends=false",
                  "trainer.save_every=1", "trainer.skip_zero_advantage=false"]
@@ -339,8 +341,9 @@ def test_arbor_with_an_http_judge_sends_each_request_once(tmp_path):
     """ARBOR on the search task (scripted trajectories, as ``tests.rl.test_arbor_e2e``: a
     random model never answers, so its memory would stay empty and the judge idle): the
     rubric memory is the same value as the 1-process run's, and the judge server sees each
-    distinct request once (process 0 sends it)."""
-    base = ["model=tiny", "task=search_qa", "task.name=search_qa_scripted", "algo=arbor",
+    distinct request once (process 0 sends it). FSDP over the job's 4 devices."""
+    base = ["model=tiny", "mesh.shape={data:1,fsdp:4,tensor:1}", "task=search_qa",
+            "task.name=search_qa_scripted", "algo=arbor",
             "algo.embedder=hashing", "algo.k_consol=4", "trainer.sample_every=1",
             "task.n_entities=200", "task.n_train=40", "task.n_dev=4", "task.n_test=4",
             f"task.cache_dir={tmp_path / 'world'}", "task.max_turns=1",
@@ -366,7 +369,10 @@ def test_arbor_with_an_http_judge_sends_each_request_once(tmp_path):
 
 
 def test_a_killed_process_ends_the_job_with_an_error_in_bounded_time(tmp_path, char_model):
+    """FSDP over both processes: process 1 is killed mid-run; process 0 ends with an error
+    naming the lost task within the heartbeat timeout."""
     overrides = ["model=hf", f"model.path={char_model}", *LEARN, "trainer.max_steps=400",
+                 "mesh.shape={data:1,fsdp:4,tensor:1}",
                  "trainer.batch_prompts=4", "algo.group_size=4", "trainer.max_new_tokens=8",
                  "trainer.eval_at_ends=false", "trainer.save_every=0"]
     run, port = tmp_path / "run", _free_port()
