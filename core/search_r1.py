@@ -1,6 +1,7 @@
 """The Search-R1 protocol (Jin et al. 2025, github.com/PeterGriffinJin/Search-R1), in one place:
 the instruction prompt, the tags, a turn's action, the invalid-action message, the parse of a
-response into tagged segments, answer extraction, the format rule and answer normalisation.
+response into tagged segments, answer extraction, the format rule, answer normalisation and
+the per-step behaviour metrics.
 The environment (rl/search), the QA rewards (rewards/qa.py) and the rule judge (judges/rule.py)
 all read trajectories through this module, so they cannot disagree about what one says.
 
@@ -24,6 +25,7 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 TAGS = ("think", "search", "answer", "information")
 # Texts a tokenizer may decode after the final answer (end-of-sequence / end-of-turn markers);
@@ -267,3 +269,32 @@ def official_normalize_answer(s: str) -> str:
     stay, unlike :func:`normalize_answer`."""
     s = "".join(ch for ch in s.lower() if ch not in _ASCII_PUNCT)
     return " ".join(_ARTICLES_RE.sub(" ", s).split())
+
+
+def agent_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
+    """A search rollout's behaviour, per step, the way Search-R1 logs it during training
+    (``env/number_of_actions``, ``env/ratio_of_valid_action``, ``env/number_of_valid_search``,
+    ``env/finish_ratio``), over `trajectories` (``core.types.Trajectory``) whose ``info``
+    counts ``turns`` and ``searches`` (a search environment's); {} when none does:
+
+    * ``agent/turns``: actions (turns) per trajectory, mean;
+    * ``agent/searches``: searches per trajectory, mean;
+    * ``agent/valid_action_ratio``: per trajectory, valid actions (its searches, plus its
+      answer when it ended with one) / its actions, then the mean;
+    * ``agent/finish_ratio``: the share that ended with an answer;
+    * ``agent/format_valid``: the share whose response passes :func:`is_valid_format`."""
+    rows = [t for t in trajectories if "turns" in t.info]
+    if not rows:
+        return {}
+    turns = [max(int(t.info["turns"]), 1) for t in rows]
+    searches = [int(t.info.get("searches", 0)) for t in rows]
+    answered = [t.finish == "answer" for t in rows]
+    n = len(rows)
+    return {
+        "agent/turns": sum(turns) / n,
+        "agent/searches": sum(searches) / n,
+        "agent/valid_action_ratio": sum((s + a) / k for s, a, k in zip(searches, answered, turns))
+        / n,
+        "agent/finish_ratio": sum(answered) / n,
+        "agent/format_valid": sum(is_valid_format(t.text) for t in rows) / n,
+    }

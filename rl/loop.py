@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from core.search_r1 import agent_metrics
 from core.types import Environment, Group, Prompt, Rewarder, RewardOutput, Task
 from models.sharding import batch_sharding, batch_shards
 from rl.advantages import batch_advantages
@@ -403,6 +404,7 @@ def step_record(c: Components, col: Collected, stats: Mapping[str, float],
         **times, "tokens_per_s": tokens / times["time/step_s"],
         **info, **dict(out.metrics),
     }
+    record |= agent_metrics([tr for g in groups for tr in g.trajectories])  # search tasks
     record |= col.services  # cumulative judge/* and retrieval/* counters (service_counters)
     record["rollout/tokens_per_s"] = record["rollout/generated_tokens"] / max(
         record["time/rollout_s"], 1e-9)

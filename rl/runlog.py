@@ -106,9 +106,14 @@ class RunLog:
 
     def config_history(self, record: Mapping[str, Any]) -> None:
         """Append a start's record (with the time) to config_history.jsonl, atomically."""
+        self.append_start(record, "config_history.jsonl")
+
+    def append_start(self, record: Mapping[str, Any], name: str) -> None:
+        """Append a start's record (with the time) to the run folder's `name`, atomically:
+        the records of earlier starts stay."""
         if not self.active:
             return
-        path = self.dir / "config_history.jsonl"
+        path = self.dir / name
         old = path.read_text() if path.exists() else ""
         line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **record}, default=str)
         write_atomic(path, old + line + "\n")

@@ -40,6 +40,7 @@ from rl.lora import BASE_META, fresh_adapters, lora_run
 from rl.multihost import KEY_ROOT, Exchange, is_leader, shared, shared_env
 from rl.off_policy import Behaviour, RolloutPrefetch, snapshot
 from rl.optim import lr_schedule, make_optimizer
+from rl.provenance import provenance
 from rl.resume import SETTINGS, refuse_changes, settings
 from rl.run_folder import check_shared, run_path
 from rl.runlog import RunLog
@@ -493,6 +494,8 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
                                     loggers=t.loggers, wandb=t.wandb, config=run.raw,
                                     active=is_leader()))
     _record_config(trainer, config_text, resumed)
+    trainer.runlog.append_start({"start_step": trainer.start_step, **provenance(exchange)},
+                                "provenance.jsonl")
     if inp.judge is not None:  # which prompt templates produced this run's judgments
         trainer.runlog.write_config(json.dumps(inp.judge.versions(), indent=1),
                                     "judge_versions.json")

@@ -1,11 +1,13 @@
 """The Search-R1 protocol module: the environment, the QA rewards and the rule judge read a
 trajectory through one parser, so they agree on its answer, searches and format."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.search_r1 import (
     INVALID_ACTION,
+    agent_metrics,
     extract_answer,
     is_valid_format,
     parse_response,
@@ -13,6 +15,7 @@ from core.search_r1 import (
     search_prompt,
     strip_prompt,
 )
+from core.types import Trajectory
 from judges.rule import feature_predicate
 
 PIECES = ["<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>",
@@ -63,3 +66,22 @@ def test_an_unclosed_answer_does_not_swallow_the_final_one():
     assert f1_score(extract_answer(text), ["Paris"]) == 1.0
     # without the message in between too (a policy that re-opened the tag itself)
     assert extract_answer("<answer>The capital is <answer> Paris </answer>") == "Paris"
+
+
+def test_agent_metrics_by_hand():
+    """Three trajectories: 3 turns (2 searches, then an answer: 3 valid of 3); 2 turns (one
+    invalid action, then an answer: 1 of 2); 1 turn that ran out of budget (0 of 1)."""
+
+    def traj(text, finish, turns, searches):
+        return Trajectory((1,), (), (), (), text, finish, {"turns": turns, "searches": searches})
+
+    good = "<search> a </search><information> d </information><answer> x </answer>"
+    rows = [traj(good, "answer", 3, 2), traj("<answer> y </answer>", "answer", 2, 0),
+            traj("<think> still", "length", 1, 0)]
+    m = agent_metrics(rows)
+    assert m["agent/turns"] == pytest.approx(6 / 3)
+    assert m["agent/searches"] == pytest.approx(2 / 3)
+    assert m["agent/valid_action_ratio"] == pytest.approx((3 / 3 + 1 / 2 + 0 / 1) / 3)
+    assert m["agent/finish_ratio"] == pytest.approx(2 / 3)
+    assert m["agent/format_valid"] == pytest.approx(2 / 3)
+    assert agent_metrics([Trajectory((1,), (), (), (), "7", "eos")]) == {}  # not a search task

@@ -340,6 +340,11 @@ def test_arbor_trains_on_tiny_model_with_search_env(tmp_path, world_dir):
         assert f"retrieval/{key}" in recs[-1], key
     assert recs[-1]["retrieval/degraded"] == 0
     assert recs[-1]["retrieval/searches"] >= recs[0]["retrieval/searches"]
+    # the agent's behaviour per step, as Search-R1 logs it (core.search_r1.agent_metrics)
+    for r in recs:
+        assert 1 <= r["agent/turns"] and 0 <= r["agent/searches"] <= r["agent/turns"]
+        for key in ("valid_action_ratio", "finish_ratio", "format_valid"):
+            assert 0 <= r[f"agent/{key}"] <= 1, key
     # Random weights: (almost) every trajectory is invalid, R = -1, memory stays consistent.
     assert recs[-1]["memory/drafts"] == len(trainer.reward_state.drafts)
     assert recs[-1]["memory/commons"] == len(trainer.reward_state.commons)

@@ -295,6 +295,12 @@ def test_two_processes_train_the_same_weights_as_one(tmp_path, char_model):
         assert a["kl"] == pytest.approx(b["kl"], abs=1e-6)
     history = _lines(two / "config_history.jsonl")
     assert [h["resumed"] for h in history] == [False, True]
+    starts = _lines(two / "provenance.jsonl")  # process 0's record of every process's host
+    assert [p["start_step"] for p in starts] == [0, 1]
+    assert [h["process"] for h in starts[1]["hosts"]] == [0, 1]
+    assert starts[1]["devices"] | {"kind": None} == {"platform": "cpu", "kind": None,
+                                                     "count": 4, "local_count": 2,
+                                                     "processes": 2}
 
 
 def test_two_processes_find_each_other_from_slurm_variables_alone(tmp_path, char_model):

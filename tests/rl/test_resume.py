@@ -81,6 +81,11 @@ def test_allowed_changes_resume_and_are_recorded_in_the_config_history(tmp_path)
     assert history[1]["allowed_changes"] == {"optim.lr": [0.001, 0.002]}
     assert history[1]["config"]["optim"]["lr"] == 2e-3
     assert history[1]["config"]["trainer"]["max_steps"] == 3
+    # provenance: one record per start, appended, the earlier one kept
+    starts = records(run / "provenance.jsonl")
+    assert [p["start_step"] for p in starts] == [0, 1]
+    assert starts[1]["packages"]["jax"] == jax.__version__
+    assert starts[1]["devices"]["processes"] == 1 and starts[1]["hosts"][0]["process"] == 0
     # the step-3 checkpoint records lr 2e-3: resuming it again needs no allowance
     t = build_trainer(make_cfg(run, "trainer.max_steps=4", "trainer.resume=true",
                                "optim.lr=2e-3"))
