@@ -124,6 +124,7 @@ class MeshConfig:
     connect_timeout_s: int
     heartbeat_timeout_s: int
     wait_timeout_s: int
+    rollout_shape: Mapping[str, int] | None = None  # the rollout's mesh (None: the training's)
 
 
 @dataclasses.dataclass(frozen=True)

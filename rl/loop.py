@@ -80,6 +80,7 @@ class Components:
     eval_prompts: tuple[Prompt, ...] = ()  # trainer.eval_split, read before the model loaded
     lora: Any = None  # rl.lora.LoraRun when model.lora.rank > 0: train params are adapters
     exchange: Any = None  # rl.multihost.Exchange in a multi-process job (None: one process)
+    rollout_mesh: Any = None  # mesh.rollout_shape over the same devices (None: `mesh`)
 
     def policy(self, params: Any, evaluation: bool = False) -> SamplerPolicy:
         """The sampler on the train state's `params` (with LoRA: adapters merged into the
@@ -90,7 +91,9 @@ class Components:
                                                                   t.kv_cache_dtype)
         if self.lora is not None:
             params = self.lora.sampling(params)
-        return SamplerPolicy(self.model_cfg, params, self.tokenizer, dtype=dtype, mesh=self.mesh,
+        # on the rollout mesh the weights are resharded once here, freed with the policy
+        mesh = self.mesh if self.rollout_mesh is None else self.rollout_mesh
+        return SamplerPolicy(self.model_cfg, params, self.tokenizer, dtype=dtype, mesh=mesh,
                              kv_cache_dtype=cache, prefill_pin_rows=t.prefill_pin_rows)
 
     def scoring_params(self, params: Any) -> Any:

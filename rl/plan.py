@@ -536,6 +536,16 @@ def sampler_weights(run: RunConfig, params: Any, mesh: Mesh) -> Any:
     return _abstract(shapes, decode_param_shardings(shapes, mesh))
 
 
+def gathered_per_step(dparams: Any) -> int:
+    """Bytes of layer weights each chip receives from the others at every decode step: the
+    whole of each split layer matrix less the chip's own shard (the sampler gathers a layer's
+    weights to run it, ``models.constraints.whole_model_axis``). The unembedding is not
+    gathered (``models.sampler.row_logits`` computes logits by vocabulary slices); weights
+    replicated on the rollout mesh gather nothing."""
+    return sum((math.prod(x.shape) - math.prod(x.sharding.shard_shape(x.shape)))
+               * _itemsize(x.dtype) for x in jax.tree.leaves(dparams["layers"]))
+
+
 # ------------------------------------------------------------------------------ rollout fit
 
 
@@ -727,6 +737,8 @@ class Plan:
     ref_bytes: int
     programs: tuple[Program, ...]
     fit: RolloutFit | None = None  # the largest rollout batch that fits (rollout_fit)
+    rollout_mesh: Mapping[str, int] | None = None  # mesh.rollout_shape (None: the training's)
+    gathered: int = 0  # layer-weight bytes a chip gathers per decode step (gathered_per_step)
 
 
 def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
@@ -742,6 +754,12 @@ def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
         mesh = make_mesh(dict(run.mesh.shape or {"data": -1}), devices=devices)
     except ValueError as e:
         raise ConfigError(f"mesh.shape: {e} (plan.topology={plan.topology})") from None
+    rmesh = mesh
+    if run.mesh.rollout_shape is not None:
+        try:
+            rmesh = make_mesh(dict(run.mesh.rollout_shape), devices=devices)
+        except ValueError as e:
+            raise ConfigError(f"mesh.rollout_shape: {e} (plan.topology={plan.topology})") from None
     lay = layout(run, plan, mesh)
     params = abstract_params(cfg, mesh)
     state = abstract_state(params, make_optimizer(run.optim_config()), mesh)
@@ -750,17 +768,19 @@ def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
     ref_bytes = bytes_per_chip(_abstract(ref_shapes, param_shardings(ref_shapes, mesh))) \
         if run.algo.beta > 0 else 0
     chip = chip or host_chip(len(devices))
-    dparams = sampler_weights(run, params, mesh)
-    with jax.set_mesh(mesh):  # the activation constraints (models.constraints), as rl.loop
-        rollout = rollout_programs(run, cfg, lay, mesh, dparams, state_bytes + ref_bytes)
-        fit = rollout_fit(run, cfg, lay, mesh, dparams, state_bytes + ref_bytes,
+    dparams = sampler_weights(run, params, rmesh)
+    with jax.set_mesh(rmesh):  # the activation constraints (models.constraints), as rl.loop
+        rollout = rollout_programs(run, cfg, lay, rmesh, dparams, state_bytes + ref_bytes)
+        fit = rollout_fit(run, cfg, lay, rmesh, dparams, state_bytes + ref_bytes,
                           USABLE_HBM.get(chip.name, chip.hbm_bytes), rollout) \
             if plan.rollout_fit else None
+    with jax.set_mesh(mesh):
         programs = [*rollout, reference_program(run, cfg, lay, mesh, params, state_bytes),
                     update_program(run, cfg, lay, mesh, state, ref_bytes),
                     startup_row(params, state_bytes, ref_bytes)]
     return Plan(plan.model_shapes, cfg, plan.topology, chip, len(devices), dict(mesh.shape),
-                lay, state_bytes, ref_bytes, tuple(programs), fit)
+                lay, state_bytes, ref_bytes, tuple(programs), fit,
+                None if rmesh is mesh else dict(rmesh.shape), gathered_per_step(dparams))
 
 
 def time_bound(plan: Plan, prog: Program) -> float | None:
@@ -840,6 +860,8 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
            f"TFLOP/s bf16, {chip.hbm_bandwidth / 1e9:.0f} GB/s (Cloud TPU docs)"
            if chip.peak_flops else f"{chip.name}: no peak figures, no time bound")
     mesh = " ".join(f"{k}={v}" for k, v in plan.mesh.items())
+    rollout_mesh = ("the training mesh" if plan.rollout_mesh is None else "mesh.rollout_shape "
+                    + " ".join(f"{k}={v}" for k, v in plan.rollout_mesh.items()))
     t = run.trainer
     return [
         f"rl.plan: {plan.model} ({cfg.arch}, {cfg.num_params / 1e9:.3f} B parameters) on "
@@ -857,6 +879,8 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
           if lay.filler else []),
         f"  resident per chip: train state (float32 weights + optimizer) "
         f"{plan.state_bytes / GiB:.2f} GiB, reference weights {plan.ref_bytes / GiB:.2f} GiB",
+        f"  rollout on {rollout_mesh}: each decode step gathers {plan.gathered / 2**20:.1f} "
+        f"MiB of layer weights per chip from the others (interconnect time not counted)",
     ]
 
 

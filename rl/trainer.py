@@ -364,6 +364,7 @@ class Inputs:
     rewarder: Any
     mesh: Any
     exchange: Any = None  # rl.multihost.Exchange in a multi-process job
+    rollout_mesh: Any = None  # mesh.rollout_shape (None: the rollout uses `mesh`)
 
 
 def join_job(run: RunConfig) -> Exchange | None:
@@ -409,6 +410,17 @@ def _mesh(run: RunConfig) -> Any:
         raise ConfigError(f"mesh.shape: {e}") from None
 
 
+def rollout_mesh(run: RunConfig, mesh: Any) -> Any:
+    """``mesh.rollout_shape`` over the training mesh's devices, in their order (None: the
+    rollout runs on the training mesh)."""
+    if run.mesh.rollout_shape is None or mesh is None:
+        return None
+    try:
+        return make_mesh(dict(run.mesh.rollout_shape), devices=list(mesh.devices.flat))
+    except ValueError as e:
+        raise ConfigError(f"mesh.rollout_shape: {e}") from None
+
+
 def read_inputs(run: RunConfig, exchange: Exchange | None = None) -> Inputs:
     """Task, data (training split, and the evaluation split when the run evaluates), judge,
     rewarder (its rubric files) and mesh, each error naming its key. In a multi-process job
@@ -422,9 +434,10 @@ def read_inputs(run: RunConfig, exchange: Exchange | None = None) -> Inputs:
     eval_prompts = tuple(_split(task, t.eval_split, "trainer.eval_split")) if evaluates else ()
     judge = shared(make_judge(run.judge), exchange, "judge")
     rewarder = make_rewarder(run.algo.rewarder, task, run.algo.rewarder_options, judge)
+    mesh = _mesh(run)
     return Inputs(task=task, budget=budget, train_prompts=_split(task, "train", "task"),
-                  eval_prompts=eval_prompts, judge=judge, rewarder=rewarder, mesh=_mesh(run),
-                  exchange=exchange)
+                  eval_prompts=eval_prompts, judge=judge, rewarder=rewarder, mesh=mesh,
+                  exchange=exchange, rollout_mesh=rollout_mesh(run, mesh))
 
 
 def reference_weights(params: Any, dtype: Any, frozen: bool) -> Any:
@@ -474,6 +487,7 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
         rewarder=rewarder,
         stream=PromptStream(inp.train_prompts, t.batch_prompts, t.seed),
         train_step=step_fn, ref_params=ref_params, loss_cfg=lc, mesh=inp.mesh,
+        rollout_mesh=inp.rollout_mesh,
         judge=inp.judge, response_budget=inp.budget, eval_prompts=inp.eval_prompts, lora=lora,
         exchange=exchange)
     train = (abstract_train_state if from_checkpoint else init_train_state)(

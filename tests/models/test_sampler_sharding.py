@@ -83,6 +83,21 @@ SCRIPT = textwrap.dedent("""
         assert gathered and max(gathered) < share, (sorted(gathered)[-3:], share)
         print("VOCAB_SLICES_OK")
 
+    if mesh.shape["fsdp"] > 1:
+        # a rollout mesh (mesh.rollout_shape {data: 8}) over the same devices: the policy's
+        # weights, split for training, are resharded whole onto it; the same samples, and
+        # its generation program gathers no weights (only scalar reductions)
+        rollout = make_mesh({"data": 8})
+        moved = SamplerPolicy(cfg, shard(params, param_shardings(params, mesh)), tok,
+                              mesh=rollout)
+        assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves(moved.params))
+        same(g1, moved.generate(rows, sp, 0, limits))
+        fn, a, k = programs["_generate"]
+        ops = re.findall(r"= (\\S+) (all-gather|all-to-all|collective-permute|all-reduce|"
+                         r"reduce-scatter)\\(", fn.lower(*a, **k).compile().as_text())
+        assert all(shape.endswith("[]") and op == "all-reduce" for shape, op in ops), ops
+        print("ROLLOUT_MESH_OK")
+
     # the prefill's activations left to the compiler: the same samples, the same layout
     import dataclasses
     gu = many.generate(rows, dataclasses.replace(sp, prefill_pin_rows=False), 0, limits)
@@ -162,6 +177,11 @@ def _expect(mesh_run, marker):
     assert marker in res.stdout, f"mesh {shape}: {res.stdout[-2000:]}\n{res.stderr[-4000:]}"
 
 
+def test_a_rollout_mesh_takes_resharded_weights_and_gathers_none(mesh_run):
+    if "fsdp" in mesh_run[0]:
+        _expect(mesh_run, "ROLLOUT_MESH_OK")
+
+
 def test_generate_sharded_and_equal_to_one_device(mesh_run):
     _expect(mesh_run, "GENERATE_OK")
 
@@ -239,22 +259,38 @@ TRAIN_SCRIPT = textwrap.dedent("""
         seen.append(len({(s.index[0].start, s.index[0].stop) for s in shards}))
         return orig(tokenizer, decoded, *a, **k)
     S._result = spy
+    replicated = set()  # whether the rollouts' layer weights were whole on every device
+    gen = S._generate
+    def spy_generate(cfg, params, *a, **k):
+        import jax
+        replicated.add(all(x.sharding.is_fully_replicated
+                           for x in jax.tree.leaves(params["layers"])))
+        return gen(cfg, params, *a, **k)
+    S._generate = spy_generate
     sys.argv = ["rl.train"] + sys.argv[1:]
     try:
         runpy.run_module("rl.train", run_name="__main__")
     except SystemExit as e:
         assert not e.code, e.code
     print("ROLLOUT_SHARDS", sorted(set(seen)))
+    print("WEIGHTS_REPLICATED", sorted(replicated))
 """)
 
 
-def test_rl_train_rolls_out_over_the_mesh(tmp_path):
-    """rl.train on 8 CPU devices (mesh=auto: data 8): every rollout's cache is cut in 8."""
+@pytest.mark.parametrize("mesh, replicated", [
+    (["mesh=auto"], True), (["mesh=fsdp"], False),
+    (["mesh=fsdp", "mesh.rollout_shape={data:-1}"], True)])
+def test_rl_train_rolls_out_over_the_mesh(tmp_path, mesh, replicated):
+    """rl.train on 8 CPU devices: every rollout's cache is cut in 8. Data-parallel (mesh=auto)
+    the sampler's layer weights are whole on every device; trained with FSDP they are split
+    (gathered at every decode step), unless mesh.rollout_shape lays the rollout out
+    data-parallel: then they are resharded whole once per step."""
     res = subprocess.run(
         [sys.executable, "-c", TRAIN_SCRIPT, "model=tiny", "trainer.max_steps=1",
          "trainer.batch_prompts=4", "algo.group_size=2", "trainer.max_new_tokens=4",
          "trainer.eval_at_ends=false", f"trainer.run_dir={tmp_path / 'run'}",
-         "trainer.progress=false", f"hydra.run.dir={tmp_path / 'hydra'}"],
+         "trainer.progress=false", f"hydra.run.dir={tmp_path / 'hydra'}", *mesh],
         capture_output=True, text=True, timeout=900)
     assert "ROLLOUT_SHARDS [8]" in res.stdout, res.stdout[-2000:] + res.stderr[-4000:]
+    assert f"WEIGHTS_REPLICATED [{replicated}]" in res.stdout, res.stdout[-2000:]
     assert (tmp_path / "run" / "metrics.jsonl").exists()

@@ -39,6 +39,7 @@ from rl.plan import (
     even_micro_batches,
     fit_line,
     forward_flops,
+    gathered_per_step,
     header,
     largest_batch,
     make_plan,
@@ -563,3 +564,17 @@ def test_the_start_up_row_is_the_loaded_weights_adam_and_the_reference_by_hand()
     assert row.name == "start-up" and row.runs and row.temporaries == 0
     assert row.arguments == 4 * n
     assert row.peak == row.total == state_bytes + 2 * n
+
+
+def test_the_weights_a_decode_step_gathers_by_hand():
+    """A layer matrix split 8 ways: each chip receives the other 7 eighths every decode step;
+    a replicated norm nothing; the unembedding is read by vocabulary slices, not gathered."""
+    from types import SimpleNamespace as NS
+
+    def leaf(shape, shard):
+        return NS(shape=shape, dtype=jnp.bfloat16, sharding=NS(shard_shape=lambda s: shard))
+
+    dparams = {"layers": ({"wq": leaf((64, 128), (8, 128)), "attn_norm": leaf((64,), (64,))},
+                          {"wq": leaf((64, 128), (64, 128))}),  # replicated in layer 2
+               "unembed": leaf((64, 1000), (64, 125))}
+    assert gathered_per_step(dparams) == (64 * 128 - 8 * 128) * 2
