@@ -74,6 +74,7 @@ from memory.admission import Candidate, admit, is_empty
 from memory.consolidation import consolidate
 from memory.embed import Embedder, check_embedder, get_embedder
 from memory.events import REJECT_REASONS, RETIRE_REASONS, Event
+from memory.gating import gated_total, paid_mask
 from memory.pairwise import (
     GRAPHS,
     build_pair_requests,
@@ -337,8 +338,11 @@ def _score_slots(slots: _Slots, ctx: _Step) -> _BatchScores:
 
 
 def combine_active(groups: Sequence[GroupInput], centred: np.ndarray, rubric_lambda: float,
-                   how: str = "sum") -> tuple[np.ndarray, np.ndarray]:
+                   how: str = "sum", paid: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """Step 3: ``s~`` [N, G_max] and ``R_total = R_base + lambda * s~``; NaN past a group's size.
+    `paid` [N, G_max] (``memory.gating.paid_mask``, None: everyone): the trajectories whose
+    rubric term the reward pays; the others get ``R_base`` alone (``s~`` is returned whole).
 
     ``centred`` [S, N, G_max] holds each active slot's centred scores ``s_r - mean_G s_r``
     (NaN where the slot did not score the group). Over the usable slots of a group (finite
@@ -356,7 +360,9 @@ def combine_active(groups: Sequence[GroupInput], centred: np.ndarray, rubric_lam
         usable = [centred[s, n, :g.size] for s in range(centred.shape[0])
                   if np.all(np.isfinite(centred[s, n, :g.size]))]
         combined[n, :g.size] = pool(usable, axis=0) if usable else 0.0
-    return combined, r_base + rubric_lambda * combined
+    if paid is None:
+        return combined, r_base + rubric_lambda * combined
+    return combined, gated_total(r_base, combined, paid, rubric_lambda)
 
 
 # --- drafts: induction and admission ----------------------------------------------------------
@@ -551,9 +557,13 @@ def arbor_reward_step(
     else:
         out = _step_without_memory(memory, ctx)
     sc = out.scores
+    paid = paid_mask(ctx.groups, cfg.rubric_gate, cfg.rubric_gate_f1, sc.centred.shape[1:])
     combined, total = combine_active(ctx.groups, sc.centred, cfg.rubric_lambda,
-                                     cfg.active_combine)
+                                     cfg.active_combine, paid)
     metrics = _metrics(out.memory, ctx.groups, total, out.events, ctx.tally, out.n_active)
+    if cfg.rubric_gate != "none":  # the share of trajectories whose rubric term was withheld
+        metrics["memory/gated_frac"] = 1.0 - float(paid.sum()) / max(
+            sum(g.size for g in ctx.groups), 1)
     rubric_scores = RubricScores(combined=combined, raw=sc.raw, centred=sc.centred,
                                  rubric_ids=sc.rubric_ids)
     return StepOutput(out.memory, total, rubric_scores, out.events, metrics)

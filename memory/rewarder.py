@@ -28,6 +28,7 @@ import numpy as np
 
 from core.types import Group, RewardOutput, Task
 from memory.embed import check_embedder
+from memory.gating import check_gate
 from memory.reward import GroupInput, arbor_reward_step, step_counts
 from memory.state import MemoryConfig, RubricMemory, check_basis
 from memory.static import StaticRubric, load_static_rubrics, static_rubric_step
@@ -193,6 +194,8 @@ class StaticRubricRewarder:
     judge: Any
     rubrics: tuple[StaticRubric, ...]
     rubric_lambda: float = 0.1
+    rubric_gate: str = "none"  # memory.gating: none | positive_only
+    rubric_gate_f1: float = 1.0
 
     def __post_init__(self) -> None:
         _require_judge(self.judge, "rar")
@@ -202,7 +205,8 @@ class StaticRubricRewarder:
 
     def __call__(self, groups: Sequence[Group], state: Any, step: int) -> RewardOutput:
         inputs = group_inputs(self.task, groups)
-        out = static_rubric_step(inputs, self.rubrics, self.judge, self.rubric_lambda)
+        out = static_rubric_step(inputs, self.rubrics, self.judge, self.rubric_lambda,
+                                 self.rubric_gate, self.rubric_gate_f1)
         return RewardOutput(rewards=np.asarray(out.total_rewards, np.float64),
                             outcome=_base_matrix(inputs), metrics=dict(out.metrics),
                             state=None, per_traj=_per_traj(out.centred, inputs))
@@ -215,11 +219,15 @@ class StaticRubricRewarder:
 
 
 def static_rubrics_rewarder(task: Task, judge: Any, rubrics_path: str = DEFAULT_STATIC_RUBRICS,
-                            rubric_lambda: float = 0.1, seed: int = 0) -> StaticRubricRewarder:
+                            rubric_lambda: float = 0.1, seed: int = 0,
+                            rubric_gate: str = "none",
+                            rubric_gate_f1: float = 1.0) -> StaticRubricRewarder:
     """Factory named ``static_rubrics`` in ``rl.wiring``. ``seed`` is accepted (and unused:
     static scoring draws nothing) so the RaR config can share the ARBOR configs' keys; any
     other option is an error."""
     _require_judge(judge, "rar")
+    check_gate(rubric_gate, float(rubric_gate_f1))
     rubrics = load_static_rubrics(resolve_path(rubrics_path))
     return StaticRubricRewarder(task=task, judge=judge, rubrics=rubrics,
-                                rubric_lambda=float(rubric_lambda))
+                                rubric_lambda=float(rubric_lambda), rubric_gate=rubric_gate,
+                                rubric_gate_f1=float(rubric_gate_f1))

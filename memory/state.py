@@ -35,6 +35,7 @@ from typing import Any
 
 from judges.types import Draft
 from memory.embed import EMBEDDERS
+from memory.gating import check_gate
 from memory.pairwise import GRAPHS
 from memory.triplet import TIE_BREAKS
 
@@ -95,6 +96,10 @@ class MemoryConfig:
             nothing away; "mean" (this library's value before) divides by the number of usable
             rubrics, keeping ``|lambda * s~| <= lambda`` but halving the other rubric's term
             when one does not discriminate.
+        rubric_gate: "none" (the paper) pays ``lambda * s~`` to every trajectory;
+            "positive_only" only to those with a valid format and an answer F1 of at least
+            ``rubric_gate_f1`` (LongTraceRL's positive-only strategy, ``memory.gating``).
+        rubric_gate_f1: the F1 an answer needs to count as correct under "positive_only".
         use_common_pool: False is the "ARBOR w/o memory" ablation: each group is scored by its
             own admitted drafts, nothing is kept across queries.
         tie_break: secondary signal ordering members with equal F1 in the triplet
@@ -126,6 +131,8 @@ class MemoryConfig:
     merge_threshold: float = 0.9
     rubric_lambda: float = 0.1
     active_combine: str = "sum"
+    rubric_gate: str = "none"
+    rubric_gate_f1: float = 1.0
     use_common_pool: bool = True
     tie_break: str = "format_then_length"
     graph: str = "ring_diameter"
@@ -163,6 +170,7 @@ class MemoryConfig:
             raise ValueError("delta_v must be >= 0, bt_iters >= 1, bt_prior > 0")
         if self.rho_history_len < 0:
             raise ValueError("rho_history_len must be >= 0")
+        check_gate(self.rubric_gate, self.rubric_gate_f1)
 
     @classmethod
     def from_mapping(cls, d: dict[str, Any]) -> MemoryConfig:

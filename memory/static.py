@@ -35,6 +35,7 @@ import numpy as np
 from core.files import read_utf8
 from judges.base import Judge
 from judges.types import CheckRequest, CheckResult, Draft
+from memory.gating import gated_total, paid_mask
 from memory.pairwise import centre
 from memory.reward import GroupInput, conversion_metrics
 from memory.state import MIN_GROUP_SIZE
@@ -169,8 +170,11 @@ def static_rubric_step(
     rubrics: Sequence[StaticRubric],
     judge: Judge,
     rubric_lambda: float = 0.1,
+    rubric_gate: str = "none",
+    rubric_gate_f1: float = 1.0,
 ) -> StaticOutput:
-    """Score every trajectory against the fixed rubrics (one batched ``judge.check``)."""
+    """Score every trajectory against the fixed rubrics (one batched ``judge.check``); the
+    rubric term paid as ``rubric_gate`` says (``memory.gating``)."""
     groups = list(groups)
     n_groups = len(groups)
     gmax = max((g.size for g in groups), default=0)
@@ -202,7 +206,8 @@ def static_rubric_step(
             cen[n, :g.size] = 0.0
         else:
             cen[n, :g.size] = centre(s)
-    total = r_base + rubric_lambda * cen
+    paid = paid_mask(groups, rubric_gate, rubric_gate_f1, cen.shape)
+    total = gated_total(r_base, cen, paid, rubric_lambda)
     metrics = {
         "static/judge_calls_check": float(len(reqs)),
         "static/check_fallbacks": float(fallbacks),

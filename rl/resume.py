@@ -46,7 +46,10 @@ SCHEDULE_SPANS_MAX_STEPS = ("cosine",)
 NEVER_ALLOWED = ("model_config",)
 # keys added after checkpoints were written without them, with the value those runs computed
 # with: a checkpoint lacking the key compares as having it
-ADDED_LATER = {"trainer.off_policy_steps": 0, "trainer.kv_cache_dtype": "float32"}
+ADDED_LATER = {"trainer.off_policy_steps": 0, "trainer.kv_cache_dtype": "float32",
+               "algo.rubric_gate": "none", "algo.rubric_gate_f1": 1.0,
+               "algo.rewarder_options.rubric_gate": "none",
+               "algo.rewarder_options.rubric_gate_f1": 1.0}
 
 
 def _under(key: str, prefixes: Sequence[str]) -> bool:
