@@ -35,6 +35,7 @@ class ConfigError(ValueError):
     """An invalid configuration value; raised before any compute starts."""
 
 
+FILTER_METRICS = ("reward", "outcome")  # rl.dapo.dynamic_sample's filter_metric
 ROLLOUT_DTYPES = ("float32", "bfloat16")  # the sampler's weights (decode_params)
 KV_CACHE_DTYPES = ("float32", "bfloat16")  # the rollout's KV cache (SamplingParams)
 
@@ -102,6 +103,7 @@ class AlgoConfig:
     entropy_coef: float
     dynamic_sampling: bool
     max_gen_batches: int
+    filter_metric: str  # what dynamic sampling must see vary in a group: reward | outcome
     overlong: OverlongConfig
     rewarder: str
     rewarder_options: Mapping[str, Any]
@@ -419,6 +421,8 @@ def check(run: RunConfig) -> None:
                  f"must be >= 1 second, got {getattr(run.mesh, key)}")
     if a.dynamic_sampling:
         _require(a.max_gen_batches >= 1, "algo.max_gen_batches", "must be >= 1")
+    _require(a.filter_metric in FILTER_METRICS, "algo.filter_metric",
+             f"must be one of {list(FILTER_METRICS)}, got {a.filter_metric!r}")
     for key, registry in (("advantage", ADVANTAGES), ("kl_estimator", KL_ESTIMATORS),
                           ("loss_agg", LOSS_AGG), ("policy_loss", POLICY_LOSSES)):
         _require(getattr(a, key) in registry, f"algo.{key}",

@@ -55,12 +55,16 @@ Draw = Callable[[int, Any], tuple[Sequence[Group], RewardOutput]]
 
 
 def dynamic_sample(draw: Draw, state: Any, target_groups: int, max_gen_batches: int,
-                   filter_groups: bool = True) -> Drawn:
+                   filter_groups: bool = True, filter_metric: str = "reward") -> Drawn:
     """DAPO's dynamic sampling on the host.
 
     Calls ``draw(i, state) -> (groups, out)`` for i = 0, 1, ... (``out.state`` is the
     rewarder's next state, passed to the next draw) and keeps the groups that are not
-    homogeneous (``core.groups``: ``std_G(R) > 1e-6``, they carry a gradient), until
+    homogeneous (``core.groups``: ``std_G > 1e-6``) in `filter_metric`: "reward" (default,
+    the reward the advantages read: such a group carries a gradient; verl's
+    ``filter_groups.metric=seq_final_reward``) or "outcome" (the task's outcome, e.g.
+    correctness: verl's ``acc``; a group whose outcome ties but whose reward varies, e.g. by a
+    rubric term or overlong shaping, is then dropped), until
     ``target_groups`` are kept (truncated to exactly that many) or ``max_gen_batches`` draws
     are spent. If it ends short it trains on what it kept; if it kept nothing, on the last
     draw (all advantages 0). ``filter_groups=False`` is plain GRPO: one draw, kept whole.
@@ -82,7 +86,8 @@ def dynamic_sample(draw: Draw, state: Any, target_groups: int, max_gen_batches: 
         outs.append(out)
         if not filter_groups:
             return Drawn(list(groups), out, 1, {"gen_batches": 1, "dropped_groups": 0})
-        informative = np.flatnonzero(~homogeneous(out.rewards))
+        informative = np.flatnonzero(~homogeneous(
+            out.rewards if filter_metric == "reward" else out.outcome))
         kept += [(groups[g], _row(out, g)) for g in informative[:target_groups - len(kept)]]
         if len(kept) >= target_groups:
             break

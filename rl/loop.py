@@ -177,7 +177,7 @@ def collect(c: Components, loop: LoopState) -> tuple[LoopState, Collected]:
         return groups, out
 
     drawn = dynamic_sample(draw, loop.reward, t.batch_prompts, a.max_gen_batches,
-                           filter_groups=a.dynamic_sampling)
+                           filter_groups=a.dynamic_sampling, filter_metric=a.filter_metric)
     info = spent | {f"dapo/{k}": v for k, v in drawn.info.items()}
     loop = dataclasses.replace(loop, reward=drawn.out.state,
                                data_position=loop.data_position + drawn.draws)

@@ -49,7 +49,7 @@ NEVER_ALLOWED = ("model_config",)
 ADDED_LATER = {"trainer.off_policy_steps": 0, "trainer.kv_cache_dtype": "float32",
                "algo.rubric_gate": "none", "algo.rubric_gate_f1": 1.0,
                "algo.rewarder_options.rubric_gate": "none",
-               "algo.rewarder_options.rubric_gate_f1": 1.0}
+               "algo.rewarder_options.rubric_gate_f1": 1.0, "algo.filter_metric": "reward"}
 
 
 def _under(key: str, prefixes: Sequence[str]) -> bool:

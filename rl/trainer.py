@@ -412,13 +412,16 @@ def _mesh(run: RunConfig) -> Any:
 
 def rollout_mesh(run: RunConfig, mesh: Any) -> Any:
     """``mesh.rollout_shape`` over the training mesh's devices, in their order (None: the
-    rollout runs on the training mesh)."""
-    if run.mesh.rollout_shape is None or mesh is None:
+    rollout runs on the training mesh; on one device there is nothing to lay out, but the
+    shape is still checked)."""
+    if run.mesh.rollout_shape is None:
         return None
+    devices = jax.devices() if mesh is None else list(mesh.devices.flat)
     try:
-        return make_mesh(dict(run.mesh.rollout_shape), devices=list(mesh.devices.flat))
+        rollout = make_mesh(dict(run.mesh.rollout_shape), devices=devices)
     except ValueError as e:
         raise ConfigError(f"mesh.rollout_shape: {e}") from None
+    return None if mesh is None else rollout
 
 
 def read_inputs(run: RunConfig, exchange: Exchange | None = None) -> Inputs:

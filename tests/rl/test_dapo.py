@@ -83,6 +83,22 @@ def test_dynamic_sampling_fills_and_truncates():
     assert got.out.metrics == {"m": 1.0, "calls": 2.0}
 
 
+@pytest.mark.parametrize("metric, kept", [("reward", ["g0", "g1"]), ("outcome", ["g1"])])
+def test_dynamic_sampling_filters_on_the_chosen_metric(metric, kept):
+    """Group 0: every answer right (outcome 1, 1, 1) but the reward varies (a rubric term or
+    overlong shaping); group 1: the outcome varies; group 2: neither. Filtering on the reward
+    keeps 0 and 1, on the outcome (verl's acc) only 1."""
+    rewards = np.array([[1.1, 0.9, 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    outcome = np.array([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+
+    def draw(i, state):
+        return ["g0", "g1", "g2"], RewardOutput(rewards=rewards, outcome=outcome, metrics={},
+                                                state=state)
+
+    got = dynamic_sample(draw, 0, target_groups=3, max_gen_batches=1, filter_metric=metric)
+    assert got.groups == kept
+
+
 def test_dynamic_sampling_bounded_ends_short():
     batches = [[HOM, INF], [HOM, HOM], [INF, HOM], [INF, INF]]
     draw, calls = make_draw(batches)

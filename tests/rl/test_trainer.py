@@ -253,6 +253,8 @@ def test_bfloat16_model_trains_float32_master_weights(tmp_path):
     ("trainer.keep_checkpoints=some", "trainer.keep_checkpoints: expected an integer or all"),
     ("optim.lr=0", "optim.lr"),
     ("~trainer.seed", "trainer.seed: missing"),
+    ("algo.filter_metric=acc", "algo.filter_metric: must be one of"),
+    ("mesh.rollout_shape={data:3}", "mesh.rollout_shape"),
 ])
 def test_invalid_config_names_the_key(tmp_path, override, key):
     with pytest.raises(ConfigError, match=key.replace(".", "\\.")):
