@@ -30,6 +30,7 @@ import numpy as np
 from core.search_r1 import agent_metrics
 from core.types import Environment, Group, Prompt, Rewarder, RewardOutput, Task
 from models.sharding import batch_sharding, batch_shards
+from rewards.gaming import alerts, gaming_metrics, rubric_term
 from rl.advantages import batch_advantages
 from rl.batch import build_batch
 from rl.config import RunConfig
@@ -128,6 +129,7 @@ class StepResult:
     record: dict[str, Any]
     events: tuple[Mapping[str, Any], ...]
     samples: list[dict[str, Any]]
+    alerts: tuple[Mapping[str, Any], ...] = ()  # gaming monitors past their thresholds
 
 
 def step_seed(seed: int, step: int, draw: int = 0) -> int:
@@ -376,12 +378,13 @@ def _step(c: Components, loop: LoopState, collected: Collect | None,
     times = {"time/reference_s": t1 - t0, "time/train_s": t2 - t1, "time/step_s": t2 - t_start}
     if upcoming is not None:
         off["time/rollout_wait_s"] = t_collected - t_start
-    record = step_record(c, col, stage.stats, train_metrics, times) | off
+    gaming = gaming_record(col)
+    record = step_record(c, col, stage.stats, train_metrics, times) | off | gaming
     every = c.run.trainer.sample_every
     samples = sample_records(col, stage.rewards, n=4) if every and loop.step % every == 0 else []
     loop = dataclasses.replace(loop, step=loop.step + 1,
                                behaviour=upcoming.behaviour if upcoming is not None else None)
-    return loop, StepResult(record, col.out.events, samples)
+    return loop, StepResult(record, col.out.events, samples, tuple(alerts(gaming)))
 
 
 # ------------------------------------------------------------------------------ records
@@ -412,6 +415,22 @@ def step_record(c: Components, col: Collected, stats: Mapping[str, float],
     record["rollout/tokens_per_s"] = record["rollout/generated_tokens"] / max(
         record["time/rollout_s"], 1e-9)
     return record
+
+
+def gaming_record(col: Collected) -> dict[str, float]:
+    """The step's ``gaming/*`` monitors (``rewards.gaming``) when the rewarder reports a
+    rubric term per trajectory (ARBOR, RaR); {} otherwise."""
+    groups, out = col.groups, col.out
+    shape = np.shape(out.rewards)
+    term = rubric_term(out.per_traj, shape)
+    if term is None:
+        return {}
+    lengths = np.full(shape, np.nan)
+    for n, g in enumerate(groups):
+        lengths[n, :len(g.trajectories)] = [tr.num_action_tokens for tr in g.trajectories]
+    texts = [[tr.text for tr in g.trajectories] for g in groups]
+    search = any("searches" in tr.info for g in groups for tr in g.trajectories)
+    return gaming_metrics(term, np.asarray(out.outcome, np.float64), lengths, texts, search)
 
 
 def sample_records(col: Collected, rewards: np.ndarray, n: int) -> list[dict]:

@@ -135,6 +135,12 @@ class Trainer:
             self.runlog.events(step, result.events)
         if result.samples:
             self.runlog.samples(step, result.samples)
+        for alert in result.alerts:  # rewards.gaming: a monitor past its threshold
+            log.warning("step %d: %s = %.3f is %s its alert threshold %g (rewards.gaming)",
+                        step, alert["metric"], alert["value"], alert["direction"],
+                        alert["threshold"])
+        if result.alerts:
+            self.runlog.alerts(step, result.alerts)
         record = dict(result.record)
         for k, v in self.counter_base.items():
             record[k] = record.get(k, 0) + v

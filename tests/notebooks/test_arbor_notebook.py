@@ -23,6 +23,8 @@ from tests.rl.test_arbor_e2e import hand_prompts, scripted_groups
 
 from judges import RuleJudge
 from rl.group_stats import all_wrong_frac, converted_frac, homogeneous_frac
+from rewards.gaming import alerts
+from rl.loop import Collected, gaming_record
 from rl.runlog import RunLog
 from rl.search.task import SearchQATask
 from rl.wiring import make_rewarder
@@ -52,12 +54,17 @@ def fake_run(run_dir: Path, algo: str, rewarder: str, options: dict) -> None:
     state = rw.init_state()
     for step in range(STEPS):
         prompts = [ps[(4 * step + i) % len(ps)] for i in range(4)]
-        out = rw(scripted_groups(prompts, _recipes(step), seed=step), state, step)
+        groups = scripted_groups(prompts, _recipes(step), seed=step)
+        out = rw(groups, state, step)
         state = out.state
         o, r = jnp.asarray(out.outcome), jnp.asarray(out.rewards)
         if step in (0, STEPS - 1):
             log.metrics(step, {"eval/outcome_mean": float(np.mean(out.outcome)), "eval/n": 4})
-        log.metrics(step, {"reward/mean": float(r.mean()), "outcome/mean": float(o.mean()),
+        gaming = gaming_record(Collected(groups, out, {}))
+        if gaming:
+            log.alerts(step, alerts(gaming))
+        log.metrics(step, {**gaming,
+                           "reward/mean": float(r.mean()), "outcome/mean": float(o.mean()),
                            "groups/homogeneous_frac": float(homogeneous_frac(o)),
                            "groups/all_wrong_frac": float(all_wrong_frac(o)),
                            "groups/converted_frac": float(converted_frac(o, r)),
@@ -100,6 +107,7 @@ def test_notebook_executes_on_run_folders(runs_dir, tmp_path, monkeypatch):
     assert "Evidence-grounded answer" in text  # the top-reused table names a common rubric
     figs = {p.name for p in (tmp_path / "figs").iterdir()}
     assert {"learning_curves.png", "group_fractions.png", "memory_size.png", "admission.png",
-            "lifecycle_arbor_s0.png"} <= figs
+            "lifecycle_arbor_s0.png", "gaming.png"} <= figs
+    assert "alert(s)" in text
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors

@@ -340,6 +340,10 @@ def test_arbor_trains_on_tiny_model_with_search_env(tmp_path, world_dir):
         assert f"retrieval/{key}" in recs[-1], key
     assert recs[-1]["retrieval/degraded"] == 0
     assert recs[-1]["retrieval/searches"] >= recs[0]["retrieval/searches"]
+    # the gaming monitors run wherever the rubric term is defined (rewards.gaming)
+    for r in recs:
+        for key in ("gaming/copied_titles",):
+            assert key in r and r[key] >= 0, key
     # the agent's behaviour per step, as Search-R1 logs it (core.search_r1.agent_metrics)
     for r in recs:
         assert 1 <= r["agent/turns"] and 0 <= r["agent/searches"] <= r["agent/turns"]
