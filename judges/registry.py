@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.registry import Registry
 from judges.base import Judge
+from judges.cost import PRICE_KEYS
 from judges.llm import LLMJudge, split_llm_options
 from judges.openai import OpenAIBackend, OpenAIConfig
 from judges.rule import RuleJudge
@@ -64,7 +65,8 @@ def make_local_judge(cfg: dict[str, Any]) -> Judge:
 
 def make_judge(cfg: Mapping[str, Any] | Any) -> Judge:
     """Build a judge from a flat config with a ``name`` key (see module docstring)."""
-    cfg = _plain(cfg)
+    # the prices are the run's accounting (judges.cost), not options of the judge
+    cfg = {k: v for k, v in _plain(cfg).items() if k not in PRICE_KEYS}
     name = cfg.pop("name", None)
     if not name:
         raise ValueError(f"judge config needs a 'name' (one of: {', '.join(JUDGES.names())})")

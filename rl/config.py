@@ -20,6 +20,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from judges.cost import prices
 from models.lora import LoraConfig, lora_problem
 from models.sampler import SamplingParams
 from rewards.qa_metrics import METRIC_SETS, NORMALIZERS
@@ -423,6 +424,10 @@ def check(run: RunConfig) -> None:
         _require(a.max_gen_batches >= 1, "algo.max_gen_batches", "must be >= 1")
     _require(a.filter_metric in FILTER_METRICS, "algo.filter_metric",
              f"must be one of {list(FILTER_METRICS)}, got {a.filter_metric!r}")
+    try:
+        prices(run.judge)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from None
     for key, registry in (("advantage", ADVANTAGES), ("kl_estimator", KL_ESTIMATORS),
                           ("loss_agg", LOSS_AGG), ("policy_loss", POLICY_LOSSES)):
         _require(getattr(a, key) in registry, f"algo.{key}",

@@ -29,6 +29,7 @@ import numpy as np
 
 from core.search_r1 import agent_metrics
 from core.types import Environment, Group, Prompt, Rewarder, RewardOutput, Task
+from judges.cost import prices, step_usage
 from models.sharding import batch_sharding, batch_shards
 from rewards.gaming import alerts, gaming_metrics, rubric_term
 from rl.advantages import batch_advantages
@@ -164,6 +165,7 @@ def collect(c: Components, loop: LoopState) -> tuple[LoopState, Collected]:
     draw advances the data position and the rewarder's state."""
     a, t = c.run.algo, c.run.trainer
     spent = {"time/rollout_s": 0.0, "time/reward_s": 0.0, "rollout/generated_tokens": 0}
+    before = service_counters(c)
 
     def draw(i: int, state: Any) -> tuple[list[Group], RewardOutput]:
         prompts = c.stream.batch(loop.data_position + i)
@@ -183,7 +185,9 @@ def collect(c: Components, loop: LoopState) -> tuple[LoopState, Collected]:
     info = spent | {f"dapo/{k}": v for k, v in drawn.info.items()}
     loop = dataclasses.replace(loop, reward=drawn.out.state,
                                data_position=loop.data_position + drawn.draws)
-    return loop, Collected(drawn.groups, drawn.out, info, service_counters(c))
+    after = service_counters(c)
+    info |= step_usage(before, after, *prices(c.run.judge))  # judge_step/*: this step's share
+    return loop, Collected(drawn.groups, drawn.out, info, after)
 
 
 def next_rollout_state(loop: LoopState) -> LoopState | None:

@@ -40,6 +40,7 @@ FREE = (
     "judge.base_url", "judge.api_key_env", "judge.max_concurrency", "judge.timeout_s",
     "judge.max_retries", "judge.cache_dir", "judge.breaker_timeouts", "judge.breaker_cooldown_s",
     "task.retrieval",  # the retriever's timeouts, retries, breaker and fault budget
+    "judge.price_per_mtok_in", "judge.price_per_mtok_out",  # accounting only (judges.cost)
 )
 # trainer.max_steps too, unless the learning rate follows a cosine over all the steps
 SCHEDULE_SPANS_MAX_STEPS = ("cosine",)

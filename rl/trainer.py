@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from core.cluster import join_cluster
 from core.types import Prompt, Task
+from judges.cost import cost, prices
 from models import load_params, load_shapes
 from models.sampler import SamplingParams
 from models.sharding import make_mesh
@@ -144,6 +145,10 @@ class Trainer:
         record = dict(result.record)
         for k, v in self.counter_base.items():
             record[k] = record.get(k, 0) + v
+        spent = cost(record.get("judge/prompt_tokens", 0), record.get("judge/completion_tokens", 0),
+                     *prices(self.parts.run.judge))
+        if spent is not None and "judge/prompt_tokens" in record:  # the run's, across resumes
+            record["judge/cost"] = spent
         return self.runlog.metrics(step, record)
 
     def _agree_on_host_state(self) -> None:

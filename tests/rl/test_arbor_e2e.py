@@ -340,6 +340,11 @@ def test_arbor_trains_on_tiny_model_with_search_env(tmp_path, world_dir):
         assert f"retrieval/{key}" in recs[-1], key
     assert recs[-1]["retrieval/degraded"] == 0
     assert recs[-1]["retrieval/searches"] >= recs[0]["retrieval/searches"]
+    # a step's own judge requests: the difference of the cumulative counters (judges.cost)
+    def requests(r):
+        return sum(v for k, v in r.items() if k.startswith("judge/requests_"))
+
+    assert recs[1]["judge_step/requests"] == requests(recs[1]) - requests(recs[0])
     # the gaming monitors run wherever the rubric term is defined (rewards.gaming)
     for r in recs:
         for key in ("gaming/copied_titles",):

@@ -255,6 +255,7 @@ def test_bfloat16_model_trains_float32_master_weights(tmp_path):
     ("~trainer.seed", "trainer.seed: missing"),
     ("algo.filter_metric=acc", "algo.filter_metric: must be one of"),
     ("mesh.rollout_shape={data:3}", "mesh.rollout_shape"),
+    ("judge=openai judge.price_per_mtok_in=-1", "judge.price_per_mtok_in must be >= 0"),
 ])
 def test_invalid_config_names_the_key(tmp_path, override, key):
     with pytest.raises(ConfigError, match=key.replace(".", "\\.")):
