@@ -75,7 +75,23 @@ def run(cfg: DictConfig) -> list[dict]:
     history = trainer.run_with_eval()
     log.info("done: %d steps, last reward %.3f", len(history),
              history[-1]["reward/mean"] if history else float("nan"))
+    if history and (line := judge_summary(history[-1])):
+        log.info("%s", line)
     return history
+
+
+def judge_summary(last: dict) -> str:
+    """The run's judging in one line, from its last record's cumulative ``judge/*`` counters
+    (empty without a judge)."""
+    if not any(k.startswith("judge/requests_") for k in last):
+        return ""
+    requests = sum(v for k, v in last.items() if k.startswith("judge/requests_"))
+    line = (f"judge: {requests:.0f} requests, {last.get('judge/cache_hits', 0):.0f} cache hits, "
+            f"{last.get('judge/prompt_tokens', 0):.0f} prompt + "
+            f"{last.get('judge/completion_tokens', 0):.0f} completion tokens")
+    if "judge/cost" in last:
+        line += f", estimated cost {last['judge/cost']:.4f} (judge.price_per_mtok_in/out)"
+    return line
 
 
 def _start_folders(resolved: dict) -> list[Path]:

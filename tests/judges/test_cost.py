@@ -28,3 +28,14 @@ def test_prices():
     assert prices({"price_per_mtok_in": 3, "price_per_mtok_out": None}) == (3.0, None)
     with pytest.raises(ValueError, match="judge.price_per_mtok_out must be >= 0"):
         prices({"price_per_mtok_out": -1})
+
+
+def test_the_run_summary_line():
+    from rl.train import judge_summary
+
+    last = {"judge/requests_check": 7, "judge/requests_compare": 3, "judge/cache_hits": 2,
+            "judge/prompt_tokens": 1200, "judge/completion_tokens": 80, "judge/cost": 0.0123}
+    assert judge_summary(last) == ("judge: 10 requests, 2 cache hits, 1200 prompt + 80 "
+                                   "completion tokens, estimated cost 0.0123 "
+                                   "(judge.price_per_mtok_in/out)")
+    assert judge_summary({"reward/mean": 1.0}) == ""
