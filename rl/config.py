@@ -44,6 +44,7 @@ KV_CACHE_DTYPES = ("float32", "bfloat16")  # the rollout's KV cache (SamplingPar
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig:
     max_steps: int
+    objective: str | None  # the metric rl.train returns to hydra (an optimising sweeper's)
     batch_prompts: int
     ppo_epochs: int
     mini_batches: int

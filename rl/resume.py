@@ -36,6 +36,7 @@ FREE = (
     "trainer.eval_split", "trainer.eval_batch_size", "trainer.eval_every",
     "trainer.eval_at_ends", "trainer.progress", "trainer.loggers", "trainer.wandb",
     "trainer.prefill_pin_rows",  # the prefill's memory layout, not its result
+    "trainer.objective",  # what the run returns to a sweeper
     "task.eval_paths", "task.cache_dir", "task.retriever.url",
     "judge.base_url", "judge.api_key_env", "judge.max_concurrency", "judge.timeout_s",
     "judge.max_retries", "judge.cache_dir", "judge.breaker_timeouts", "judge.breaker_cooldown_s",

@@ -79,6 +79,7 @@ class RunLog:
         calls, nothing written (process 0 writes the run folder)."""
         self.dir = Path(run_dir)
         self.active = active
+        self.latest: dict[str, float] = {}  # each metric's last logged value (every process)
         self._loggers: list[Any] = []
         self.metrics_path = self.dir / "metrics.jsonl"
         self.samples_path = self.dir / "samples.jsonl"
@@ -121,6 +122,8 @@ class RunLog:
 
     def metrics(self, step: int, values: Mapping[str, Any]) -> dict[str, Any]:
         record = {"step": step, **{k: _clean(v) for k, v in values.items()}}
+        self.latest.update({k: v for k, v in record.items()
+                            if isinstance(v, int | float) and not isinstance(v, bool)})
         if not self.active:
             return record
         with self.metrics_path.open("a") as f:

@@ -3,6 +3,7 @@
     python -m rl.train                                   # embedded default, CPU, minutes
     python -m rl.train model=tiny trainer.max_steps=3    # smoke run
     python -m rl.train -m algo.beta=0,0.001 trainer.seed=0,1   # multirun sweep
+    python -m rl.train -m hydra/sweeper=optuna ...       # an optimising sweep (trainer.objective)
 
 A start that fails (a bad key, file, split or option) exits with its message and leaves no
 files behind: what this process created in the run folder and hydra's output folder is
@@ -54,7 +55,9 @@ def _remove(paths: list[Path], folders: Sequence[Path]) -> None:
             folder.rmdir()
 
 
-def run(cfg: DictConfig) -> list[dict]:
+def run(cfg: DictConfig) -> tuple[list[dict], dict[str, float]]:
+    """Build and run the trainer: the step records, and the last logged value of every
+    metric (evaluations included)."""
     from absl import logging as absl_logging
 
     from rl.trainer import build_trainer
@@ -77,7 +80,21 @@ def run(cfg: DictConfig) -> list[dict]:
              history[-1]["reward/mean"] if history else float("nan"))
     if history and (line := judge_summary(history[-1])):
         log.info("%s", line)
-    return history
+    return history, dict(trainer.runlog.latest)
+
+
+def objective(key: str | None, latest: dict[str, float]) -> float | None:
+    """What ``rl.train`` returns to hydra (``trainer.objective``): the last logged value of
+    that metric, e.g. ``eval/outcome_mean``, the final evaluation, so an optimising sweeper
+    (Optuna, Nevergrad, Ax) has something to optimise. None when unset, or with a warning when
+    the run never logged it."""
+    if not key:
+        return None
+    if key not in latest:
+        log.warning("trainer.objective: %s was never logged (e.g. eval/* with "
+                    "trainer.eval_at_ends=false); returning nothing", key)
+        return None
+    return float(latest[key])
 
 
 def judge_summary(last: dict) -> str:
@@ -120,9 +137,10 @@ def _hydra_files() -> set[str]:
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> float | None:
     use_compile_cache(cfg.get("compile_cache"))
-    run(cfg)
+    _, latest = run(cfg)
+    return objective(cfg.trainer.get("objective"), latest)
 
 
 if __name__ == "__main__":
