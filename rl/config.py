@@ -15,6 +15,7 @@ method-specific keys (``algo.method``: e.g. ARBOR's ``rubric_lambda``, which the
 from __future__ import annotations
 
 import dataclasses
+import logging
 import types
 import typing
 from collections.abc import Mapping
@@ -39,6 +40,8 @@ class ConfigError(ValueError):
 FILTER_METRICS = ("reward", "outcome")  # rl.dapo.dynamic_sample's filter_metric
 ROLLOUT_DTYPES = ("float32", "bfloat16")  # the sampler's weights (decode_params)
 KV_CACHE_DTYPES = ("float32", "bfloat16")  # the rollout's KV cache (SamplingParams)
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,6 +342,7 @@ def parse(cfg: Mapping[str, Any]) -> RunConfig:
     for name in ("task", "judge"):
         if not isinstance(cfg.get(name), Mapping) or "name" not in cfg[name]:
             raise ConfigError(f"{name}.name: missing")
+    cfg = with_paper_loss_agg(cfg)
     run = RunConfig(
         model=section(ModelSection, cfg.get("model"), "model"),
         algo=section(AlgoConfig, cfg.get("algo"), "algo", rest="method"),
@@ -349,6 +353,27 @@ def parse(cfg: Mapping[str, Any]) -> RunConfig:
         raw=cfg)
     check(run)
     return run
+
+
+#: each policy loss's aggregation as its paper defines it: what ``algo.loss_agg=auto`` means
+#: (PPO-clip as GRPO uses it: the mean over a sequence's tokens, then over sequences,
+#: arXiv:2402.03300; GSPO: sequence-level, arXiv:2507.18071; CISPO: token-mean over the
+#: batch, arXiv:2506.13585)
+PAPER_LOSS_AGG = {"ppo": "seq-mean-token-mean", "gspo": "seq-mean-token-mean",
+                  "gspo_token": "seq-mean-token-mean", "cispo": "token-mean"}
+
+
+def with_paper_loss_agg(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`cfg` with ``algo.loss_agg: auto`` replaced by the policy loss's paper aggregation
+    (:data:`PAPER_LOSS_AGG`), so the resolved value is what a checkpoint records."""
+    algo = cfg.get("algo")
+    if not isinstance(algo, Mapping) or algo.get("loss_agg") != "auto":
+        return cfg
+    loss = algo.get("policy_loss")
+    if loss not in PAPER_LOSS_AGG:
+        raise ConfigError(f"algo.loss_agg=auto: no paper aggregation known for "
+                          f"algo.policy_loss={loss!r}; set algo.loss_agg")
+    return {**cfg, "algo": {**algo, "loss_agg": PAPER_LOSS_AGG[loss]}}
 
 
 # ------------------------------------------------------------------------------ checks
@@ -388,6 +413,11 @@ def check_batch_layout(run: RunConfig) -> None:
 def check(run: RunConfig) -> None:
     """Check the values the loop relies on, naming the offending key."""
     a, t = run.algo, run.trainer
+    paper = PAPER_LOSS_AGG.get(a.policy_loss)
+    if a.policy_loss != "ppo" and paper is not None and a.loss_agg != paper:
+        log.warning("algo.policy_loss=%s is defined with %s aggregation (its paper); this run "
+                    "aggregates with algo.loss_agg=%s (set by the algo config or by you); set "
+                    "algo.loss_agg=%s for the paper's", a.policy_loss, paper, a.loss_agg, paper)
     problem = lora_problem(run.model.lora)
     _require(problem is None, *(problem or ("", "")))
     _require(a.group_size >= 2, "algo.group_size", f"must be >= 2, got {a.group_size}")

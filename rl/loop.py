@@ -165,7 +165,7 @@ def collect(c: Components, loop: LoopState) -> tuple[LoopState, Collected]:
     draw advances the data position and the rewarder's state."""
     a, t = c.run.algo, c.run.trainer
     spent = {"time/rollout_s": 0.0, "time/reward_s": 0.0, "rollout/generated_tokens": 0}
-    before = service_counters(c)
+    before = {} if c.judge is None else {f"judge/{k}": v for k, v in c.judge.stats().items()}
 
     def draw(i: int, state: Any) -> tuple[list[Group], RewardOutput]:
         prompts = c.stream.batch(loop.data_position + i)

@@ -198,14 +198,16 @@ def test_judge_counters_are_cumulative_across_resume(tmp_path):
     run = tmp_path / "r"
     first = _with_judge(build_trainer(make_cfg(run, "trainer.max_steps=4",
                                                "trainer.save_every=2")))
-    first.run(until=2)  # records read requests 1, 2; the checkpoint at step 2 reads 3
+    # each step reads the counter before and after its rollout (judges.cost): the records
+    # read requests 2, 4; the checkpoint at step 2 reads 5
+    first.run(until=2)
     first.close()
     resumed = _with_judge(build_trainer(make_cfg(run, "trainer.max_steps=4",
                                                  "trainer.resume=true")))
-    resumed.run()  # a fresh judge: 1, 2 in this process, on top of the 3 before
+    resumed.run()  # a fresh judge: 2, 4 in this process, on top of the 5 before
     resumed.close()
     got = [r["judge/requests"] for r in records(run / "metrics.jsonl")]
-    assert got == [1, 2, 3 + 1, 3 + 2]
+    assert got == [2, 4, 5 + 2, 5 + 4]
 
 
 class CountingRetrievalEnv:
