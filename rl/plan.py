@@ -103,22 +103,26 @@ GiB = 2**30
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-    """A TPU chip's peak dense bfloat16 FLOP/s, HBM capacity and HBM bandwidth."""
+    """A TPU chip's peak dense bfloat16 FLOP/s, HBM capacity and bandwidth, and its
+    bidirectional inter-chip interconnect (ICI) bandwidth."""
 
     name: str
     peak_flops: float | None   # FLOP/s, bfloat16 (None: unknown, no time bound)
     hbm_bytes: float
     hbm_bandwidth: float | None  # bytes/s
+    ici_bandwidth: float | None = None  # bytes/s, bidirectional, per chip (None: unknown)
 
 
 # Per chip, from the Google Cloud TPU documentation's system-architecture pages
 # (cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e: "Peak compute per chip (bf16)", "HBM
-# capacity", "HBM bandwidth"); the one table rl.plan reads.
+# capacity", "HBM bandwidth", "Bidirectional inter-chip interconnect (ICI) bandwidth (per
+# chip)": v5e 400, v5p 1,200, v6e 800 GBps; v4's page states no such figure); the one table
+# rl.plan reads.
 CHIPS: dict[str, Chip] = {
     "v4": Chip("TPU v4", 275e12, 32 * GiB, 1200e9),
-    "v5e": Chip("TPU v5e", 197e12, 16 * GiB, 819e9),
-    "v5p": Chip("TPU v5p", 459e12, 95 * GiB, 2765e9),
-    "v6e": Chip("TPU v6e", 918e12, 32 * GiB, 1640e9),
+    "v5e": Chip("TPU v5e", 197e12, 16 * GiB, 819e9, 400e9),
+    "v5p": Chip("TPU v5p", 459e12, 95 * GiB, 2765e9, 1200e9),
+    "v6e": Chip("TPU v6e", 918e12, 32 * GiB, 1640e9, 800e9),
 }
 TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):\d+x\d+(x\d+)?$")
 # what the TPU compiler lets a program use, where known: libtpu 0.0.42's "available HBM" in
@@ -347,6 +351,7 @@ class Program:
     min_bytes: float  # HBM traffic per chip the program cannot avoid
     runs: bool        # whether this config runs the program each step
     refused: str = ""  # the compiler's out-of-memory message when it would not compile it
+    ici_bytes: float = 0.0  # weight bytes a chip receives from the others (gathered_per_step)
 
     @property
     def total(self) -> int:
@@ -774,22 +779,32 @@ def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
         fit = rollout_fit(run, cfg, lay, rmesh, dparams, state_bytes + ref_bytes,
                           USABLE_HBM.get(chip.name, chip.hbm_bytes), rollout) \
             if plan.rollout_fit else None
+    gathered = gathered_per_step(dparams)
+    # every decode step gathers the split layer weights; the prefill once
+    steps = {"prefill": 1, "decode": lay.response}
+    rollout = [dataclasses.replace(p, ici_bytes=gathered * steps.get(p.name, 0))
+               for p in rollout]
     with jax.set_mesh(mesh):
         programs = [*rollout, reference_program(run, cfg, lay, mesh, params, state_bytes),
                     update_program(run, cfg, lay, mesh, state, ref_bytes),
                     startup_row(params, state_bytes, ref_bytes)]
     return Plan(plan.model_shapes, cfg, plan.topology, chip, len(devices), dict(mesh.shape),
                 lay, state_bytes, ref_bytes, tuple(programs), fit,
-                None if rmesh is mesh else dict(rmesh.shape), gathered_per_step(dparams))
+                None if rmesh is mesh else dict(rmesh.shape), gathered)
 
 
 def time_bound(plan: Plan, prog: Program) -> float | None:
-    """Seconds at least: max(FLOPs / (chips x peak), bytes per chip / HBM bandwidth)."""
+    """Seconds at least: max(FLOPs / (chips x peak), bytes per chip / HBM bandwidth, weight
+    bytes gathered per chip / ICI bandwidth): each a floor the program cannot beat, the
+    largest its bound (they may overlap, so not their sum). The ICI floor counts the layer
+    weights the rollout gathers (:func:`gathered_per_step`) against the chip's bidirectional
+    bandwidth, where the docs state one; other collectives are not counted."""
     if plan.chip.peak_flops is None or plan.chip.hbm_bandwidth is None or not (
             prog.flops or prog.min_bytes):  # start-up: nothing to bound
         return None
+    ici = prog.ici_bytes / plan.chip.ici_bandwidth if plan.chip.ici_bandwidth else 0.0
     return max(prog.flops / (plan.chips * plan.chip.peak_flops),
-               prog.min_bytes / plan.chip.hbm_bandwidth)
+               prog.min_bytes / plan.chip.hbm_bandwidth, ici)
 
 
 def splits(groups: int, size: int, slices: int) -> bool:
@@ -880,7 +895,10 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
         f"  resident per chip: train state (float32 weights + optimizer) "
         f"{plan.state_bytes / GiB:.2f} GiB, reference weights {plan.ref_bytes / GiB:.2f} GiB",
         f"  rollout on {rollout_mesh}: each decode step gathers {plan.gathered / 2**20:.1f} "
-        f"MiB of layer weights per chip from the others (interconnect time not counted)",
+        f"MiB of layer weights per chip from the others"
+        + (f", >= {plan.gathered / chip.ici_bandwidth * 1e3:.2f} ms at {chip.name}'s "
+           f"{chip.ici_bandwidth / 1e9:.0f} GB/s bidirectional ICI (in the decode's time bound)"
+           if chip.ici_bandwidth else " (no ICI figure for this chip: not in the time bound)"),
     ]
 
 

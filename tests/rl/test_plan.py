@@ -50,6 +50,7 @@ from rl.plan import (
     sampler_rows,
     second_batch,
     startup_row,
+    time_bound,
     update_flops,
     verdict,
 )
@@ -352,10 +353,24 @@ def test_rollout_remedies_offer_bfloat16_weights_only_when_float32():
 
 def test_chip_table_is_the_cloud_tpu_docs_figures():
     gib = 2**30
-    assert CHIPS["v5e"] == Chip("TPU v5e", 197e12, 16 * gib, 819e9)
-    assert CHIPS["v5p"] == Chip("TPU v5p", 459e12, 95 * gib, 2765e9)
+    # the last figure: "Bidirectional inter-chip interconnect (ICI) bandwidth (per chip)"
+    assert CHIPS["v5e"] == Chip("TPU v5e", 197e12, 16 * gib, 819e9, 400e9)
+    assert CHIPS["v5p"] == Chip("TPU v5p", 459e12, 95 * gib, 2765e9, 1200e9)
     assert CHIPS["v4"] == Chip("TPU v4", 275e12, 32 * gib, 1200e9)
-    assert CHIPS["v6e"] == Chip("TPU v6e", 918e12, 32 * gib, 1640e9)
+    assert CHIPS["v6e"] == Chip("TPU v6e", 918e12, 32 * gib, 1640e9, 800e9)
+
+
+def test_the_decode_time_bound_counts_the_gathered_weights_by_hand():
+    """A v5e decode of 100 steps gathering 80 MB of weights per step: 8 GB at 400 GB/s is
+    20 ms, more than its FLOPs (1e12 / (4 x 197e12) = 1.3 ms) and HBM reads (1 GB / 819
+    GB/s = 1.2 ms): the bound is the interconnect's."""
+    decode = Program("decode", 0, 0, 0, 0, 0, 1e12, 1e9, True, ici_bytes=100 * 80e6)
+    plan = Plan("m", None, "v5e:2x2", CHIPS["v5e"], 4, {"data": 1, "fsdp": 4, "tensor": 1},
+                None, 0, 0, (decode,))
+    assert time_bound(plan, decode) == pytest.approx(8e9 / 400e9)
+    no_ici = dataclasses.replace(plan, chip=CHIPS["v4"])  # no ICI figure: the HBM floor
+    assert time_bound(no_ici, decode) == pytest.approx(
+        max(1e12 / (4 * 275e12), 1e9 / 1200e9))
 
 
 # ------------------------------------------------------------------------------ shape presets
