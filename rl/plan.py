@@ -924,8 +924,35 @@ def report(run: RunConfig, plan: Plan) -> str:
     lines += [_row(plan, p) for p in plan.programs]
     if plan.fit is not None:
         lines.append(fit_line(run, plan.fit))
+    lines.append(rollout_advice(plan))
     lines.append(verdict(run, plan))
     return "\n".join(lines)
+
+
+def rollout_advice(plan: Plan) -> str:
+    """Which rollout layout to use. When the rollout gathers layer weights, replicating them
+    (``mesh.rollout_shape={data:-1}``) adds exactly those bytes to every chip (each then
+    holds whole layers instead of its shard) and removes the gathers; it is recommended when
+    the rollout's largest peak plus those bytes stays within the usable HBM."""
+    if plan.gathered == 0:
+        return ("rollout layout: the sampler's layer weights are whole on every chip; "
+                "decoding gathers none")
+    decode = next((p for p in plan.programs if p.name == "decode"), None)
+    peak = max((p.peak for p in plan.programs if p.name in ("prefill", "decode", "continue")),
+               default=0)
+    usable = USABLE_HBM.get(plan.chip.name, plan.chip.hbm_bytes)
+    saved = (f", saving >= {plan.gathered / plan.chip.ici_bandwidth * 1e3:.2f} ms of ICI per "
+             f"decode step ({decode.ici_bytes / plan.chip.ici_bandwidth:.2f} s per rollout)"
+             if plan.chip.ici_bandwidth and decode is not None else "")
+    grown = (peak + plan.gathered) / GiB
+    if peak + plan.gathered <= usable:
+        return (f"rollout layout: recommended mesh.rollout_shape={{data:-1}}: the layer weights "
+                f"whole on every chip, {plan.gathered / GiB:.2f} GiB more per chip (rollout "
+                f"peak {grown:.2f} of {usable / GiB:.2f} GiB){saved}")
+    return (f"rollout layout: keep the training layout: whole layer weights would need "
+            f"{plan.gathered / GiB:.2f} GiB more per chip ({grown:.2f} > {usable / GiB:.2f} "
+            f"GiB); a tensor-parallel mesh.rollout_shape (e.g. {{data:-1,tensor:4}}) gathers "
+            f"less")
 
 
 def fit_line(run: RunConfig, fit: RolloutFit) -> str:

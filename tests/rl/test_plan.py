@@ -46,6 +46,7 @@ from rl.plan import (
     prefill_flops,
     refused_sizes,
     remedies,
+    rollout_advice,
     rollout_fit,
     sampler_rows,
     second_batch,
@@ -593,3 +594,21 @@ def test_the_weights_a_decode_step_gathers_by_hand():
                           {"wq": leaf((64, 128), (64, 128))}),  # replicated in layer 2
                "unembed": leaf((64, 1000), (64, 125))}
     assert gathered_per_step(dparams) == (64 * 128 - 8 * 128) * 2
+
+
+def test_the_rollout_layout_advice_by_hand():
+    """v5e (15.75 GiB usable): a rollout peaking at 10 GiB that gathers 2 GiB of layer weights
+    per decode step over 32 steps: whole weights fit (12 GiB) and save 2 GiB / 400 GB/s =
+    5.37 ms per step, 0.17 s per rollout; gathering 6 GiB they would not (16 GiB)."""
+    g = 2**30
+    progs = tuple(Program(n, 0, 0, 0, 0, 10 * g, 1.0, 1.0, True, ici_bytes=32 * 2 * g)
+                  for n in ("prefill", "decode"))
+    plan = Plan("m", None, "v5e:4x4", CHIPS["v5e"], 16, {"data": 1, "fsdp": 16, "tensor": 1},
+                None, 0, 0, progs, gathered=2 * g)
+    advice = rollout_advice(plan)
+    assert "recommended mesh.rollout_shape={data:-1}" in advice and "2.00 GiB more" in advice
+    assert f"{2 * g / 400e9 * 1e3:.2f} ms" in advice and f"{64 * g / 400e9:.2f} s" in advice
+    six = dataclasses.replace(plan, gathered=6 * g)
+    assert "keep the training layout" in rollout_advice(six)
+    none = dataclasses.replace(plan, gathered=0)
+    assert "gathers none" in rollout_advice(none)
