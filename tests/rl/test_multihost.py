@@ -565,7 +565,8 @@ def test_the_smoke_command_passes_over_two_processes_with_fsdp_across_them(tmp_p
                                                                          char_model):
     """``rl.smoke`` as a new slice runs it, here 2 processes x 2 CPU devices with FSDP over all
     4 (each process holds half of every split weight), GRPO with a KL reference: load sharded,
-    3 steps straight against 2 steps + save + restore + 1 step, verdict PASS everywhere."""
+    3 steps straight against 2 steps + save + restore + 1 step, verdict PASS everywhere; and
+    the job's final weights equal those of the same smoke in 1 process on 4 devices."""
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS="--xla_force_host_platform_device_count=2")
@@ -589,6 +590,20 @@ def test_the_smoke_command_passes_over_two_processes_with_fsdp_across_them(tmp_p
     result = json.loads((run / "smoke.json").read_text())
     assert result["passed"] and result["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
     assert len(result["straight_step_s"]) == 3
+    # the same smoke in 1 process on 4 devices: its saved-and-resumed run ends where the
+    # 2-process job's does
+    one, log = tmp_path / "smoke_one", tmp_path / "smoke_one.log"
+    single = [a for a in args if not a.startswith(("mesh.coordinator", "mesh.num_processes",
+                                                   "trainer.run_dir"))]
+    env_one = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    proc = subprocess.Popen([sys.executable, "-m", "rl.smoke", *single, f"trainer.run_dir={one}",
+                             f"hydra.run.dir={one}_hydra"], cwd=ROOT, env=env_one,
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    _finish([proc], [log], timeout=600)
+    (p2, s2), (p1, s1) = (_final_params(run / "resumed", str(char_model)),
+                          _final_params(one / "resumed", str(char_model)))
+    assert s1 == s2 == 3
+    assert _max_abs_diff(p1, p2) <= 1e-5
 
 
 def test_a_shard_failing_on_one_process_makes_every_process_fall_back(tmp_path, char_model):
