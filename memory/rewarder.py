@@ -29,6 +29,7 @@ import numpy as np
 from core.types import Group, RewardOutput, Task
 from memory.embed import check_embedder
 from memory.gating import check_gate
+from memory.lineage import retired_at
 from memory.reward import GroupInput, arbor_reward_step, step_counts
 from memory.state import MemoryConfig, RubricMemory, check_basis
 from memory.static import StaticRubric, load_static_rubrics, static_rubric_step
@@ -161,6 +162,10 @@ class ArborRewarder:
 
     def state_to_json(self, state: RubricMemory | None) -> dict[str, Any] | None:
         return None if state is None else state.to_dict()
+
+    def lineage(self, state: RubricMemory | None, step: int) -> list[dict[str, Any]]:
+        """The rubrics retired at `step` (``memory.lineage``): ``memory_lineage.jsonl``."""
+        return [] if state is None else retired_at(state, step)
 
     def state_from_json(self, data: Mapping[str, Any] | None) -> RubricMemory:
         """The checkpoint's memory, refused at once (before any step) when its statistics were

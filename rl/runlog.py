@@ -85,16 +85,19 @@ class RunLog:
         self.samples_path = self.dir / "samples.jsonl"
         self.events_path = self.dir / "memory_events.jsonl"
         self.alerts_path = self.dir / "alerts.jsonl"
+        self.lineage_path = self.dir / "memory_lineage.jsonl"
         if not active:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         kept: list[dict] = []  # the metrics records a resumed run keeps
         if resume_step is not None:  # a resumed run rewrites everything after its checkpoint
             kept = truncate_jsonl(self.metrics_path, _before(resume_step))
-            for p in (self.samples_path, self.events_path, self.alerts_path):
+            for p in (self.samples_path, self.events_path, self.alerts_path,
+                      self.lineage_path):
                 truncate_jsonl(p, _before(resume_step))
         else:
-            for p in (self.metrics_path, self.samples_path, self.events_path, self.alerts_path):
+            for p in (self.metrics_path, self.samples_path, self.events_path, self.alerts_path,
+                      self.lineage_path):
                 p.unlink(missing_ok=True)
         self._loggers = open_loggers(loggers, LoggerContext(self.dir, resume_step, wandb,
                                                             dict(config or {})))
@@ -152,6 +155,9 @@ class RunLog:
 
     def alerts(self, step: int, records: Iterable[Mapping[str, Any]]) -> None:
         self._append(self.alerts_path, step, records)
+
+    def lineage(self, step: int, records: Iterable[Mapping[str, Any]]) -> None:
+        self._append(self.lineage_path, step, records)
 
     def close(self) -> None:
         for logger in self._loggers:

@@ -142,6 +142,9 @@ class Trainer:
                         alert["threshold"])
         if result.alerts:
             self.runlog.alerts(step, result.alerts)
+        lineage = getattr(self.parts.rewarder, "lineage", None)  # ARBOR: memory.lineage
+        if callable(lineage) and (retired := lineage(self.loop.reward, step)):
+            self.runlog.lineage(step, retired)
         record = dict(result.record)
         for k, v in self.counter_base.items():
             record[k] = record.get(k, 0) + v

@@ -71,6 +71,8 @@ def fake_run(run_dir: Path, algo: str, rewarder: str, options: dict) -> None:
                            **dict(out.metrics)})
         if out.events:
             log.events(step, out.events)
+        if hasattr(rw, "lineage") and (retired := rw.lineage(state, step)):
+            log.lineage(step, retired)
     log.close()
     (run_dir / "eval.json").write_text(json.dumps(
         {"source": str(run_dir), "results": {"test": {"em": 0.25, "f1": 0.3},
@@ -90,9 +92,20 @@ def runs_dir(tmp_path_factory) -> Path:
 
 
 def test_fixture_runs_exercise_the_whole_lifecycle(runs_dir):
-    kinds = {json.loads(x)["kind"] for x in
-             (runs_dir / "arbor_s0" / "memory_events.jsonl").read_text().splitlines()}
+    events = [json.loads(x) for x in
+              (runs_dir / "arbor_s0" / "memory_events.jsonl").read_text().splitlines()]
+    kinds = {e["kind"] for e in events}
     assert {"admitted", "rejected", "consolidated", "activated", "retired"} <= kinds
+    # memory_lineage.jsonl: one record per retirement event, at its step, with its reason;
+    # the mastered ones ranked 1, 2, ... in the order they were mastered
+    lineage = [json.loads(x) for x in
+               (runs_dir / "arbor_s0" / "memory_lineage.jsonl").read_text().splitlines()]
+    retired = [(e["step"], e["common_id"], e["reason"]) for e in events if e["kind"] == "retired"]
+    assert sorted((r["step"], r["common_id"], r["reason"]) for r in lineage) == sorted(retired)
+    ranks = [r["mastery_rank"] for r in sorted(lineage, key=lambda r: (r["step"],
+                                                                      r["common_id"]))
+             if r["reason"] == "mastered"]
+    assert ranks == list(range(1, len(ranks) + 1))
 
 
 def test_notebook_executes_on_run_folders(runs_dir, tmp_path, monkeypatch):
@@ -109,5 +122,6 @@ def test_notebook_executes_on_run_folders(runs_dir, tmp_path, monkeypatch):
     assert {"learning_curves.png", "group_fractions.png", "memory_size.png", "admission.png",
             "lifecycle_arbor_s0.png", "gaming.png"} <= figs
     assert "alert(s)" in text
+    assert "order of mastery" in text
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors

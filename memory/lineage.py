@@ -1,0 +1,36 @@
+"""Rubric lineage: which rubrics the policy has mastered, in what order, and which drifted.
+
+A common rubric leaves the pool ``P`` for one of two reasons (``memory.retirement``):
+"mastered" (it stopped separating trajectories: the policy now does what it asks) or
+"drifted" (its correlation with the outcome turned bad). The memory keeps every retired
+rubric with its step and reason (``CommonRubric.retired_step`` / ``retired_reason``). The
+order of mastery is a curriculum the run discovered. :func:`retired_at` turns one step's
+retirements into the records of ``memory_lineage.jsonl``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memory.state import RubricMemory
+
+
+def mastery_order(memory: RubricMemory) -> list[str]:
+    """The ids of the mastered rubrics, first mastered first (ties by id)."""
+    mastered = [c for c in memory.retired if c.retired_reason == "mastered"]
+    return [c.id for c in sorted(mastered, key=lambda c: (c.retired_step, c.id))]
+
+
+def retired_at(memory: RubricMemory, step: int) -> list[dict[str, Any]]:
+    """One record per rubric retired at `step`: id, title, why, when it was created, how
+    often it was used, its last ``rho_r``, and for a mastered one its rank in the order of
+    mastery (1 = the first rubric the policy mastered)."""
+    order = {cid: i + 1 for i, cid in enumerate(mastery_order(memory))}
+    out = []
+    for c in memory.retired:
+        if c.retired_step != step:
+            continue
+        out.append({"common_id": c.id, "title": c.draft.title, "reason": c.retired_reason,
+                    "created_step": c.created_step, "uses": c.uses, "rho": c.rho,
+                    "mastery_rank": order.get(c.id)})
+    return out
