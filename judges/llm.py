@@ -317,8 +317,8 @@ class LLMJudge:
     def induce(self, reqs: Sequence[InduceRequest]) -> list[tuple[Draft, ...]]:
         reqs = list(reqs)
         self._c.inc("requests_induce", len(reqs))
-        convs = [
-            P.INDUCE.render(
+        def render(r: InduceRequest) -> Any:
+            values = dict(
                 question=r.question,
                 golds="; ".join(r.golds) or "(not given)",
                 best=r.best,
@@ -328,8 +328,11 @@ class LLMJudge:
                 worst=r.worst,
                 max_drafts=str(self.max_drafts),
             )
-            for r in reqs
-        ]
+            if r.mastered:  # algo.lineage_in_induction
+                return P.INDUCE_LINEAGE.render(mastered=P.render_drafts(r.mastered), **values)
+            return P.INDUCE.render(**values)
+
+        convs = [render(r) for r in reqs]
         raw = self._run(convs, lambda t, _: parse_drafts(t, self.max_drafts), P.INDUCE.shape)
         return self._finish("induce", raw, lambda i, f: FallbackDrafts())
 

@@ -156,6 +156,28 @@ INDUCE = PromptTemplate(
     ),
 )
 
+# INDUCE with the rubrics the policy has recently mastered (algo.lineage_in_induction; our
+# wording): the judge is asked to look past them, toward what the best trajectory still does
+# better. The caveat (README): the judge now steers the curriculum, a target the policy can
+# learn to please as well.
+INDUCE_LINEAGE = PromptTemplate(
+    name="induce_lineage",
+    version="induce_lineage-v1",
+    system=INDUCE.system,
+    user=(
+        "# Question\n{question}\n\n"
+        "# Gold answer(s)\n{golds}\n\n"
+        "# Best trajectory (highest outcome score)\n{best}\n\n"
+        "# Hard negative (next best outcome)\n{hard_negative}\n\n"
+        "# Worst trajectory (lowest outcome score)\n{worst}\n\n"
+        "# Rubrics the agent has already mastered (it now meets them reliably)\n{mastered}\n\n"
+        "Do not restate the mastered rubrics. Write rubrics for what the best trajectory still "
+        "does better than the others beyond them. Write at most {max_drafts} process rubrics. "
+        "Reply with only the JSON object: {shape}"
+    ),
+    shape=INDUCE.shape,
+)
+
 CONSOLIDATE = PromptTemplate(
     name="consolidate",
     version="consolidate-v1",
@@ -290,7 +312,8 @@ REASK = PromptTemplate(
 
 TEMPLATES: dict[str, PromptTemplate] = {
     t.name: t
-    for t in (CHECK, CHECK_YESNO, RATE, COMPARE, COMPARE_12, INDUCE, CONSOLIDATE, BUNDLE, EQUIV,
+    for t in (CHECK, CHECK_YESNO, RATE, COMPARE, COMPARE_12, INDUCE, INDUCE_LINEAGE, CONSOLIDATE,
+              BUNDLE, EQUIV,
               DIMENSIONS, DIMENSIONS_GRADED, REASK)
 }
 

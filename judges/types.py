@@ -137,6 +137,9 @@ class InduceRequest:
     hard_negative: str | None
     worst: str
     golds: tuple[str, ...] = ()
+    # rubrics the policy has recently mastered (algo.lineage_in_induction): shown to an LLM
+    # judge so it writes past them; the rule judge ignores them
+    mastered: tuple[Draft, ...] = ()
 
 
 class FallbackDrafts(tuple):

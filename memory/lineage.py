@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from judges.types import Draft
 from memory.state import RubricMemory
 
 
@@ -34,3 +35,10 @@ def retired_at(memory: RubricMemory, step: int) -> list[dict[str, Any]]:
                     "created_step": c.created_step, "uses": c.uses, "rho": c.rho,
                     "mastery_rank": order.get(c.id)})
     return out
+
+
+def recently_mastered(memory: RubricMemory, k: int) -> tuple[Draft, ...]:
+    """The rubrics of the `k` most recently mastered common rubrics, latest first: what
+    ``algo.lineage_in_induction`` shows the judge when it induces new drafts."""
+    by_id = {c.id: c for c in memory.retired}
+    return tuple(by_id[cid].draft for cid in reversed(mastery_order(memory)[-k:])) if k else ()

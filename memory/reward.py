@@ -75,6 +75,7 @@ from memory.consolidation import consolidate
 from memory.embed import Embedder, check_embedder, get_embedder
 from memory.events import REJECT_REASONS, RETIRE_REASONS, Event
 from memory.gating import gated_total, paid_mask
+from memory.lineage import recently_mastered
 from memory.pairwise import (
     GRAPHS,
     build_pair_requests,
@@ -368,10 +369,12 @@ def combine_active(groups: Sequence[GroupInput], centred: np.ndarray, rubric_lam
 # --- drafts: induction and admission ----------------------------------------------------------
 
 
-def _induction_requests(ctx: _Step) -> tuple[list[int], list[InduceRequest]]:
+def _induction_requests(ctx: _Step, mastered: tuple[Draft, ...] = ()
+                        ) -> tuple[list[int], list[InduceRequest]]:
     """Step 5's requests: one per group with a contrastive triplet, and the groups they are for.
     With ``rho_min > 0`` an outcome-homogeneous (tied) group is skipped: no draft of its could
-    pass the correlation gate."""
+    pass the correlation gate. `mastered`: the recently mastered rubrics each request shows
+    the judge (``lineage_in_induction``)."""
     todo: list[int] = []
     reqs: list[InduceRequest] = []
     for n, g in enumerate(ctx.groups):
@@ -390,13 +393,14 @@ def _induction_requests(ctx: _Step) -> tuple[list[int], list[InduceRequest]]:
             hard_negative=None if trip.hard is None else g.texts[trip.hard],
             worst=g.texts[trip.worst],
             golds=g.golds,
+            mastered=mastered,
         ))
     return todo, reqs
 
 
-def _induce(ctx: _Step) -> list[tuple[int, Draft]]:
+def _induce(ctx: _Step, mastered: tuple[Draft, ...] = ()) -> list[tuple[int, Draft]]:
     """Step 5: the ``(group index, draft)`` pairs of one batched ``judge.induce``."""
-    todo, reqs = _induction_requests(ctx)
+    todo, reqs = _induction_requests(ctx, mastered)
     replies = _ask(ctx, "induce", reqs, FallbackDrafts())  # a short reply: no answer
     pending: list[tuple[int, Draft]] = []
     for n, out in zip(todo, replies):
@@ -425,7 +429,9 @@ def _induce_and_admit(
     memory: RubricMemory, ctx: _Step
 ) -> tuple[RubricMemory, list[list[DraftRubric]], tuple[Event, ...]]:
     """Steps 5-6. Returns the memory, the admitted ``DraftRubric`` values per group, events."""
-    pending = _induce(ctx)
+    cfg = ctx.cfg
+    pending = _induce(ctx, recently_mastered(memory, cfg.lineage_k)
+                      if cfg.lineage_in_induction else ())
     scores_of = _admission_scores(pending, ctx)
     cands = []
     for k, (n, d) in enumerate(pending):

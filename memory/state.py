@@ -100,6 +100,10 @@ class MemoryConfig:
             "positive_only" only to those with a valid format and an answer F1 of at least
             ``rubric_gate_f1`` (LongTraceRL's positive-only strategy, ``memory.gating``).
         rubric_gate_f1: the F1 an answer needs to count as correct under "positive_only".
+        lineage_in_induction: show the judge the ``lineage_k`` most recently mastered rubrics
+            when it induces new drafts (``memory.lineage``; an LLM judge's prompt
+            ``induce_lineage``, the rule judge ignores them). Off: the paper.
+        lineage_k: how many mastered rubrics it is shown.
         use_common_pool: False is the "ARBOR w/o memory" ablation: each group is scored by its
             own admitted drafts, nothing is kept across queries.
         tie_break: secondary signal ordering members with equal F1 in the triplet
@@ -133,6 +137,8 @@ class MemoryConfig:
     active_combine: str = "sum"
     rubric_gate: str = "none"
     rubric_gate_f1: float = 1.0
+    lineage_in_induction: bool = False
+    lineage_k: int = 3
     use_common_pool: bool = True
     tie_break: str = "format_then_length"
     graph: str = "ring_diameter"
@@ -171,6 +177,8 @@ class MemoryConfig:
         if self.rho_history_len < 0:
             raise ValueError("rho_history_len must be >= 0")
         check_gate(self.rubric_gate, self.rubric_gate_f1)
+        if self.lineage_k < 1:
+            raise ValueError(f"lineage_k must be >= 1, got {self.lineage_k}")
 
     @classmethod
     def from_mapping(cls, d: dict[str, Any]) -> MemoryConfig:

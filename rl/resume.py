@@ -51,7 +51,10 @@ NEVER_ALLOWED = ("model_config",)
 ADDED_LATER = {"trainer.off_policy_steps": 0, "trainer.kv_cache_dtype": "float32",
                "algo.rubric_gate": "none", "algo.rubric_gate_f1": 1.0,
                "algo.rewarder_options.rubric_gate": "none",
-               "algo.rewarder_options.rubric_gate_f1": 1.0, "algo.filter_metric": "reward"}
+               "algo.rewarder_options.rubric_gate_f1": 1.0, "algo.filter_metric": "reward",
+               "algo.lineage_in_induction": False, "algo.lineage_k": 3,
+               "algo.rewarder_options.lineage_in_induction": False,
+               "algo.rewarder_options.lineage_k": 3}
 
 
 def _under(key: str, prefixes: Sequence[str]) -> bool:

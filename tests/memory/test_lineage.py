@@ -26,3 +26,58 @@ def test_the_records_of_a_step():
     assert got[1]["title"] == "title c3" and got[1]["created_step"] == 2 and got[1]["uses"] == 3
     assert [(r["common_id"], r["mastery_rank"]) for r in retired_at(MEMORY, 5)] == [("c1", None)]
     assert retired_at(MEMORY, 6) == []
+
+
+def test_the_recently_mastered_rubrics_latest_first():
+    from memory.lineage import recently_mastered
+
+    assert [d.title for d in recently_mastered(MEMORY, 2)] == ["title c3", "title c2"]
+    assert [d.title for d in recently_mastered(MEMORY, 9)] == ["title c3", "title c2",
+                                                                "title c0"]
+
+
+def test_the_judge_is_shown_the_mastered_rubrics_only_when_asked():
+    """ARBOR w/o memory on q1 (it induces at step 0): with lineage_in_induction every
+    induction request carries the memory's 2 most recently mastered rubrics, and an LLM judge
+    renders them into its prompt (induce_lineage); without, the paper's prompt."""
+    from judges.llm import LLMJudge
+    from judges.types import Completion, InduceRequest
+    from memory.reward import arbor_reward_step
+    from memory.state import MemoryConfig
+    from tests.memory.helpers import Recorder, g1
+
+    seen = []
+
+    def induce(reqs):
+        seen.extend(reqs)
+        return [() for _ in reqs]
+
+    for on in (True, False):
+        seen.clear()
+        cfg = MemoryConfig(use_common_pool=False, lineage_in_induction=on, lineage_k=2)
+        arbor_reward_step(MEMORY, [g1()], Recorder(induce=induce), cfg, step=9, seed=0)
+        assert seen and all(r.mastered == ((Draft("title c3", "d"), Draft("title c2", "d"))
+                                           if on else ()) for r in seen)
+
+    class Backend:
+        def __init__(self):
+            self.batches = []
+
+        def complete(self, batch, max_tokens, temperature):
+            self.batches.append(batch)
+            return [Completion('{"rubrics": []}')] * len(batch)
+
+        def stats(self):
+            return {}
+
+        def close(self):
+            pass
+
+    backend = Backend()
+    judge = LLMJudge(backend)
+    req = InduceRequest("q?", "best", None, "worst", ("a",))
+    judge.induce([req, InduceRequest("q?", "best", None, "worst", ("a",),
+                                     mastered=(Draft("Plan first", "make a plan"),))])
+    plain, shown = (m[1]["content"] for m in backend.batches[0])
+    assert "already mastered" not in plain
+    assert "already mastered" in shown and "1. Plan first: make a plan" in shown
