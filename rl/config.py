@@ -413,6 +413,13 @@ def check_batch_layout(run: RunConfig) -> None:
 def check(run: RunConfig) -> None:
     """Check the values the loop relies on, naming the offending key."""
     a, t = run.algo, run.trainer
+    if a.reward_components == "gdpo" and a.rewarder == "rubric":
+        log.warning("algo.reward_components=gdpo with algo.rewarder=rubric: this rewarder's "
+                    "outcome is the additive checklist coverage, so GDPO normalises coverage as a "
+                    "component of its own beside (reward - coverage), weights "
+                    "algo.component_weights=%s: the additive signal a protocol reward replaces "
+                    "comes back; algo.reward_components=sum trains the arm as defined",
+                    list(a.component_weights))
     paper = PAPER_LOSS_AGG.get(a.policy_loss)
     if a.policy_loss != "ppo" and paper is not None and a.loss_agg != paper:
         log.warning("algo.policy_loss=%s is defined with %s aggregation (its paper); this run "

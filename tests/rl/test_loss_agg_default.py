@@ -41,3 +41,16 @@ def test_auto_needs_a_known_policy_loss(tmp_path):
     cfg["algo"]["policy_loss"] = "mine"
     with pytest.raises(ConfigError, match="algo.loss_agg=auto: no paper aggregation"):
         parse(cfg)
+
+
+def test_gdpo_over_the_rubric_rewarder_is_warned_about(tmp_path, caplog):
+    """The rubric rewarder's outcome is the checklist coverage: GDPO would add it back as a
+    component of its own."""
+    with caplog.at_level(logging.WARNING, logger="rl.config"):
+        parse(make_cfg(tmp_path, "algo=prorubric", "algo.reward_components=gdpo"))
+    assert "algo.reward_components=gdpo with algo.rewarder=rubric" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rl.config"):
+        parse(make_cfg(tmp_path, "algo=prorubric"))
+        parse(make_cfg(tmp_path, "algo.reward_components=gdpo"))  # outcome rewarder: fine
+    assert "reward_components=gdpo" not in caplog.text
