@@ -178,7 +178,9 @@ def test_algo_configs_expose_top_level_keys():
                                      "rho_min": 0.1, "retire_k": 3, "use_common_pool": True,
                                      "embedder": "minilm", "seed": 7, "rubric_outcome": "f1",
                                      "rho_r": "cumulative", "min_drift_activations": 1,
-                                     "active_combine": "sum"}
+                                     "active_combine": "sum", "rubric_gate": "none",
+                                     "rubric_gate_f1": 1.0, "lineage_in_induction": False,
+                                     "lineage_k": 3}
     # the version-1 behaviour, one override each
     old = compose_cfg("algo=arbor", "algo.rubric_outcome=r_base", "algo.rho_r=centred",
                       "algo.min_drift_activations=5", "algo.active_combine=mean",
@@ -198,7 +200,8 @@ def test_algo_configs_expose_top_level_keys():
     rar = compose_cfg("algo=rar", "trainer.run_dir=x")["algo"]
     assert rar["rewarder"] == "static_rubrics"
     assert rar["rewarder_options"] == {"rubric_lambda": 0.1,
-                                       "rubrics_path": "conf/rubrics/rar_search.jsonl"}
+                                       "rubrics_path": "conf/rubrics/rar_search.jsonl",
+                                       "rubric_gate": "none", "rubric_gate_f1": 1.0}
 
 
 def test_rewarders_need_a_judge_and_known_options():
