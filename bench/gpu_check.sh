@@ -108,8 +108,15 @@ if [ -f "$OUT_DIR/train.log" ]; then
   grep -o "Compiling jit([a-z_]*)" "$OUT_DIR/train.log" | sort | uniq -c |
     grep "_generate\|batch_logprobs\|train_step"
 fi
-part resume 90 "$PY" -m rl.train "${TRAIN[@]}" trainer.max_steps=4 trainer.resume=true \
-  "${EXTRA_TRAIN[@]}"
+part resume 90 env JAX_LOG_COMPILES=1 "$PY" -m rl.train "${TRAIN[@]}" trainer.max_steps=4 \
+  trainer.resume=true "${EXTRA_TRAIN[@]}"
+if [ -f "$OUT_DIR/resume.log" ]; then  # a resume should find its programs in the cache
+  echo "the resumed process's programs in the persistent compile cache (hits, then misses):"
+  grep -o "compilation cache hit for 'jit_[a-z_]*'" "$OUT_DIR/resume.log" | sort | uniq -c |
+    grep "_generate\|batch_logprobs\|train_step" || echo "      no hits"
+  grep -o "COMPILATION CACHE MISS for 'jit_[a-z_]*'" "$OUT_DIR/resume.log" | sort | uniq -c |
+    grep "_generate\|batch_logprobs\|train_step" || echo "      no misses"
+fi
 cp "$RUN/metrics.jsonl" "$OUT_DIR/train_metrics.jsonl" 2>/dev/null &&
   "$PY" - "$OUT_DIR/train_metrics.jsonl" <<'EOF'
 import json, sys
