@@ -164,17 +164,11 @@ INDUCE_LINEAGE = PromptTemplate(
     name="induce_lineage",
     version="induce_lineage-v1",
     system=INDUCE.system,
-    user=(
-        "# Question\n{question}\n\n"
-        "# Gold answer(s)\n{golds}\n\n"
-        "# Best trajectory (highest outcome score)\n{best}\n\n"
-        "# Hard negative (next best outcome)\n{hard_negative}\n\n"
-        "# Worst trajectory (lowest outcome score)\n{worst}\n\n"
+    user=INDUCE.user.replace(
+        "Write at most",
         "# Rubrics the agent has already mastered (it now meets them reliably)\n{mastered}\n\n"
         "Do not restate the mastered rubrics. Write rubrics for what the best trajectory still "
-        "does better than the others beyond them. Write at most {max_drafts} process rubrics. "
-        "Reply with only the JSON object: {shape}"
-    ),
+        "does better than the others beyond them. Write at most"),
     shape=INDUCE.shape,
 )
 

@@ -410,9 +410,8 @@ def check_batch_layout(run: RunConfig) -> None:
              f"= {t.mini_batches} x {t.micro_batches}")
 
 
-def check(run: RunConfig) -> None:
-    """Check the values the loop relies on, naming the offending key."""
-    a, t = run.algo, run.trainer
+def _warn_about_papers_settings(a: AlgoConfig) -> None:
+    """Warnings for settings that run, but not as their paper defines them."""
     if a.reward_components == "gdpo" and a.rewarder == "rubric":
         log.warning("algo.reward_components=gdpo with algo.rewarder=rubric: this rewarder's "
                     "outcome is the additive checklist coverage, so GDPO normalises coverage as a "
@@ -425,6 +424,12 @@ def check(run: RunConfig) -> None:
         log.warning("algo.policy_loss=%s is defined with %s aggregation (its paper); this run "
                     "aggregates with algo.loss_agg=%s (set by the algo config or by you); set "
                     "algo.loss_agg=%s for the paper's", a.policy_loss, paper, a.loss_agg, paper)
+
+
+def check(run: RunConfig) -> None:
+    """Check the values the loop relies on, naming the offending key."""
+    a, t = run.algo, run.trainer
+    _warn_about_papers_settings(a)
     problem = lora_problem(run.model.lora)
     _require(problem is None, *(problem or ("", "")))
     _require(a.group_size >= 2, "algo.group_size", f"must be >= 2, got {a.group_size}")

@@ -524,9 +524,7 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
                       runlog=RunLog(Path(t.run_dir), resume_step=loop.step if resumed else None,
                                     loggers=t.loggers, wandb=t.wandb, config=run.raw,
                                     active=is_leader()))
-    _record_config(trainer, config_text, resumed)
-    trainer.runlog.append_start({"start_step": trainer.start_step, **provenance(exchange)},
-                                "provenance.jsonl")
+    _record_config(trainer, config_text, resumed, exchange)
     if inp.judge is not None:  # which prompt templates produced this run's judgments
         trainer.runlog.write_config(json.dumps(inp.judge.versions(), indent=1),
                                     "judge_versions.json")
@@ -602,9 +600,13 @@ def _counter_totals(meta: Mapping[str, Any]) -> dict[str, float]:
     return {f"judge/{k}": v for k, v in dict(meta.get("judge_totals", {})).items()}
 
 
-def _record_config(trainer: Trainer, config_text: str, resumed: Resumed | None) -> None:
+def _record_config(trainer: Trainer, config_text: str, resumed: Resumed | None,
+                   exchange: Exchange | None = None) -> None:
     """config.yaml: the config of the run's first steps (written when it starts, kept on
-    resume); config_history.jsonl: one record per start or resume, with the changes allowed."""
+    resume); config_history.jsonl: one record per start or resume, with the changes allowed;
+    provenance.jsonl: what made this start (``rl.provenance``; every process takes part)."""
+    trainer.runlog.append_start({"start_step": trainer.start_step, **provenance(exchange)},
+                                "provenance.jsonl")
     if config_text and resumed is None:
         trainer.runlog.write_config(config_text)
     trainer.runlog.config_history({
