@@ -82,10 +82,13 @@ class Policy(Protocol):
     """What an environment may ask of the policy: tokenize and sample.
 
     A policy may also offer ``continue_from(state, rows, appended, sampling, seed,
-    max_new_per_row, consume=False)`` to extend rows of an earlier ``Generation`` (its
-    ``state``) after reading ``appended`` tokens (``consume``: the caller will not use
-    ``state`` again, so its memory may be reused); multi-turn environments use it when
-    present (``rl.envs.SamplerPolicy`` has it) and re-send the whole context otherwise.
+    max_new_per_row, consume=False, read_width=0, compile_buckets=False)`` to extend rows of
+    an earlier ``Generation`` (its ``state``) after reading ``appended`` tokens (``consume``:
+    the caller will not use ``state`` again, so its memory may be reused; the other two, see
+    ``models.continuation.Continuation``); multi-turn environments use it when present
+    (``rl.envs.SamplerPolicy`` has it), with a first ``generate`` given ``capacity`` and
+    ``prompt_bucket`` keywords (``models.sampler.generate``), and re-send the whole context
+    otherwise.
     """
 
     tokenizer: Any

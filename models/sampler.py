@@ -26,7 +26,6 @@ from models.config import ModelConfig
 from models.constraints import dividing_axes
 from models.sharding import (
     batch_shards,
-    cache_layer_sharding,
     constrain_rows,
     host_copy,
     row_shardings,
@@ -232,9 +231,9 @@ def _decode_params_jit(params: Params, dtype: Any) -> Params:
 
 # ----------------------------------------------------------------------------- jitted kernels
 #
-# A fresh generation (_generate: prefill, then decode) and a continued one (_compact the
-# cache, then read_and_decode: read the appended tokens, then decode) share one decode loop
-# (decode_loop). What jit specialises on travels as DecodeSettings (static); everything else
+# A fresh generation (_generate: prefill, then decode) and a continued one
+# (models.continuation: read the appended tokens, then decode, in place) share one decode
+# loop (decode_loop). What jit specialises on travels as DecodeSettings (static); everything else
 # as named pytrees.
 
 
@@ -280,6 +279,7 @@ class Frontier(NamedTuple):
     logits: jax.Array       # [B,V] next-token logits after the row's last real token
     n_tokens: jax.Array     # [B] real tokens so far: the next token's RoPE position
     stop_state: jax.Array   # [B] stop-string automaton state (0 = nothing matched yet)
+    next_slot: jax.Array    # [B] the cache slot the row's next token goes to
 
 
 class DecodeLoop(NamedTuple):
@@ -316,16 +316,6 @@ class PromptBatch(NamedTuple):
     rows: jax.Array    # [B] output row b continues distinct prompt rows[b]
 
 
-class ContinuePlan(NamedTuple):
-    """Which rows of an earlier generation a continuation extends and what they read."""
-
-    rows: jax.Array        # [B] output row i continues state row rows[i]
-    readers: jax.Array     # [R] chunk line j is read by output row readers[j] (out of range: none)
-    chunk: jax.Array       # [R,W] the appended tokens, left padded
-    chunk_mask: jax.Array  # [R,W] real tokens
-    resume: jax.Array      # [B] keep the row's stop-string state (else matching starts afresh)
-
-
 def row_logits(cfg: ModelConfig, params: Params, x: jax.Array, mesh: Mesh | None) -> jax.Array:
     """The logits [B,V] (float32) the sampler draws the next tokens from, for the rows'
     last hidden states ``x`` [B,D], rows sharded over the mesh's batch axes.
@@ -351,15 +341,18 @@ def row_logits(cfg: ModelConfig, params: Params, x: jax.Array, mesh: Mesh | None
     return constrain_rows(logits, mesh)
 
 
-def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: int,
+def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: int | None,
                 key: jax.Array, stopping: Stopping, settings: DecodeSettings) -> Decoded:
     """The decode loop shared by a fresh generation and a continued one.
 
-    params are per layer (see unstack_layers), as is the cache; ``first_slot`` is the first
-    free cache slot. Every sampled token is written to the cache while its row is still
-    running, so the returned frontier describes each row's whole sequence and can be
-    continued. With ``settings.mesh``, the loop's carry (cache, logits, tokens, ...) stays
-    sharded along its rows (``models.sharding.row_shardings``) at every step.
+    params are per layer (see unstack_layers), as is the cache. ``first_slot``: the first
+    free cache slot, the same for every row (a fresh generation: all rows write step t's
+    token at slot first_slot + t, one dense write); None: each row writes from its own
+    ``start.next_slot`` on (a continuation in place, ``models.continuation``). Every sampled
+    token is written to the cache while its row is still running, so the returned frontier
+    describes each row's whole sequence and can be continued. With ``settings.mesh``, the
+    loop's carry (cache, logits, tokens, ...) stays sharded along its rows
+    (``models.sharding.row_shardings``) at every step.
     """
     b, n, mesh = start.logits.shape[0], settings.max_new, settings.mesh
     init = constrain_rows(DecodeLoop(
@@ -386,11 +379,13 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
         at_limit = s.step + 1 >= stopping.max_new_per_row
         reason = jnp.where(is_eos, 1, jnp.where(hit, 2, 0))
         newly_done = ~s.done & (is_eos | hit | at_limit)
-        # finished rows feed padding that the cache marks invalid, and keep their logits
+        # finished rows feed padding that the cache marks invalid (per row: at their next
+        # free slot, which stays free), and keep their logits
         hidden, cache = forward_with_cache(
             cfg, params, tok[:, None], ~s.done[:, None],
             positions=(start.n_tokens + s.step)[:, None], cache=s.cache,
-            cache_index=first_slot + s.step)
+            cache_index=(start.next_slot + s.lengths if first_slot is None
+                         else first_slot + s.step))
         return constrain_rows(DecodeLoop(
             step=s.step + 1, key=s.key,
             tokens=s.tokens.at[:, s.step].set(tok), logprobs=s.logprobs.at[:, s.step].set(logp),
@@ -403,8 +398,10 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
                                  stopping.stop_next[s.stop_state, tok])), mesh)
 
     s = jax.lax.while_loop(running, step, init)
+    first = start.next_slot if first_slot is None else first_slot
     return Decoded(s.tokens, s.logprobs, s.lengths, s.finish,
-                   Frontier(s.cache, s.logits, start.n_tokens + s.lengths, s.stop_state))
+                   Frontier(s.cache, s.logits, start.n_tokens + s.lengths, s.stop_state,
+                            first + s.lengths))
 
 
 _STATIC = ("cfg", "settings")
@@ -469,152 +466,30 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
     return constrain_rows(Frontier(
         cache, logits=row_logits(cfg, params, last, mesh),
         n_tokens=_take_rows(jnp.sum(prompts.mask, axis=1).astype(jnp.int32), rows),
-        stop_state=jnp.zeros((rows.size,), jnp.int32)), mesh)
-
-
-@functools.partial(jax.jit, static_argnames=("keep", "grow", "mesh"))
-def _compaction(valid: jax.Array, previous: Frontier, plan: ContinuePlan, *, keep: int,
-                grow: int, mesh: Mesh | None) -> tuple[jax.Array, Frontier]:
-    """Where the compacted cache's slots come from and the frontier around it (its cache
-    holds the new ``valid`` mask only): each continuing row's real slots right-aligned (a
-    stable sort keeps their order) in `keep` slots, then `grow` empty ones, so the holes
-    that left padding and early stops left cost nothing in the next turn. Returns
-    ``source`` [B, keep + grow], the state slot each new slot copies (any real slot's
-    finite contents stand in for an empty one), and that frontier. ``plan.rows`` [S,B/S]
-    index each shard's own rows (see :func:`_take_rows`)."""
-    rows = plan.rows
-    valid = _take_rows(valid, rows)
-    extra = max(0, keep - valid.shape[1])
-    valid = jnp.pad(valid, ((0, 0), (extra, 0)))
-    order = jnp.argsort(valid, axis=1, stable=True)[:, -keep:]  # [B, keep] slots to keep
-    # the same slots in the unpadded cache (the `extra` padding slots are invalid)
-    source = jnp.pad(jnp.maximum(order - extra, 0), ((0, 0), (0, grow)))
-    valid = jnp.pad(jnp.take_along_axis(valid, order, axis=1), ((0, 0), (0, grow)))
-    source, valid, logits, n_tokens, stop_state = constrain_rows(
-        (source, valid, _take_rows(previous.logits, rows), _take_rows(previous.n_tokens, rows),
-         jnp.where(plan.resume, _take_rows(previous.stop_state, rows), 0)), mesh)
-    return source, Frontier(KVCache((), (), valid), logits, n_tokens, stop_state)
-
-
-@functools.partial(jax.jit, static_argnames=("axis", "mesh"))
-def gather_slots(layer: jax.Array, rows: jax.Array, source: jax.Array, *, axis: int,
-                  mesh: Mesh | None) -> jax.Array:
-    """One cache layer compacted (:func:`_compaction`): row ``rows[i]``'s slots ``source[i]``
-    along the slot axis `axis` (keys [B,KV,hd,S]: 3, values [B,KV,S,hd]: 2), straight into
-    the new buffer. One row at a time (vmap): XLA:CPU gathers the keys' minor slot axis ~2x
-    faster this way than with a take_along_axis index broadcast over the other axes."""
-    slots = (slice(None),) * (axis - 1)
-    if rows.ndim == 1:
-        out = jax.vmap(lambda r, o: layer[r][slots + (o,)])(rows, source)
-    else:  # per shard: the shard's rows of its own block
-        blocks = layer.reshape(rows.shape[0], -1, *layer.shape[1:])
-        per_shard = source.reshape(*rows.shape, source.shape[-1])
-        out = jax.vmap(lambda block, rs, os: jax.vmap(
-            lambda r, o: block[r][slots + (o,)])(rs, os))(blocks, rows, per_shard)
-        out = out.reshape(-1, *out.shape[2:])
-    return out if mesh is None else jax.lax.with_sharding_constraint(
-        out, cache_layer_sharding(out, mesh))
-
-
-def _compact(previous: Frontier, plan: ContinuePlan, *, keep: int, grow: int,
-             mesh: Mesh | None, consume: bool) -> Frontier:
-    """The frontier a continuation starts from: the continuing rows' cache compacted
-    (:func:`_compaction`) one layer at a time, each layer gathered into its new buffer by its
-    own small program (:func:`gather_slots`); with `consume` the previous layer is deleted
-    as soon as its gather is enqueued (the runtime frees it once the gather has read it), so
-    the memory held never exceeds one cache and one layer (the layers change shape, so
-    donating the whole cache to one program could not reuse its buffers)."""
-    source, front = _compaction(previous.cache.valid, previous._replace(cache=None), plan,
-                                keep=keep, grow=grow, mesh=mesh)
-
-    def gather(layers: tuple[jax.Array, ...], axis: int) -> tuple[jax.Array, ...]:
-        out = []
-        for layer in layers:
-            out.append(gather_slots(layer, plan.rows, source, axis=axis, mesh=mesh))
-            if consume:
-                layer.delete()
-        return tuple(out)
-
-    k, v = gather(previous.cache.k, 3), gather(previous.cache.v, 2)
-    if consume:
-        previous.cache.valid.delete()
-    return front._replace(cache=KVCache(k, v, front.cache.valid))
-
-
-@functools.partial(jax.jit, static_argnames=(*_STATIC, "first_slot"), donate_argnames="start")
-def read_and_decode(cfg: ModelConfig, params: Params, start: Frontier, plan: ContinuePlan,
-                     key: jax.Array, stopping: Stopping, *, settings: DecodeSettings,
-                     first_slot: int) -> Decoded:
-    """A continuation after its compaction: the reader rows read their chunk lines at slots
-    [first_slot, first_slot + W), then the decode loop. ``start`` is donated: the result's
-    cache takes over its buffers."""
-    params, mesh = unstack_layers(params), settings.mesh
-    if plan.chunk.shape[1]:
-        start = constrain_rows(_read_chunk(cfg, params, start, plan, first_slot, settings), mesh)
-    return decode_loop(cfg, params, start, first_slot + plan.chunk.shape[1], key, stopping,
-                       settings)
-
-
-def _read_chunk(cfg: ModelConfig, params: Params, start: Frontier, plan: ContinuePlan,
-                first_slot: int, settings: DecodeSettings) -> Frontier:
-    """``start`` after the reader rows have read their chunk lines at cache slots
-    [first_slot, first_slot + W), in blocks of ``settings.read_block`` tokens (a ``scan``
-    carrying the cache; the host pads W to a multiple of the block when it is longer). Only
-    the readers run the forward (an out-of-range index pads their list and is dropped on the
-    way back)."""
-    if plan.readers.shape[0] == start.n_tokens.shape[0]:  # every row reads (readers == arange)
-        pick, put = (lambda a: a), (lambda a, b: b)
-    else:
-        pick = functools.partial(jnp.take, indices=plan.readers, axis=0, mode="clip")
-        put = lambda a, b: a.at[plan.readers].set(b, mode="drop")  # noqa: E731
-    k, v, valid = start.cache
-    width = plan.chunk.shape[1]
-    block = width if width <= settings.read_block else settings.read_block
-    read = jnp.sum(plan.chunk_mask, axis=1, dtype=jnp.int32)
-    positions = (pick(start.n_tokens)[:, None]
-                 + jnp.maximum(jnp.cumsum(plan.chunk_mask, axis=1) - 1, 0))
-
-    def blocks(a: jax.Array) -> jax.Array:  # [R, W] -> [W / block, R, block]
-        return jnp.moveaxis(a.reshape(a.shape[0], width // block, block), 1, 0)
-
-    def one(cache: KVCache, x: tuple[jax.Array, ...]) -> tuple[KVCache, jax.Array]:
-        tokens, mask, pos, index = x
-        hidden, cache = forward_with_cache(cfg, params, tokens, mask, pos, cache=cache,
-                                           cache_index=index, mesh=settings.mesh)
-        return cache, hidden[:, -1]
-
-    firsts = first_slot + block * jnp.arange(width // block, dtype=jnp.int32)
-    sub, last = jax.lax.scan(
-        one, KVCache(tuple(map(pick, k)), tuple(map(pick, v)), pick(valid)),
-        (blocks(plan.chunk), blocks(plan.chunk_mask), blocks(positions), firsts))
-    cache = KVCache(tuple(map(put, k, sub.k)), tuple(map(put, v, sub.v)),
-                    put(valid, sub.valid))
-    # a row with nothing to read (only when every row is sent) keeps its logits
-    logits = put(start.logits, jnp.where(read[:, None] > 0,
-                                         row_logits(cfg, params, last[-1], settings.mesh),
-                                         pick(start.logits)))
-    n_tokens = start.n_tokens + put(jnp.zeros_like(start.n_tokens), read)
-    return Frontier(cache, logits, n_tokens, start.stop_state)
+        stop_state=jnp.zeros((rows.size,), jnp.int32),
+        next_slot=jnp.full((rows.size,), width, jnp.int32)), mesh)
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeState:
-    """Where the rows of a generation stopped, kept on device so that :func:`continue_generation`
-    can extend them without re-reading their context: the KV cache, per layer
-    (``cache.valid`` marks real tokens), the next-token logits after each row's last real
-    token, and each row's count of real tokens (``n_tokens``, on the host too: it sizes the
-    next call). ``stop_state`` is each row's stop-string automaton state for the strings
-    ``stops``, so a row continued without new tokens still catches a stop string that
-    straddles the two calls.
+    """Where the rows of a generation stopped, kept on device so that
+    ``models.continuation.continue_generation`` can extend them in place without re-reading
+    their context: the KV cache, per layer (``cache.valid`` marks real tokens), the
+    next-token logits after each row's last real token, and, on the host (they size the next
+    call), each row's count of real tokens (``n_tokens``: the next RoPE position) and its
+    next free cache slot (``next_slot``). ``stop_state`` is each row's stop-string automaton
+    state for the strings ``stops``, so a row continued without new tokens still catches a
+    stop string that straddles the two calls.
 
-    With a ``mesh`` (the one the generation ran on, and its continuations run on) the arrays
-    are the sampler's device rows, in equal blocks, one per data-parallel shard (which holds
-    their cache); ``layout[i]`` is the device row of the generation's output row i (None: row
-    i is device row i)."""
+    The arrays hold the sampler's device rows; with a ``mesh`` (the one the generation ran
+    on, and its continuations run on) in equal blocks, one per data-parallel shard (which
+    holds their cache). ``layout[i]`` is the device row of the generation's output row i
+    (None: row i is device row i)."""
 
     cache: KVCache
     logits: jax.Array
     n_tokens: np.ndarray
+    next_slot: np.ndarray
     stop_state: np.ndarray | None = None
     stops: tuple[str, ...] = ()
     layout: np.ndarray | None = None
@@ -625,33 +500,26 @@ class DecodeState:
         """How many output rows a continuation may index."""
         return len(self.n_tokens) if self.layout is None else len(self.layout)
 
+    @property
+    def capacity(self) -> int:
+        """Cache slots per row."""
+        return int(self.cache.valid.shape[1])
+
+    def device_rows(self, rows: Sequence[int]) -> np.ndarray:
+        """The device rows of output rows `rows`."""
+        rows = np.asarray(rows, np.int32)
+        return rows if self.layout is None else self.layout[rows]
+
     def frontier(self) -> Frontier:
         """This state as the jitted continuation reads it."""
         stop_state = (np.zeros(len(self.n_tokens), np.int32) if self.stop_state is None
                       else self.stop_state)
-        return Frontier(self.cache, self.logits, jnp.asarray(self.n_tokens, jnp.int32),
-                        jnp.asarray(stop_state, jnp.int32))
-
-
-@dataclasses.dataclass(frozen=True)
-class Continuation:
-    """Which rows of an earlier generation to extend, in output order: output row i continues
-    row ``rows[i]`` after reading the tokens ``appended[i]`` (e.g. a tool's observation; may
-    be empty), for at most ``max_new_per_row[i]`` new tokens (default: the sampling's
-    max_new_tokens). ``consume``: the earlier generation's state is not used again, so its
-    cache is freed while the new one is built."""
-
-    rows: Sequence[int]
-    appended: Sequence[Sequence[int]]
-    max_new_per_row: Sequence[int] | None = None
-    consume: bool = False
-
-    def __post_init__(self) -> None:
-        if len(self.rows) != len(self.appended):
-            raise ValueError(f"rows ({len(self.rows)}) and appended ({len(self.appended)}) "
-                             "differ in length")
-        if len(self.rows) == 0:
-            raise ValueError("continue_generation needs at least one row")
+        host = (np.asarray(self.n_tokens, np.int32), np.asarray(stop_state, np.int32),
+                np.asarray(self.next_slot, np.int32))
+        n_tokens, stop_state, next_slot = (
+            jax.tree.map(jnp.asarray, host) if self.mesh is None
+            else jax.device_put(host, row_shardings(host, self.mesh)))
+        return Frontier(self.cache, self.logits, n_tokens, stop_state, next_slot)
 
 
 def _stopping(cfg: ModelConfig, tokenizer: Tokenizer, sampling: SamplingParams,
@@ -690,13 +558,14 @@ def _key(seed: int | jax.Array) -> jax.Array:
 
 def _result(tokenizer: Tokenizer, decoded: Decoded, n_rows: int, decode_text: bool,
             stops: tuple[str, ...], order: np.ndarray | None = None,
-            mesh: Mesh | None = None) -> Generation:
-    """The host's copy of a decode (output row i is device row ``order[i]``, default i) and
-    the state a continuation starts from (left on device)."""
+            mesh: Mesh | None = None, layout: np.ndarray | None = None) -> Generation:
+    """The host's copy of a decode (output row i is the decode's row ``order[i]``, default
+    i) and the state a continuation starts from (left on device; output row i is its device
+    row ``layout[i]``, default ``order[i]``)."""
     front = decoded.frontier
-    out, logp, length, finish, n_host, stop_host = host_copy(
+    out, logp, length, finish, n_host, stop_host, slot_host = host_copy(
         (decoded.tokens, decoded.logprobs, decoded.lengths, decoded.finish, front.n_tokens,
-         front.stop_state))
+         front.stop_state, front.next_slot))
     pick = (lambda a: a[:n_rows]) if order is None else (lambda a: a[order])  # noqa: E731
     out, logp, length, finish = pick(out), pick(logp), pick(length), pick(finish)
     lists = [row[:k].tolist() for row, k in zip(out, length)]
@@ -705,21 +574,28 @@ def _result(tokenizer: Tokenizer, decoded: Decoded, n_rows: int, decode_text: bo
                       lengths=np.asarray(length),
                       finish=tuple(FINISH_REASONS[int(f)] for f in finish), texts=texts,
                       state=DecodeState(front.cache, front.logits, np.asarray(n_host),
-                                        np.asarray(stop_host), _canonical(stops), order,
+                                        np.asarray(slot_host), np.asarray(stop_host),
+                                        _canonical(stops), order if layout is None else layout,
                                         mesh))
 
 
 def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
              prompts: Sequence[Sequence[int]], sampling: SamplingParams = SamplingParams(),
              seed: int | jax.Array = 0, max_new_per_row: Sequence[int] | None = None,
-             decode_text: bool = True, mesh: Mesh | None = None) -> Generation:
+             decode_text: bool = True, mesh: Mesh | None = None, capacity: int | None = None,
+             prompt_bucket: int = 16) -> Generation:
     """Sample continuations of token-id prompts (apply chat templates beforehand).
 
     Generation of a row ends at an EOS token (the tokenizer's; none with
     ``sampling.ignore_eos``), right after the token that completes a stop string, or after
     `max_new_per_row[b]` (default `sampling.max_new_tokens`) tokens. Same seed and inputs give
-    the same samples. The result's ``state`` lets :func:`continue_generation` extend the rows
-    later.
+    the same samples. The result's ``state`` lets ``models.continuation.continue_generation``
+    extend the rows later.
+
+    The KV cache holds the prompts, left padded to a multiple of `prompt_bucket`, and
+    `capacity` slots after them (default: the new tokens, rounded up to 16). A multi-turn
+    rollout reserves room for every turn and observation of a row, so that its continuations
+    write in place, in programs of one shape.
 
     With a ``mesh`` the rows are data-parallel (:func:`_sharded_prompts`): prompts, KV cache
     and outputs sharded along the rows over the mesh's data axes, the weights as they come
@@ -733,21 +609,23 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
         firsts = [list(p) for p in distinct]
         # filler rows repeat the first prompt; no row reads them
         firsts += [firsts[0]] * (prompt_count_bucket(len(firsts)) - len(firsts))
-        tokens, mask = left_pad(firsts, tokenizer.pad_id)
+        tokens, mask = left_pad(firsts, tokenizer.pad_id, prompt_bucket)
         batch = PromptBatch(jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(rows))
     else:
-        host, limits = _sharded_prompts(prompts, limits, batch_shards(mesh), tokenizer.pad_id)
+        host, limits = _sharded_prompts(prompts, limits, batch_shards(mesh), tokenizer.pad_id,
+                                        prompt_bucket)
         batch = jax.device_put(host, row_shardings(host, mesh))
     stopping = _stopping(cfg, tokenizer, sampling, limits, mesh)
+    slots = max(round_up(sampling.max_new_tokens, 16), capacity or 0)
     decoded = _generate(
         cfg, params, batch, _key(seed), stopping, settings=DecodeSettings.of(sampling, mesh),
-        cache_len=batch.tokens.shape[1] + round_up(sampling.max_new_tokens, 16))
+        cache_len=batch.tokens.shape[1] + slots)
     order = None if mesh is None else np.arange(len(prompts))  # the padding rows: not rows
     return _result(tokenizer, decoded, len(prompts), decode_text, sampling.stop, order, mesh)
 
 
 def _sharded_prompts(prompts: Sequence[Sequence[int]], limits: np.ndarray, shards: int,
-                     pad_id: int) -> tuple[PromptBatch, np.ndarray]:
+                     pad_id: int, bucket: int = 16) -> tuple[PromptBatch, np.ndarray]:
     """The rows laid out for `shards` data-parallel shards: rows cut in order into shards
     blocks of ceil(B/shards) (padding rows at the end: token budget 0, so done before they
     start, copying their shard's first prompt; they never reach the output). Each shard
@@ -765,144 +643,7 @@ def _sharded_prompts(prompts: Sequence[Sequence[int]], limits: np.ndarray, shard
         lists.append(list(distinct) or [tuple(prompts[0])])
     width = prompt_count_bucket(max(len(ps) for ps in lists))
     tokens, mask = left_pad([ps[k] if k < len(ps) else ps[0] for ps in lists
-                             for k in range(width)], pad_id)
+                             for k in range(width)], pad_id, bucket)
     padded = np.zeros(shards * per, np.int32)
     padded[:len(limits)] = limits
     return PromptBatch(tokens, mask, rows), padded
-
-
-def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
-                        state: DecodeState, continuation: Continuation,
-                        sampling: SamplingParams = SamplingParams(), seed: int | jax.Array = 0,
-                        decode_text: bool = True) -> Generation:
-    """Extend rows of an earlier generation without re-reading their context.
-
-    Output row i continues row ``continuation.rows[i]`` of the generation that produced
-    ``state``: its tokens ``continuation.appended[i]`` are read, then sampling proceeds as in
-    :func:`generate`. The result equals ``generate`` on the concatenated token lists
-    (context + generated + appended) up to float rounding, at the cost of the new tokens
-    only. A row continued with nothing appended and the same stop strings resumes its stop
-    matching where it was (a stop string may straddle the two calls); any other row starts
-    matching afresh. Row counts are padded to a multiple of 4 (fewer recompiles), the rows
-    that read appended tokens to 1, 2 or a multiple of 4.
-
-    A state generated over a mesh is continued over it (``state.mesh``): every row stays on
-    the shard that holds its cache (:func:`_sharded_continue_plan`), the cache is compacted
-    shard by shard, nothing of it moves between devices, and only the sampled tokens come to
-    the host.
-
-    With ``continuation.consume`` the state's cache is freed layer by layer while the new one
-    is built (:func:`_compact`; a multi-turn rollout that continues each state once: one cache
-    in memory instead of two); the state cannot be continued again (its arrays are
-    deleted).
-    """
-    rows, n_state = continuation.rows, state.rows
-    if min(rows) < 0 or max(rows) >= n_state:
-        raise ValueError(f"rows must index the {n_state} rows of the state, got {list(rows)}")
-    device_rows = (np.asarray(rows, np.int32) if state.layout is None
-                   else state.layout[np.asarray(rows)])
-    limits = _limits(len(rows), sampling, continuation.max_new_per_row)
-    same_stops = state.stop_state is not None and state.stops == _canonical(sampling.stop)
-    keep = round_up(int(state.n_tokens[device_rows].max()), 64)
-    front, order, mesh = state.frontier(), None, state.mesh
-    if mesh is None:
-        b = round_up(len(rows), 4)
-        padded = np.zeros(b, np.int32)  # padding rows: done before they start
-        padded[:len(rows)] = limits
-        if state.layout is not None:
-            continuation = dataclasses.replace(continuation, rows=device_rows.tolist())
-        plan = _continue_plan(continuation, b, tokenizer.pad_id, same_stops,
-                              sampling.read_block)
-    else:
-        shards = batch_shards(mesh)
-        host, padded, order = _sharded_continue_plan(
-            continuation, device_rows, len(state.n_tokens) // shards, shards, limits,
-            tokenizer.pad_id, same_stops, sampling.read_block)
-        plan = jax.device_put(host, row_shardings(host, mesh))
-        front = jax.device_put(front, row_shardings(front, mesh))
-    # the continuing rows' cache compacted to `keep` slots (>= every row's real-token
-    # count) with room for the chunk and the new tokens, then read and decode on it
-    settings = DecodeSettings.of(sampling, mesh)
-    grow = plan.chunk.shape[1] + round_up(settings.max_new, 16)
-    start = _compact(front, plan, keep=keep, grow=grow, mesh=mesh,
-                     consume=continuation.consume)
-    decoded = read_and_decode(cfg, params, start, plan, _key(seed),
-                               _stopping(cfg, tokenizer, sampling, padded, mesh),
-                               settings=settings, first_slot=keep)
-    return _result(tokenizer, decoded, len(rows), decode_text, sampling.stop, order, mesh)
-
-
-def _sharded_continue_plan(continuation: Continuation, device_rows: np.ndarray,
-                           per_state: int, shards: int, limits: np.ndarray, pad_id: int,
-                           same_stops: bool, read_block: int
-                           ) -> tuple[ContinuePlan, np.ndarray, np.ndarray]:
-    """The continuation laid out for `shards` data-parallel shards, no row leaving its shard:
-    state device row d lives on shard d // per_state; shard s's continuing rows, in order,
-    become its first output rows, each shard padded to the busiest shard's count (exact up to
-    4, then a multiple of 4) with rows that copy the shard's first state row, read nothing
-    and have token budget 0. Every output row reads its own chunk line (no gather of reader
-    rows across shards). Returns the plan (host arrays; ``rows`` [shards, B/shards] index
-    within the shard), the padded token budgets and ``order``: output row i is device row
-    order[i]."""
-    shard = device_rows // per_state
-    most = int(np.bincount(shard, minlength=shards).max())
-    per = round_up(most, 4) if most > 4 else most
-    order = np.zeros(len(device_rows), np.int32)
-    filled = np.zeros(shards, np.int32)
-    for i, s in enumerate(shard):
-        order[i] = s * per + filled[s]
-        filled[s] += 1
-    rows = np.zeros(shards * per, np.int32)
-    rows[order] = device_rows % per_state
-    appended = continuation.appended
-    width = chunk_width(max(len(a) for a in appended), read_block)
-    chunk = np.full((shards * per, width), pad_id, np.int32)
-    chunk_mask = np.zeros((shards * per, width), bool)
-    for i, ids in zip(order, appended):
-        if len(ids):
-            chunk[i, width - len(ids):] = ids
-            chunk_mask[i, width - len(ids):] = True
-    resume = np.zeros(shards * per, bool)
-    if same_stops:
-        resume[order] = [len(a) == 0 for a in appended]
-    padded = np.zeros(shards * per, np.int32)
-    padded[order] = limits
-    return (ContinuePlan(rows.reshape(shards, per), np.arange(shards * per, dtype=np.int32),
-                         chunk, chunk_mask, resume), padded, order)
-
-
-def chunk_width(longest: int, read_block: int) -> int:
-    """The width of a continuation's chunk lines for `longest` appended tokens: rounded up to
-    16 (fewer recompiles), or to a multiple of `read_block` when longer (read in blocks)."""
-    return round_up(longest, 16 if longest <= read_block else read_block) if longest else 0
-
-
-def _continue_plan(continuation: Continuation, b: int, pad_id: int, same_stops: bool,
-                   read_block: int) -> ContinuePlan:
-    """The continuation laid out for `b` rows (the padding rows repeat the first row)."""
-    rows, appended = continuation.rows, continuation.appended
-    # nothing to read: width 0, straight to decoding
-    width = chunk_width(max(len(a) for a in appended), read_block)
-    readers = [i for i, ids in enumerate(appended) if len(ids)]
-    # readers: 1, 2, 4, then multiples of 4 (a read costs per row and token; one reader
-    # padded to four would read four times the tokens)
-    n_read = round_up(len(readers), 4) if len(readers) > 2 else len(readers)
-    # chunk line j is read by row reader_idx[j]; b (out of range) pads the list. When the
-    # padded list is as long as the batch, every row gets its own line instead (a row with
-    # nothing to read gets an empty one) and the reader rows need no gather and scatter.
-    reader_idx = (np.arange(b, dtype=np.int32) if n_read >= b else
-                  np.asarray(readers + [b] * (n_read - len(readers)), np.int32))
-    chunk = np.full((len(reader_idx), width), pad_id, np.int32)
-    chunk_mask = np.zeros((len(reader_idx), width), bool)
-    for j, i in enumerate(reader_idx):
-        ids = appended[i] if i < len(rows) else ()
-        if len(ids):
-            chunk[j, width - len(ids):] = ids
-            chunk_mask[j, width - len(ids):] = True
-    idx = np.full(b, rows[0], np.int32)
-    idx[:len(rows)] = rows
-    resume = np.zeros(b, bool)
-    if same_stops:
-        resume[:len(rows)] = [len(a) == 0 for a in appended]
-    return ContinuePlan(jnp.asarray(idx), jnp.asarray(reader_idx), jnp.asarray(chunk),
-                        jnp.asarray(chunk_mask), jnp.asarray(resume))

@@ -11,15 +11,8 @@ import jax
 
 from core.types import Group, Policy, Prompt, Trajectory
 from models.config import ModelConfig
-from models.sampler import (
-    Continuation,
-    DecodeState,
-    Generation,
-    SamplingParams,
-    continue_generation,
-    decode_params,
-    generate,
-)
+from models.continuation import Continuation, continue_generation
+from models.sampler import DecodeState, Generation, SamplingParams, decode_params, generate
 from models.sharding import decode_param_shardings
 from models.tokenizer import Tokenizer
 from models.transformer import Params
@@ -50,25 +43,30 @@ class SamplerPolicy:
         object.__setattr__(self, "params", params)
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seed: int,
-                 max_new_per_row: Sequence[int] | None = None) -> Generation:
+                 max_new_per_row: Sequence[int] | None = None, capacity: int | None = None,
+                 prompt_bucket: int = 16) -> Generation:
+        """Sample continuations of `prompts`; ``capacity`` and ``prompt_bucket``: the KV
+        cache's room after the prompts and the prompts' padding (models.sampler.generate)."""
         if self.kv_cache_dtype is not None:
             sampling = dataclasses.replace(sampling, kv_cache_dtype=self.kv_cache_dtype)
         if self.prefill_pin_rows is not None:
             sampling = dataclasses.replace(sampling, prefill_pin_rows=self.prefill_pin_rows)
         return generate(self.cfg, self.params, self.tokenizer, prompts, sampling, seed=seed,
-                        max_new_per_row=max_new_per_row, mesh=self.mesh)
+                        max_new_per_row=max_new_per_row, mesh=self.mesh, capacity=capacity,
+                        prompt_bucket=prompt_bucket)
 
     def continue_from(self, state: DecodeState, rows: Sequence[int],
                       appended: Sequence[Sequence[int]], sampling: SamplingParams, seed: int,
-                      max_new_per_row: Sequence[int] | None = None,
-                      consume: bool = False) -> Generation:
+                      max_new_per_row: Sequence[int] | None = None, consume: bool = False,
+                      read_width: int = 0, compile_buckets: bool = False) -> Generation:
         """Continue rows of an earlier generation after reading `appended` tokens (multi-turn
-        environments: the observation), from its KV cache instead of re-reading the context.
-        ``consume``: the caller is done with ``state`` (its cache is freed while the new one
-        is built, see models.sampler.continue_generation)."""
-        return continue_generation(self.cfg, self.params, self.tokenizer, state,
-                                   Continuation(rows, appended, max_new_per_row, consume),
-                                   sampling, seed=seed)
+        environments: the observation), in its KV cache instead of re-reading the context.
+        ``consume``: the caller is done with ``state`` (its cache is updated in place);
+        ``read_width``, ``compile_buckets``: see models.continuation.Continuation."""
+        return continue_generation(
+            self.cfg, self.params, self.tokenizer, state,
+            Continuation(rows, appended, max_new_per_row, consume, read_width, compile_buckets),
+            sampling, seed=seed)
 
 
 @dataclasses.dataclass(frozen=True)

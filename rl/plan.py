@@ -6,10 +6,11 @@ nothing downloaded or allocated), the programs of one RL step as ``rl.train`` wo
 
     prefill    the rollout's prompts into a KV cache of prompt + response budget slots
     decode     the rollout's decode loop over the response budget (``models.sampler``)
-    compact    a chunked multi-turn task's cache compaction at the end of the budget, one
-               layer at a time, each old layer freed once gathered (``gather_slots``)
-    continue   that continuation's read of an observation and decoding of a chunk, on the
-               compacted cache (``read_and_decode``, the cache donated)
+    read       a chunked multi-turn task's read of an observation by every row, in place in
+               the rollout's one cache (``models.continuation.read_in_place``, donated)
+    continue   that task's decoding of a chunk by every row, in place
+               (``models.continuation.decode_in_place``, the cache donated)
+    part       the same for three quarters of the rows, gathered out of the cache and put back
     reference  the reference / old-policy log-prob pass (``rl.train_step.batch_logprobs``)
     update     one optimizer update (``rl.train_step.make_train_step``) on a mini-batch
     start-up   not a compiled program: what the chips hold when loading ends, before step 0
@@ -60,25 +61,21 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig, ModelLoadError
+from models.continuation import decode_in_place, line_width, read_in_place, row_buckets
 from models.sampler import (
-    ContinuePlan,
     DecodeSettings,
     Frontier,
     PromptBatch,
     Stopping,
-    chunk_width,
     decode_loop,
     decode_params,
-    gather_slots,
     prefill,
-    read_and_decode,
     round_up,
 )
 from models.shapes import model_shapes
 from models.sharding import (
     batch_sharding,
     batch_shards,
-    cache_layer_sharding,
     cache_shardings,
     decode_param_shardings,
     make_mesh,
@@ -457,7 +454,8 @@ def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, 
     start = Frontier(_abstract(front.cache, cache_shardings(front.cache, mesh)),
                      _rows(front.logits.shape, front.logits.dtype, mesh),
                      _rows(front.n_tokens.shape, jnp.int32, mesh),
-                     _rows(front.stop_state.shape, jnp.int32, mesh))
+                     _rows(front.stop_state.shape, jnp.int32, mesh),
+                     _rows(front.next_slot.shape, jnp.int32, mesh))
     key = _replicated(jax.eval_shape(lambda: jax.random.key(0)), mesh)
     settings = DecodeSettings(lay.response, run.trainer.temperature, run.trainer.top_p, mesh,
                               cache_dtype)
@@ -477,60 +475,50 @@ def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, 
 
 
 def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
-                      dparams: Any, previous: Frontier, resident: int,
+                      dparams: Any, state: Frontier, resident: int,
                       chunk: int) -> list[Program]:
-    """A multi-turn rollout's continuation near the end of the budget, as
-    ``models.sampler.continue_generation`` runs it over the mesh for the search environment
-    (``Continuation.consume``): the previous state's cache (prompt + budget slots) compacted
-    into a new one of `keep` slots plus every row's observation line (task.max_obs_tokens, as
-    ``chunk_width`` pads it) and one chunk (task.chunk_tokens) of decoding, keep +
-    observation + chunk = the prompt + budget slots. Two programs: ``compact``, one layer's
-    gather (:func:`models.sampler.gather_slots`), which runs while the other layers, old or
-    already compacted, are held (resident here with the sampler's weights); and
-    ``continue`` (:func:`models.sampler.read_and_decode`), the observation read in blocks
-    and the chunk decoded on the compacted cache, which it takes over (donated)."""
-    b, shards = previous.logits.shape[0], batch_shards(mesh)
+    """A multi-turn rollout's continuation at its largest, as
+    ``models.continuation.continue_generation`` runs it over the mesh for the search
+    environment: every row (the bucket of all rows: no gather) in place in the rollout's one
+    cache of prompt + budget slots, which each program takes over (donated). ``read``: every
+    row reads an observation line (task.max_obs_tokens, as ``line_width`` pads it), in blocks
+    of the sampling's read_block; ``continue``: every row decodes one chunk
+    (task.chunk_tokens); ``part``: the same chunk decoded by the largest bucket of rows that
+    is gathered out of the cache (three quarters of each shard's rows: the cache and three
+    quarters of it in memory, see ``models.continuation.row_buckets``)."""
+    b = state.logits.shape[0]
     sampling = run.sampling()
-    obs = chunk_width(int(run.task.get("max_obs_tokens") or 1), sampling.read_block)
-    grow = obs + round_up(chunk, 16)
-    keep = round_up(max(lay.cache_len - grow, 1), 64)
-    slots = keep + grow
-    rows = _rows((shards, b // shards), jnp.int32, mesh)
-    source = _rows((b, slots), jnp.int32, mesh)
-    old = previous.cache.k[0]
-    compact = gather_slots.lower(old, rows, source, axis=3, mesh=mesh)
-    new = jax.eval_shape(lambda a, r, o: gather_slots(a, r, o, axis=3, mesh=mesh), old, rows,
-                         source)
-    layer = max(bytes_per_chip(old), bytes_per_chip(_abstract(
-        new, cache_layer_sharding(new, mesh))))
-    layers = len(previous.cache.k) + len(previous.cache.v)
-    held = resident + bytes_per_chip(dparams) + (layers - 1) * layer
-    programs = [compiled_program(
-        "compact", compact, (old, rows, source), resident=held, flops=0.0,
-        min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes)]
-
-    def compacted(a: jax.ShapeDtypeStruct, axis: int) -> jax.ShapeDtypeStruct:
-        shape = list(a.shape)
-        shape[axis] = slots
-        return jax.ShapeDtypeStruct(tuple(shape), a.dtype)
-
-    cache = type(previous.cache)(tuple(compacted(k, 3) for k in previous.cache.k),
-                                 tuple(compacted(v, 2) for v in previous.cache.v),
-                                 jax.ShapeDtypeStruct((b, slots), jnp.bool_))
-    start = previous._replace(cache=_abstract(cache, cache_shardings(cache, mesh)))
-    plan = ContinuePlan(rows, _rows((b,), jnp.int32, mesh), _rows((b, obs), jnp.int32, mesh),
-                        _rows((b, obs), jnp.bool_, mesh), _rows((b,), jnp.bool_, mesh))
-    key = _replicated(jax.eval_shape(lambda: jax.random.key(0)), mesh)
+    obs = line_width(int(run.task.get("max_obs_tokens") or 1), sampling.read_block)
+    slots = lay.cache_len
     settings = DecodeSettings(chunk, run.trainer.temperature, run.trainer.top_p, mesh,
                               run.trainer.kv_cache_dtype, sampling.read_block)
+    lines, mask = _rows((b, obs), jnp.int32, mesh), _rows((b, obs), jnp.bool_, mesh)
+    read = read_in_place.lower(cfg, dparams, state, None, lines, mask, settings=settings)
+    programs = [compiled_program(
+        "read", read, (dparams, state, lines, mask), resident=resident,
+        flops=sum(forward_flops(cfg, b * obs, b * obs * slots, b)),
+        min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes)]
+    resume = _rows((b,), jnp.bool_, mesh)
+    key = _replicated(jax.eval_shape(lambda: jax.random.key(0)), mesh)
     stopping = _stopping(cfg, b, mesh)
-    lowered = read_and_decode.lower(cfg, dparams, start, plan, key, stopping,
-                                     settings=settings, first_slot=keep)
-    flops = (sum(forward_flops(cfg, b * obs, b * obs * slots, b))
-             + chunk * sum(forward_flops(cfg, b, b * slots, b)))
+    lowered = decode_in_place.lower(cfg, dparams, state, None, resume, key, stopping,
+                                    settings=settings)
     programs.append(compiled_program(
-        "continue", lowered, (dparams, start, plan, key, stopping), resident=resident,
-        flops=flops, min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes))
+        "continue", lowered, (dparams, state, resume, key, stopping), resident=resident,
+        flops=chunk * sum(forward_flops(cfg, b, b * slots, b)),
+        min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes))
+    shards = batch_shards(mesh)
+    part = row_buckets(b // shards)[-2:][0]  # the largest bucket that gathers its rows
+    if part < b // shards:
+        n = shards * part
+        index = _rows((shards, part), jnp.int32, mesh)
+        resume, stopping = _rows((n,), jnp.bool_, mesh), _stopping(cfg, n, mesh)
+        lowered = decode_in_place.lower(cfg, dparams, state, index, resume, key, stopping,
+                                        settings=settings)
+        programs.append(compiled_program(
+            "part", lowered, (dparams, state, index, resume, key, stopping),
+            resident=resident, flops=chunk * sum(forward_flops(cfg, n, n * slots, n)),
+            min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes))
     return programs
 
 
@@ -853,7 +841,7 @@ def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
                 "(half the KV cache)", *pin, rows,
                 None if t.rollout_dtype == "bfloat16" else "trainer.rollout_dtype=bfloat16",
                 more_fsdp, "a smaller response budget (plan.response_budget, the task's)"]
-        if name == "continue":
+        if name in ("read", "continue", "part"):
             keys.append("a smaller task.max_obs_tokens (the observation the continuation "
                         "reads)")
     return [k for k in keys if k]
@@ -938,8 +926,8 @@ def rollout_advice(plan: Plan) -> str:
         return ("rollout layout: the sampler's layer weights are whole on every chip; "
                 "decoding gathers none")
     decode = next((p for p in plan.programs if p.name == "decode"), None)
-    peak = max((p.peak for p in plan.programs if p.name in ("prefill", "decode", "continue")),
-               default=0)
+    peak = max((p.peak for p in plan.programs
+                if p.name in ("prefill", "decode", "read", "continue", "part")), default=0)
     usable = USABLE_HBM.get(plan.chip.name, plan.chip.hbm_bytes)
     saved = (f", saving >= {plan.gathered / plan.chip.ici_bandwidth * 1e3:.2f} ms of ICI per "
              f"decode step ({decode.ici_bytes / plan.chip.ici_bandwidth:.2f} s per rollout)"

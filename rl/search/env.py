@@ -32,10 +32,12 @@ from typing import Any
 
 from core.search_r1 import INVALID_ACTION, parse_action
 from core.types import Group, Policy, Prompt, Trajectory
-from models.sampler import Generation, SamplingParams
+from models.sampler import Generation, SamplingParams, round_up
 from models.tokenizer import Tokenizer
 from rl.search.corpus import Doc, render_docs
 from rl.search.faults import SEARCH_FAILED, RetrievalGuard
+
+PROMPT_BUCKET = 64  # a rollout's prompts are padded to a multiple of this: few cache shapes
 
 
 def _end_at_answer(text: str) -> str:
@@ -81,6 +83,7 @@ class _Decoding:
     with_search: SamplingParams
     answer_only: SamplingParams
     invalid_ids: tuple[int, ...]
+    read_width: int  # the longest observation a row can read (its lines' width)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +161,8 @@ class SearchEnv:
             active = self._unfinished(rows)
             if not active:
                 break
-            gen, limits = self._generate(policy, decoding, state, active, seed * 1000 + call)
+            gen, limits = self._generate(policy, decoding, state, active, seed * 1000 + call,
+                                         first_continuation=call == 1)
             state = getattr(gen, "state", None)
             searching: list[tuple[_Row, list[str]]] = []
             for i, r in enumerate(active):
@@ -179,7 +183,13 @@ class SearchEnv:
         return _Decoding(chunked=chunked, chunk=chunk, per_turn=per_turn,
                          with_search=with_search,
                          answer_only=dataclasses.replace(with_search, stop=final_stops),
-                         invalid_ids=tuple(self.tokenizer.encode(INVALID_ACTION)))
+                         invalid_ids=tuple(self.tokenizer.encode(INVALID_ACTION)),
+                         read_width=self._observation_bound())
+
+    def _observation_bound(self) -> int:
+        """The most tokens one observation can hold: a search's ``max_obs_tokens``, or the
+        invalid-action message."""
+        return max(self.max_obs_tokens, len(self.tokenizer.encode(INVALID_ACTION)))
 
     def _stop_strings(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Where a turn stops: while searching is allowed, and in the final turn."""
@@ -194,7 +204,7 @@ class SearchEnv:
         return [r for r in active if not r.done]
 
     def _generate(self, policy: Policy, decoding: _Decoding, state: Any, active: list[_Row],
-                  seed: int) -> tuple[Generation, list[int]]:
+                  seed: int, first_continuation: bool) -> tuple[Generation, list[int]]:
         """One generation call for the active rows, and each row's token limit in it."""
         # Chunks always stop at both tags (the automaton state carries over between
         # chunks only for an unchanged stop set); a final-turn row that stops at
@@ -205,10 +215,20 @@ class SearchEnv:
         limits = [min(decoding.chunk, decoding.per_turn - len(r.turn_tokens),
                       self.max_response_tokens - len(r.tokens)) for r in active]
         if state is not None and decoding.chunked:
-            # each state is continued once: its cache is freed while the next one is built
+            # each state is continued once, in place; the first continuation of a rollout
+            # compiles every row bucket's programs (no later chunk or step compiles)
             gen = policy.continue_from(state, [r.slot for r in active],
                                        [r.unread for r in active], sampling,
-                                       seed=seed, max_new_per_row=limits, consume=True)
+                                       seed=seed, max_new_per_row=limits, consume=True,
+                                       read_width=decoding.read_width,
+                                       compile_buckets=first_continuation)
+        elif decoding.chunked:
+            # one KV cache for the whole rollout: room for a whole trajectory after the
+            # prompt (a row's tokens, generated and observed, stop at max_response_tokens)
+            gen = policy.generate([r.prompt_tokens + r.tokens for r in active], sampling,
+                                  seed=seed, max_new_per_row=limits,
+                                  capacity=round_up(self.max_response_tokens, 64),
+                                  prompt_bucket=PROMPT_BUCKET)
         else:
             gen = policy.generate([r.prompt_tokens + r.tokens for r in active], sampling,
                                   seed=seed, max_new_per_row=limits)

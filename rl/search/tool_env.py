@@ -75,6 +75,11 @@ class ToolCallSearchEnv(SearchEnv):
     def _stop_strings(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return (), ()  # a message ends with its EOS token
 
+    def _observation_bound(self) -> int:
+        """One tool message's documents and the template around it (a turn with several
+        calls appends more; its chunk reads through a wider program)."""
+        return self.max_obs_tokens + 64
+
     def _act(self, r: _Row, turn: list[int], text: str, finish: str, final: bool,
              decoding: _Decoding) -> list[str] | None:
         assert isinstance(r, _ToolRow)

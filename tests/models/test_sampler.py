@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 
 from models import load_params
+from models.continuation import Continuation, continue_generation, line_width
 from models.sampler import (
-    Continuation,
     PromptBatch,
     SamplingParams,
-    continue_generation,
     decode_params,
     first_argmax,
     generate,
@@ -299,7 +298,8 @@ def test_continuation_equals_generating_from_the_whole_context(tiny):
     ref = generate(cfg, params, tok, [c + m for c, m in zip(context2, more)],
                    SamplingParams(5, temperature=1.0, ignore_eos=True), seed=4)
     _assert_same_generation(third, ref)
-    assert list(third.state.n_tokens[:2]) == [len(c) + len(m) + 5 for c, m in zip(context2, more)]
+    n_tokens = third.state.n_tokens[third.state.device_rows([0, 1])]
+    assert list(n_tokens) == [len(c) + len(m) + 5 for c, m in zip(context2, more)]
 
 
 def test_continuation_reading_in_blocks_and_consuming_its_state(tiny):
@@ -329,10 +329,8 @@ def test_continuation_reading_in_blocks_and_consuming_its_state(tiny):
         continue_generation(cfg, params, tok, again.state, Continuation(rows, obs), sp)
 
 
-def test_chunk_width_rounds_to_16_then_to_the_read_block():
-    from models.sampler import chunk_width
-
-    assert [chunk_width(n, 128) for n in (0, 1, 16, 17, 128, 129, 300)] == \
+def test_line_width_rounds_to_16_then_to_the_read_block():
+    assert [line_width(n, 128) for n in (0, 1, 16, 17, 128, 129, 300)] == \
         [0, 16, 16, 32, 128, 256, 384]
     with pytest.raises(ValueError, match="read_block"):
         SamplingParams(read_block=24)
@@ -392,6 +390,8 @@ def test_continuation_rejects_bad_rows(tiny):
         continue_generation(cfg, params, tok, g.state, Continuation([2], [[1]]))
     with pytest.raises(ValueError, match="differ in length"):
         continue_generation(cfg, params, tok, g.state, Continuation([0, 1], [[1]]))
+    with pytest.raises(ValueError, match="once per call"):  # one cache row, one continuation
+        Continuation([1, 1], [[1], [2]])
 
 
 def _logprob_gap(cfg, params, tok, contexts, gen):

@@ -12,7 +12,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from models.sampler import Continuation, _sharded_continue_plan, _sharded_prompts
+from models.continuation import layout_rows, row_buckets
+from models.sampler import _sharded_prompts
 
 SCRIPT = textwrap.dedent("""
     import os, re, sys
@@ -32,12 +33,14 @@ SCRIPT = textwrap.dedent("""
     mesh = make_mesh(eval(sys.argv[1]))
     shards = batch_shards(mesh)
     cfg, params, tok = load_params("tiny", seed=3)
+    import models.continuation as C
     programs = {}  # the sampler's jitted kernels as last called: to read their HLO
-    for name in ("_generate", "_compaction", "gather_slots", "read_and_decode"):
-        def spy(*a, _o=getattr(S, name), _n=name, **k):
+    for module, name in ((S, "_generate"), (C, "read_in_place"), (C, "decode_in_place")):
+        def spy(*a, _o=getattr(module, name), _n=name, **k):
             programs[_n] = (_o, a, k)
             return _o(*a, **k)
-        setattr(S, name, spy)
+        spy.lower = getattr(module, name).lower
+        setattr(module, name, spy)
 
     def rows_sharded(x, rows):
         # the leading axis cut into `shards` blocks of rows / shards, one per data shard
@@ -123,14 +126,19 @@ SCRIPT = textwrap.dedent("""
 
     if mesh.shape["fsdp"] == mesh.shape["tensor"] == 1:
         # weights replicated: any collective but a scalar reduction would move rows
+        assert sorted(programs) == ["_generate", "decode_in_place", "read_in_place"]
         for name, (fn, a, k) in programs.items():
+            a = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                            sharding=x.sharding)
+                             if isinstance(x, jax.Array) and x.is_deleted() else x,
+                             a)  # the donated ones are deleted
             hlo = fn.lower(*a, **k).compile().as_text()
             ops = re.findall(r"= (\\S+) (all-gather|all-to-all|collective-permute|"
                              r"all-reduce|reduce-scatter)\\(", hlo)
             assert all(shape.endswith("[]") and op == "all-reduce"
                        for shape, op in ops), (name, ops)
-            # the decode loops reduce their rows' done flags; the compaction nothing
-            assert ops or name in ("_compaction", "gather_slots"), name
+            # the decode loops reduce their rows' done flags, the read its longest line
+            assert ops, name
         print("NO_ROW_MOVES_OK")
 
     class Retriever:
@@ -234,17 +242,18 @@ def test_prompt_layout_per_shard():
 
 
 def test_continue_layout_keeps_rows_on_their_shard():
-    # state: 2 shards of 3 device rows; continue device rows 5, 0, 3, 1 (shards 1, 0, 1, 0)
-    plan, limits, order = _sharded_continue_plan(
-        Continuation([5, 0, 3, 1], [[9], [], [8, 8], []]), np.asarray([5, 0, 3, 1]),
-        per_state=3, shards=2, limits=np.asarray([4, 3, 2, 1]), pad_id=0, same_stops=True,
-        read_block=128)
-    np.testing.assert_array_equal(order, [2, 0, 3, 1])  # shard 0 first: rows 0, 1; then 5, 3
-    np.testing.assert_array_equal(plan.rows, [[0, 1], [2, 0]])  # within-shard state rows
-    np.testing.assert_array_equal(limits, [3, 1, 4, 2])
-    np.testing.assert_array_equal(plan.readers, [0, 1, 2, 3])  # each row its own line
-    np.testing.assert_array_equal(plan.chunk_mask.sum(1), [0, 0, 1, 2])
-    np.testing.assert_array_equal(plan.resume, [True, True, False, False])
+    # a cache of 2 shards of 16 device rows (buckets 4, 8, 12, 16 per shard); continue device
+    # rows 29, 0, 27, 1, 25: 3 on shard 1 and 2 on shard 0, so 4 per shard, each in its block
+    assert row_buckets(16) == (4, 8, 12, 16) and row_buckets(5) == (2, 3, 4, 5)
+    layout = layout_rows(np.asarray([29, 0, 27, 1, 25]), n_device=32, shards=2)
+    assert layout.size == 8
+    np.testing.assert_array_equal(layout.index, [[0, 1, 16, 16], [13, 11, 9, 16]])  # 16: pad
+    np.testing.assert_array_equal(layout.sub, [4, 0, 5, 1, 6])
+    # more than three quarters of a shard's rows: the whole cache, row for row (no gather)
+    rows = [*range(13), 16]
+    whole = layout_rows(np.asarray(rows), n_device=32, shards=2)
+    assert whole.index is None and whole.size == 32
+    np.testing.assert_array_equal(whole.sub, rows)
 
 
 TRAIN_SCRIPT = textwrap.dedent("""

@@ -506,13 +506,12 @@ def test_the_fit_refines_a_prediction_that_does_not_fit(monkeypatch):
                            f"{truth + 80} needs {up:.2f} GiB;"), text
 
 
-def test_a_multi_turn_continuation_holds_one_cache_and_one_layer():
+def test_a_multi_turn_continuation_reads_and_decodes_in_place():
     """task.chunk_tokens (search_qa) plans the sampler's continuation as the search env runs
-    it (its state consumed): ``compact`` gathers one layer of the previous state's cache
-    (prompt + budget slots) into the new layout (keep + observation + chunk slots) while the
-    other layers are held, and ``continue`` reads and decodes on the compacted cache, which
-    it takes over (aliased). Sizes by hand: rows x KV heads x head dim x slots x 2 bytes
-    (bfloat16) per layer's keys or values, 2 x layers of them."""
+    it at its largest, every row at once, in the rollout's one cache of prompt + budget
+    slots: ``read`` reads an observation line per row and ``continue`` decodes a chunk, each
+    taking the cache over (aliased: one cache in memory). Sizes by hand: rows x KV heads x
+    head dim x slots x 2 bytes (bfloat16) per layer's keys or values, 2 x layers of them."""
     from models.sharding import make_mesh
     from rl.plan import (
         abstract_params,
@@ -530,28 +529,29 @@ def test_a_multi_turn_continuation_holds_one_cache_and_one_layer():
     dparams = sampler_weights(run, abstract_params(cfg, mesh), mesh)
     with jax.set_mesh(mesh):
         programs = rollout_programs(run, cfg, lay, mesh, dparams, resident=5)
-    assert [p.name for p in programs] == ["prefill", "decode", "compact", "continue"]
-    compact, cont = programs[2:]
+    assert [p.name for p in programs] == ["prefill", "decode", "read", "continue", "part"]
+    read, cont, part = programs[2:]
     rows, per_slot = 16, cfg.num_kv_heads * cfg.head_dim * 2  # one layer's keys, per row
-    old_slots = 32 + 208  # prompt 20 -> 32, budget 200 -> 208
-    # keep = round_up(240 - 256 - 16, 64) = 64 (at least one slot), observation 256, chunk 16
-    new_slots = 64 + 256 + 16
-    old, new = rows * per_slot * old_slots, rows * per_slot * new_slots
-    index = rows * 4 + rows * new_slots * 4  # which rows, which slots (int32)
-    assert compact.arguments == old + index, compact
-    assert compact.outputs == new, compact
+    slots = 32 + 208  # prompt 20 -> 32, budget 200 -> 208
     layers = 2 * cfg.num_layers
-    assert compact.resident == 5 + bytes_per_chip(dparams) + (layers - 1) * max(old, new)
-    # the continuation: weights, the compacted cache and the next-token logits [rows, vocab]
-    # float32 in; the cache (aliased) and logits out; under 1 MiB of token budgets, stop
-    # tables, observation lines and sampled tokens besides
-    cache = layers * new + rows * new_slots  # + valid [rows, slots] bool
-    logits = rows * cfg.vocab_size * 4
-    rest = cont.arguments - bytes_per_chip(dparams) - logits - cache
+    # the state: the cache + valid [rows, slots] bool, next-token logits [rows, vocab]
+    # float32 and three int32 counters per row; the weights beside
+    cache = layers * rows * per_slot * slots + rows * slots
+    state = cache + rows * cfg.vocab_size * 4 + 3 * rows * 4
+    lines = rows * 256 * 5  # max_obs_tokens 256: int32 tokens and a bool mask
+    assert read.arguments == bytes_per_chip(dparams) + state + lines, read
+    assert 0 <= read.outputs - state < 2**10 and read.aliased >= cache, read
+    # the chunk's decode: under 1 MiB of token budgets, stop tables and sampled tokens
+    rest = cont.arguments - bytes_per_chip(dparams) - state
     assert 0 <= rest < 2**20, (rest, cont)
-    assert 0 <= cont.outputs - logits - cache < 2**20, cont
-    assert cont.aliased >= layers * new, cont
-    assert cont.resident == 5 and cont.runs and cont.flops > 0
+    assert 0 <= cont.outputs - state < 2**20 and cont.aliased >= cache, cont
+    assert cont.resident == read.resident == 5 and cont.runs and cont.flops > read.flops > 0
+    # three quarters of the rows (12 of 16) gathered: their cache, three quarters of it, is
+    # temporary; arguments: the row index [1, 12] int32 more; 4 fewer resume flags (bool)
+    # and token budgets (int32)
+    assert part.arguments == cont.arguments + 12 * 4 - 4 * 1 - 4 * 4, (part, cont)
+    assert part.temporaries >= cache * 3 // 4 and part.aliased >= cache, part
+    assert abs(cont.flops / part.flops - 16 / 12) < 0.03
     # a single-turn task (arith) has no continuation
     run1, _ = _config()
     with jax.set_mesh(mesh):

@@ -156,7 +156,8 @@ class ChunkedScriptedPolicy(ScriptedPolicy):
     sampler's continuation: a row resumes its turn when nothing is appended and starts its next
     scripted turn after an observation; stop strings may complete in a later call."""
 
-    def generate(self, prompts, sampling, seed, max_new_per_row=None):
+    def generate(self, prompts, sampling, seed, max_new_per_row=None, capacity=None,
+                 prompt_bucket=16):
         self.pending: dict[int, list[int]] = {}
         self.emitted: dict[int, str] = {}
         self.eos: dict[int, bool] = {}
@@ -164,7 +165,7 @@ class ChunkedScriptedPolicy(ScriptedPolicy):
         return self._serve(rows, [True] * len(rows), sampling, max_new_per_row)
 
     def continue_from(self, state, slots, appended, sampling, seed, max_new_per_row=None,
-                      consume=False):
+                      consume=False, read_width=0, compile_buckets=False):
         rows = [state[s] for s in slots]
         return self._serve(rows, [len(a) > 0 for a in appended], sampling, max_new_per_row)
 

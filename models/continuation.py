@@ -1,0 +1,381 @@
+"""Continuing generations in place: a multi-turn rollout on one KV cache of fixed shape.
+
+A generation's state (``models.sampler.DecodeState``) holds one cache row per device row, at
+the capacity its ``generate`` call reserved. A continuation extends chosen rows of it: each
+reads its appended tokens (a tool's observation, possibly none) and then samples, both
+written at the row's own next free slot (``DecodeState.next_slot``), in place. Nothing is
+compacted or re-laid out, so a rollout's programs keep one shape from its first chunk to its
+last:
+
+    read    the rows with appended tokens read them (``read_in_place``): a sub-batch of
+            ``reader`` rows gathered from the cache, the tokens read in blocks of
+            ``SamplingParams.read_block`` and the rest in blocks of 32 (as many as the
+            longest line needs: loops with trip counts set at run time, over lines of a
+            fixed width), scattered back
+    decode  the continued rows sample (``decode_in_place``): a sub-batch gathered, the
+            decode loop, scattered back; for a bucket of every row, the whole cache in place
+
+Sub-batches come in a few sizes per data-parallel shard (:func:`row_buckets`: ceil(P j/4),
+j = 1..4, for P device rows per shard), so a chunk costs about what its rows cost. Each
+program donates the cache it updates. The programs of one rollout shape (cache rows and
+slots, line width, sampling settings) are therefore at most ``2 * len(row_buckets(P))``;
+``Continuation.compile_buckets`` compiles them all at the first chunk so that no later
+chunk, nor a later step with the same shapes, compiles.
+
+A row's real tokens are contiguous from its prompt on; slots past them are empty (invalid).
+The attention reads the cache's used prefix only (``models.transformer.prefix_attention``),
+so the capacity reserved up front costs memory, not time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from models.config import ModelConfig
+from models.sampler import (
+    Decoded,
+    DecodeSettings,
+    DecodeState,
+    Frontier,
+    Generation,
+    SamplingParams,
+    _canonical,
+    _key,
+    _limits,
+    _result,
+    _stopping,
+    decode_loop,
+    round_up,
+    row_logits,
+)
+from models.sharding import batch_shards, constrain_rows, row_shardings
+from models.tokenizer import Tokenizer
+from models.transformer import KVCache, Params, forward_with_cache, unstack_layers
+
+
+@dataclasses.dataclass(frozen=True)
+class Continuation:
+    """Which rows of an earlier generation to extend, in output order: output row i continues
+    row ``rows[i]`` (each row at most once) after reading the tokens ``appended[i]`` (e.g. a
+    tool's observation; may be empty), for at most ``max_new_per_row[i]`` new tokens
+    (default: the sampling's max_new_tokens).
+
+    ``consume``: the earlier generation's state is not used again; its cache is updated in
+    place (donated) instead of copied first. ``read_width``: the width the appended lines are
+    padded to (a longer line widens them, see :func:`line_width`); a rollout passes its
+    longest possible observation so that every chunk reads through one program.
+    ``compile_buckets``: compile every row bucket's programs for this state's shapes now
+    (a rollout's first continuation)."""
+
+    rows: Sequence[int]
+    appended: Sequence[Sequence[int]]
+    max_new_per_row: Sequence[int] | None = None
+    consume: bool = False
+    read_width: int = 0
+    compile_buckets: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.rows) != len(self.appended):
+            raise ValueError(f"rows ({len(self.rows)}) and appended ({len(self.appended)}) "
+                             "differ in length")
+        if len(self.rows) == 0:
+            raise ValueError("continue_generation needs at least one row")
+        if len(set(self.rows)) != len(self.rows):
+            raise ValueError(f"each row may be continued once per call, got {list(self.rows)}")
+
+
+def line_width(longest: int, read_block: int) -> int:
+    """The width of a continuation's appended lines for `longest` appended tokens: rounded up
+    to 16, or to a multiple of `read_block` when longer (read in blocks)."""
+    return round_up(longest, 16 if longest <= read_block else read_block) if longest else 0
+
+
+def row_buckets(per_shard: int) -> tuple[int, ...]:
+    """The sub-batch sizes a continuation runs at, per shard of `per_shard` device rows:
+    ceil(per_shard * j / 4) for j = 1..4, ascending. The largest is every row, in place (no
+    gather); the others gather their rows' cache, so a continuation holds at most three
+    quarters of the cache more than the cache itself. Quarters, not halvings: a chunk of
+    11 rows of 16 reads and decodes 12, not 16 (on the 2-core CPU a rollout's reads and
+    decodes cost about their rows), and a tail of 1 row costs 4, cheap where rows are."""
+    return tuple(sorted({-(-per_shard * j // 4) for j in range(1, 5)}))
+
+
+def row_bucket(n: int, per_shard: int) -> int:
+    """The smallest sub-batch of :func:`row_buckets` that holds `n` rows of one shard."""
+    return next(b for b in row_buckets(per_shard) if b >= n)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where a continuation's rows sit in its sub-batch of ``size`` rows: ``index`` [S, R]
+    the device rows, local to each of the S shards' blocks of P rows, that the sub-batch
+    gathers (P, out of range, pads: gathered clipped, dropped on the way back), or None when
+    R = P (the sub-batch is the whole cache, row for row); ``sub[i]`` the sub-batch row of
+    the i-th row laid out."""
+
+    index: np.ndarray | None
+    sub: np.ndarray
+    size: int
+
+
+def layout_rows(device_rows: np.ndarray, n_device: int, shards: int) -> Layout:
+    """The sub-batch of :func:`row_bucket` size holding `device_rows` (rows of a cache of
+    `n_device` rows in `shards` equal blocks), each in its own shard's block, in order."""
+    per = n_device // shards
+    shard = device_rows // per
+    size = row_bucket(int(np.bincount(shard, minlength=shards).max()), per)
+    if size == per:
+        return Layout(None, device_rows.astype(np.int32), n_device)
+    index = np.full((shards, size), per, np.int32)
+    sub = np.zeros(len(device_rows), np.int32)
+    filled = np.zeros(shards, np.int32)
+    for i, (s, d) in enumerate(zip(shard, device_rows)):
+        index[s, filled[s]] = d % per
+        sub[i] = s * size + filled[s]
+        filled[s] += 1
+    return Layout(index, sub, shards * size)
+
+
+# ----------------------------------------------------------------------------- jitted kernels
+
+
+def _take(tree: Any, index: jax.Array | None) -> Any:
+    """The sub-batch of every row array of `tree`: for shard s, rows ``index[s]`` of its own
+    block (a batched gather, partitioned along the shards; out-of-range rows clipped)."""
+    if index is None:
+        return tree
+
+    def one(x: jax.Array) -> jax.Array:
+        blocks = x.reshape(index.shape[0], -1, *x.shape[1:])
+        out = jax.vmap(lambda block, rows: jnp.take(block, rows, axis=0, mode="clip"))(
+            blocks, index)
+        return out.reshape(-1, *x.shape[1:])
+
+    return jax.tree.map(one, tree)
+
+
+def _put(tree: Any, index: jax.Array | None, sub: Any) -> Any:
+    """`tree` with the sub-batch `sub` written back to its rows (:func:`_take`'s inverse;
+    out-of-range rows dropped)."""
+    if index is None:
+        return sub
+
+    def one(x: jax.Array, y: jax.Array) -> jax.Array:
+        blocks = x.reshape(index.shape[0], -1, *x.shape[1:])
+        rows = y.reshape(index.shape[0], -1, *y.shape[1:])
+        out = jax.vmap(lambda block, at, values: block.at[at].set(values, mode="drop"))(
+            blocks, index, rows)
+        return out.reshape(x.shape)
+
+    return jax.tree.map(one, tree, sub)
+
+
+TAIL_BLOCK = 32  # tokens; on the 2-core CPU a 16-token block read at half the speed per token
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "settings"), donate_argnames="state")
+def read_in_place(cfg: ModelConfig, params: Params, state: Frontier, readers: jax.Array | None,
+                  lines: jax.Array, mask: jax.Array, *, settings: DecodeSettings) -> Frontier:
+    """``state`` after its rows ``readers`` (see :func:`_take`) read their ``lines`` [R, W]
+    (right padded, ``mask`` the real tokens; W a multiple of 16) at their next free slots:
+    in blocks of ``settings.read_block`` tokens (W when shorter), as many whole ones as the
+    longest line holds, then its rest in blocks of ``TAIL_BLOCK`` (loops with trip counts
+    set at run time). Each reading row's next-token logits become those after its last read
+    token."""
+    params, mesh = unstack_layers(params), settings.mesh
+    sub = constrain_rows(_take(state, readers), mesh)
+    block = min(lines.shape[1], settings.read_block)
+    read = jnp.sum(mask, axis=1, dtype=jnp.int32)  # [R]
+    # room for the last tail block to overhang the lines (a slice past the end would shift)
+    lines = jnp.pad(lines, ((0, 0), (0, TAIL_BLOCK)))
+    mask = jnp.pad(mask, ((0, 0), (0, TAIL_BLOCK)))
+    longest = jnp.max(read)
+
+    def blocks(width: int, start: jax.Array, count: jax.Array, carry: tuple[KVCache, jax.Array]):
+        """Read `count` blocks of `width` tokens from column `start` on."""
+        def one(j: jax.Array, carry: tuple[KVCache, jax.Array]) -> tuple[KVCache, jax.Array]:
+            cache, last = carry
+            first = start + j * width
+            tokens = jax.lax.dynamic_slice_in_dim(lines, first, width, axis=1)
+            real = jax.lax.dynamic_slice_in_dim(mask, first, width, axis=1)
+            positions = sub.n_tokens[:, None] + first + jnp.arange(width)
+            hidden, cache = forward_with_cache(cfg, params, tokens, real, positions,
+                                               cache=cache, cache_index=sub.next_slot + first,
+                                               mesh=mesh)
+            at = read - 1 - first  # the row's last token, when it is in this block
+            here = (at >= 0) & (at < width)
+            h = jnp.take_along_axis(hidden, jnp.clip(at, 0, width - 1)[:, None, None], axis=1)
+            return cache, jnp.where(here[:, None], h[:, 0], last)
+
+        return jax.lax.fori_loop(0, count, one, carry)
+
+    # whole blocks, then the rest in blocks of TAIL_BLOCK: a short observation costs about
+    # its own length, not a block
+    tail = block > TAIL_BLOCK
+    full = longest // block if tail else (longest + block - 1) // block
+    carry = (sub.cache, jnp.zeros((read.shape[0], cfg.hidden_size), jnp.float32))
+    carry = blocks(block, jnp.int32(0), full, carry)
+    if tail:
+        rest = longest - full * block
+        carry = blocks(TAIL_BLOCK, full * block, (rest + TAIL_BLOCK - 1) // TAIL_BLOCK, carry)
+    cache, last = carry
+    logits = jnp.where(read[:, None] > 0, row_logits(cfg, params, last, mesh), sub.logits)
+    sub = Frontier(cache, logits, sub.n_tokens + read, sub.stop_state, sub.next_slot + read)
+    return constrain_rows(_put(state, readers, constrain_rows(sub, mesh)), mesh)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "settings"), donate_argnames="state")
+def decode_in_place(cfg: ModelConfig, params: Params, state: Frontier, rows: jax.Array | None,
+                    resume: jax.Array, key: jax.Array, stopping: Any, *,
+                    settings: DecodeSettings) -> Decoded:
+    """The decode loop on ``state``'s rows ``rows`` (see :func:`_take`), each writing from
+    its own next free slot; ``resume`` [R]: the row keeps its stop-string state (else
+    matching starts afresh). The result's frontier is the whole state, updated."""
+    params, mesh = unstack_layers(params), settings.mesh
+    sub = _take(state, rows)
+    sub = constrain_rows(sub._replace(stop_state=jnp.where(resume, sub.stop_state, 0)), mesh)
+    decoded = decode_loop(cfg, params, sub, None, key, stopping, settings)
+    return decoded._replace(frontier=constrain_rows(_put(state, rows, decoded.frontier), mesh))
+
+
+@functools.partial(jax.jit, static_argnames="slots")
+def _grown(state: Frontier, slots: int) -> Frontier:
+    """``state`` with its cache widened to `slots` slots (empty ones after)."""
+    def pad(x: jax.Array, axis: int) -> jax.Array:
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, slots - x.shape[axis])
+        return jnp.pad(x, widths)
+
+    k, v, valid = state.cache
+    return state._replace(cache=KVCache(tuple(pad(x, 3) for x in k),
+                                        tuple(pad(x, 2) for x in v), pad(valid, 1)))
+
+
+# ----------------------------------------------------------------------------- host side
+
+
+def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
+                        state: DecodeState, continuation: Continuation,
+                        sampling: SamplingParams = SamplingParams(),  # noqa: B008 (frozen)
+                        seed: int | jax.Array = 0,
+                        decode_text: bool = True) -> Generation:
+    """Extend rows of an earlier generation without re-reading their context.
+
+    Output row i continues row ``continuation.rows[i]`` of the generation that produced
+    ``state``: its tokens ``continuation.appended[i]`` are read, then sampling proceeds as in
+    ``models.sampler.generate``. The result equals ``generate`` on the concatenated token
+    lists (context + generated + appended) up to float rounding, at the cost of the new
+    tokens only. A row continued with nothing appended and the same stop strings resumes its
+    stop matching where it was (a stop string may straddle the two calls); any other row
+    starts matching afresh.
+
+    The rows are continued in place, in the state's cache (see the module docstring); a
+    state whose capacity is too small for this call is first widened (a copy, to a multiple
+    of 256 slots). A state generated over a mesh is continued over it (``state.mesh``):
+    every row stays on the shard that holds its cache and only the sampled tokens come to
+    the host. Without ``continuation.consume`` the state's cache is copied first, so the
+    state can be continued again; with it, the state's arrays are deleted.
+    """
+    device_rows = _checked_rows(state, continuation)
+    mesh, n_device = state.mesh, len(state.n_tokens)
+    shards = 1 if mesh is None else batch_shards(mesh)
+    limits = _limits(len(device_rows), sampling, continuation.max_new_per_row)
+    appended = [list(a) for a in continuation.appended]
+    need = int(max(state.next_slot[d] + len(a) + n
+                   for d, a, n in zip(device_rows, appended, limits)))
+    front = state.frontier()
+    if need > state.capacity:
+        front = _grown(front, round_up(need, 256))
+        if continuation.consume:
+            _delete(state)
+    elif not continuation.consume:
+        front = jax.tree.map(jnp.copy, front)  # the programs below update it in place
+    settings = DecodeSettings.of(sampling, mesh)
+    width = line_width(max(continuation.read_width, *map(len, appended)), sampling.read_block)
+    if continuation.compile_buckets:
+        compile_buckets(cfg, params, front, width, shards, settings, tokenizer, sampling)
+    readers = np.asarray([i for i, a in enumerate(appended) if a], np.int32)
+    if len(readers):
+        layout = layout_rows(device_rows[readers], n_device, shards)
+        lines, mask = _lines([appended[i] for i in readers], layout, width, tokenizer.pad_id)
+        front = read_in_place(cfg, params, front, *_on_rows(
+            (layout.index, lines, mask), mesh), settings=settings)
+    layout = layout_rows(device_rows, n_device, shards)
+    budgets = np.zeros(layout.size, np.int32)
+    budgets[layout.sub] = limits
+    resume = np.zeros(layout.size, bool)
+    if state.stop_state is not None and state.stops == _canonical(sampling.stop):
+        resume[layout.sub] = [not a for a in appended]
+    index, resume = _on_rows((layout.index, resume), mesh)
+    decoded = decode_in_place(cfg, params, front, index, resume, _key(seed),
+                              _stopping(cfg, tokenizer, sampling, budgets, mesh),
+                              settings=settings)
+    if continuation.consume:
+        _delete(state)  # donated above; freed here where a backend could not reuse them
+    return _result(tokenizer, decoded, len(device_rows), decode_text, sampling.stop,
+                   layout.sub, mesh, layout=device_rows)
+
+
+def _checked_rows(state: DecodeState, continuation: Continuation) -> np.ndarray:
+    """The device rows of the continuation's rows, after checking they index the state."""
+    rows, n = continuation.rows, state.rows
+    if min(rows) < 0 or max(rows) >= n:
+        raise ValueError(f"rows must index the {n} rows of the state, got {list(rows)}")
+    return state.device_rows(rows)
+
+
+def _delete(state: DecodeState) -> None:
+    """Free a consumed state's device arrays (those not already taken over by a program)."""
+    for x in jax.tree.leaves((state.cache, state.logits)):
+        if not x.is_deleted():
+            x.delete()
+
+
+def _lines(appended: list[list[int]], layout: Layout, width: int,
+           pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """The appended tokens as the sub-batch's right-padded lines [size, width] and mask."""
+    lines = np.full((layout.size, width), pad_id, np.int32)
+    mask = np.zeros((layout.size, width), bool)
+    for i, ids in zip(layout.sub, appended):
+        lines[i, :len(ids)] = ids
+        mask[i, :len(ids)] = True
+    return lines, mask
+
+
+def _on_rows(host: tuple[Any, ...], mesh: Mesh | None) -> tuple[Any, ...]:
+    """Host arrays on the devices, sharded along their rows under a mesh (None stays
+    None)."""
+    if mesh is None:
+        return tuple(None if a is None else jnp.asarray(a) for a in host)
+    return tuple(None if a is None else jax.device_put(a, row_shardings(a, mesh))
+                 for a in host)
+
+
+def compile_buckets(cfg: ModelConfig, params: Params, front: Frontier, width: int,
+                    shards: int, settings: DecodeSettings, tokenizer: Tokenizer,
+                    sampling: SamplingParams) -> None:
+    """Compile the read (for lines of `width`) and decode programs of every row bucket for
+    ``front``'s shapes (ahead of time: nothing runs; jit keeps the executables)."""
+    n_device = int(front.n_tokens.shape[0])
+    per, mesh = n_device // shards, settings.mesh
+    key = _key(0)
+    for size in row_buckets(per):
+        index = None if size == per else np.full((shards, size), per, np.int32)
+        rows = shards * size
+        resume, lines, mask = (np.zeros(rows, bool), np.zeros((rows, width), np.int32),
+                               np.zeros((rows, width), bool))
+        index_d, resume, lines, mask = _on_rows((index, resume, lines, mask), mesh)
+        stopping = _stopping(cfg, tokenizer, sampling, np.zeros(rows, np.int32), mesh)
+        decode_in_place.lower(cfg, params, front, index_d, resume, key, stopping,
+                              settings=settings).compile()
+        if width:
+            read_in_place.lower(cfg, params, front, index_d, lines, mask,
+                                settings=settings).compile()
