@@ -86,9 +86,9 @@ class Policy(Protocol):
     an earlier ``Generation`` (its ``state``) after reading ``appended`` tokens (``consume``:
     the caller will not use ``state`` again, so its memory may be reused; the other two, see
     ``models.continuation.Continuation``); multi-turn environments use it when present
-    (``rl.envs.SamplerPolicy`` has it), with a first ``generate`` given ``capacity`` and
-    ``prompt_bucket`` keywords (``models.sampler.generate``), and re-send the whole context
-    otherwise.
+    (``rl.envs.SamplerPolicy`` has it), with a first ``generate`` whose sampling sets the
+    cache's ``capacity`` and ``prompt_bucket`` (``models.sampler.SamplingParams``), and
+    re-send the whole context otherwise.
     """
 
     tokenizer: Any

@@ -56,7 +56,12 @@ class SamplingParams:
     blocks of at most this many (a multiple of 16), so one block's attention scores, [rows,
     heads, block, slots] float32, are alive at a time instead of the whole observation's.
     ``prefill_pin_rows``: how a sharded prefill lays out the prompts' activations (see
-    :func:`prefill`); the samples do not depend on it, only the memory per device does."""
+    :func:`prefill`); the samples do not depend on it, only the memory per device does.
+    ``capacity`` and ``prompt_bucket``: a fresh generation's KV cache holds its prompts, left
+    padded to a multiple of ``prompt_bucket``, and ``capacity`` slots after them (at least
+    the new tokens rounded up to 16): a multi-turn rollout reserves room for every turn and
+    observation of a row, so that its continuations write in place, in programs of one
+    shape (``models.continuation``)."""
 
     max_new_tokens: int = 128
     temperature: float = 1.0
@@ -66,6 +71,8 @@ class SamplingParams:
     kv_cache_dtype: str = "float32"
     read_block: int = 128
     prefill_pin_rows: bool = True
+    capacity: int = 0
+    prompt_bucket: int = 16
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -77,6 +84,9 @@ class SamplingParams:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                              f"got {self.kv_cache_dtype!r}")
+        if self.prompt_bucket < 1 or self.capacity < 0:
+            raise ValueError(f"prompt_bucket must be >= 1 and capacity >= 0, got "
+                             f"{self.prompt_bucket} and {self.capacity}")
         if self.read_block < 16 or self.read_block % 16:
             raise ValueError(f"read_block must be a positive multiple of 16, got "
                              f"{self.read_block}")
@@ -253,6 +263,8 @@ class DecodeSettings:
     cache_dtype: str = "float32"
     read_block: int = 128
     prefill_pin_rows: bool = True
+    capacity: int = 0
+    prompt_bucket: int = 16
 
     @staticmethod
     def of(sampling: SamplingParams, mesh: Mesh | None = None) -> DecodeSettings:
@@ -355,6 +367,7 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
     (``models.sharding.row_shardings``) at every step.
     """
     b, n, mesh = start.logits.shape[0], settings.max_new, settings.mesh
+    first = start.next_slot if first_slot is None else first_slot
     init = constrain_rows(DecodeLoop(
         step=jnp.zeros((), jnp.int32), key=key,
         tokens=jnp.full((b, n), stopping.pad_id, jnp.int32),
@@ -384,8 +397,7 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
         hidden, cache = forward_with_cache(
             cfg, params, tok[:, None], ~s.done[:, None],
             positions=(start.n_tokens + s.step)[:, None], cache=s.cache,
-            cache_index=(start.next_slot + s.lengths if first_slot is None
-                         else first_slot + s.step))
+            cache_index=first + (s.lengths if first_slot is None else s.step))
         return constrain_rows(DecodeLoop(
             step=s.step + 1, key=s.key,
             tokens=s.tokens.at[:, s.step].set(tok), logprobs=s.logprobs.at[:, s.step].set(logp),
@@ -398,7 +410,6 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
                                  stopping.stop_next[s.stop_state, tok])), mesh)
 
     s = jax.lax.while_loop(running, step, init)
-    first = start.next_slot if first_slot is None else first_slot
     return Decoded(s.tokens, s.logprobs, s.lengths, s.finish,
                    Frontier(s.cache, s.logits, start.n_tokens + s.lengths, s.stop_state,
                             first + s.lengths))
@@ -582,8 +593,7 @@ def _result(tokenizer: Tokenizer, decoded: Decoded, n_rows: int, decode_text: bo
 def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
              prompts: Sequence[Sequence[int]], sampling: SamplingParams = SamplingParams(),
              seed: int | jax.Array = 0, max_new_per_row: Sequence[int] | None = None,
-             decode_text: bool = True, mesh: Mesh | None = None, capacity: int | None = None,
-             prompt_bucket: int = 16) -> Generation:
+             decode_text: bool = True, mesh: Mesh | None = None) -> Generation:
     """Sample continuations of token-id prompts (apply chat templates beforehand).
 
     Generation of a row ends at an EOS token (the tokenizer's; none with
@@ -592,10 +602,7 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     the same samples. The result's ``state`` lets ``models.continuation.continue_generation``
     extend the rows later.
 
-    The KV cache holds the prompts, left padded to a multiple of `prompt_bucket`, and
-    `capacity` slots after them (default: the new tokens, rounded up to 16). A multi-turn
-    rollout reserves room for every turn and observation of a row, so that its continuations
-    write in place, in programs of one shape.
+    The KV cache's shape: ``sampling.capacity`` and ``sampling.prompt_bucket``.
 
     With a ``mesh`` the rows are data-parallel (:func:`_sharded_prompts`): prompts, KV cache
     and outputs sharded along the rows over the mesh's data axes, the weights as they come
@@ -609,14 +616,14 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
         firsts = [list(p) for p in distinct]
         # filler rows repeat the first prompt; no row reads them
         firsts += [firsts[0]] * (prompt_count_bucket(len(firsts)) - len(firsts))
-        tokens, mask = left_pad(firsts, tokenizer.pad_id, prompt_bucket)
+        tokens, mask = left_pad(firsts, tokenizer.pad_id, sampling.prompt_bucket)
         batch = PromptBatch(jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(rows))
     else:
         host, limits = _sharded_prompts(prompts, limits, batch_shards(mesh), tokenizer.pad_id,
-                                        prompt_bucket)
+                                        sampling.prompt_bucket)
         batch = jax.device_put(host, row_shardings(host, mesh))
     stopping = _stopping(cfg, tokenizer, sampling, limits, mesh)
-    slots = max(round_up(sampling.max_new_tokens, 16), capacity or 0)
+    slots = max(round_up(sampling.max_new_tokens, 16), sampling.capacity)
     decoded = _generate(
         cfg, params, batch, _key(seed), stopping, settings=DecodeSettings.of(sampling, mesh),
         cache_len=batch.tokens.shape[1] + slots)

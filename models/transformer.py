@@ -330,19 +330,12 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
     attn_mask, positions = _mask_and_positions(tokens, attn_mask, positions)
     inv_freq = jnp.asarray(rope_inv_freq(cfg))
     at = jnp.asarray(cache_index, jnp.int32)
-    per_row = at.ndim == 1
-    slots = jnp.arange(cache.valid.shape[1])
-    if per_row:
-        written = at[:, None] + jnp.arange(t)  # [B,T] each row's slots
-        valid = _write_rows(cache.valid, attn_mask, written, axis=1)
-        causal = slots[None, None, :] <= written[:, :, None]  # [B,T,S]
-    else:
-        valid = jax.lax.dynamic_update_slice(cache.valid, attn_mask, (0, cache_index))
-        causal = (slots[None, :] <= (cache_index + jnp.arange(t))[:, None])[None]  # [1,T,S]
+    written = (at[:, None] if at.ndim else at[None, None]) + jnp.arange(t)  # [B|1,T] slots
+    valid = _write_at(cache.valid, attn_mask, at, axis=1)
+    causal = jnp.arange(cache.valid.shape[1]) <= written[:, :, None]  # [B|1,T,S]
     mask = causal & valid[:, None, :]
     # the tokens attend over the cache's used prefix only
-    last = jnp.max(written) if per_row else at + t - 1
-    attend_over = functools.partial(prefix_attention, last_slot=last)
+    attend_over = functools.partial(prefix_attention, last_slot=jnp.max(written))
     # a several-token forward reads a bfloat16 cache in float32 on CPU
     upcast = t > 1 and _no_bf16_dot_on_buffers(cache.k[0].dtype, mesh)
 
@@ -350,11 +343,7 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
         """Write the new keys/values at slot `cache_index` of one layer's cache (keys
         [B,KV,hd,S], values [B,KV,S,hd])."""
         k, v = cached_keys(k).astype(ck.dtype), cached_values(v).astype(cv.dtype)
-        if per_row:
-            ck, cv = _write_rows(ck, k, written, axis=3), _write_rows(cv, v, written, axis=2)
-        else:
-            ck = jax.lax.dynamic_update_slice_in_dim(ck, k, at, axis=3)
-            cv = jax.lax.dynamic_update_slice_in_dim(cv, v, at, axis=2)
+        ck, cv = _write_at(ck, k, at, axis=3), _write_at(cv, v, at, axis=2)
         if upcast:
             return ck.astype(jnp.float32), cv.astype(jnp.float32), (ck, cv)
         return ck, cv, (ck, cv)
@@ -370,6 +359,14 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
         vs.append(cv)
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     return x, KVCache(tuple(ks), tuple(vs), valid)
+
+
+def _write_at(buffer: jax.Array, new: jax.Array, at: jax.Array, axis: int) -> jax.Array:
+    """``buffer`` with ``new`` written along `axis` from slot ``at``: one slot for every row
+    (a dense ``dynamic_update_slice``) or one per row, [B] (:func:`_write_rows`)."""
+    if at.ndim:
+        return _write_rows(buffer, new, at[:, None] + jnp.arange(new.shape[axis]), axis)
+    return jax.lax.dynamic_update_slice_in_dim(buffer, new, at, axis=axis)
 
 
 def _write_rows(buffer: jax.Array, new: jax.Array, slots: jax.Array, axis: int) -> jax.Array:

@@ -43,17 +43,14 @@ class SamplerPolicy:
         object.__setattr__(self, "params", params)
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seed: int,
-                 max_new_per_row: Sequence[int] | None = None, capacity: int | None = None,
-                 prompt_bucket: int = 16) -> Generation:
-        """Sample continuations of `prompts`; ``capacity`` and ``prompt_bucket``: the KV
-        cache's room after the prompts and the prompts' padding (models.sampler.generate)."""
+                 max_new_per_row: Sequence[int] | None = None) -> Generation:
+        """Sample continuations of `prompts` (models.sampler.generate)."""
         if self.kv_cache_dtype is not None:
             sampling = dataclasses.replace(sampling, kv_cache_dtype=self.kv_cache_dtype)
         if self.prefill_pin_rows is not None:
             sampling = dataclasses.replace(sampling, prefill_pin_rows=self.prefill_pin_rows)
         return generate(self.cfg, self.params, self.tokenizer, prompts, sampling, seed=seed,
-                        max_new_per_row=max_new_per_row, mesh=self.mesh, capacity=capacity,
-                        prompt_bucket=prompt_bucket)
+                        max_new_per_row=max_new_per_row, mesh=self.mesh)
 
     def continue_from(self, state: DecodeState, rows: Sequence[int],
                       appended: Sequence[Sequence[int]], sampling: SamplingParams, seed: int,

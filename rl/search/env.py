@@ -225,10 +225,10 @@ class SearchEnv:
         elif decoding.chunked:
             # one KV cache for the whole rollout: room for a whole trajectory after the
             # prompt (a row's tokens, generated and observed, stop at max_response_tokens)
-            gen = policy.generate([r.prompt_tokens + r.tokens for r in active], sampling,
-                                  seed=seed, max_new_per_row=limits,
-                                  capacity=round_up(self.max_response_tokens, 64),
-                                  prompt_bucket=PROMPT_BUCKET)
+            whole = dataclasses.replace(sampling, prompt_bucket=PROMPT_BUCKET,
+                                        capacity=round_up(self.max_response_tokens, 64))
+            gen = policy.generate([r.prompt_tokens + r.tokens for r in active], whole,
+                                  seed=seed, max_new_per_row=limits)
         else:
             gen = policy.generate([r.prompt_tokens + r.tokens for r in active], sampling,
                                   seed=seed, max_new_per_row=limits)

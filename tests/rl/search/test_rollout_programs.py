@@ -47,11 +47,10 @@ class SamplerDriven(ChunkedScriptedPolicy):
         super().__init__(tok, scripts)
         self.sampler = sampler
 
-    def generate(self, prompts, sampling, seed, max_new_per_row=None, capacity=None,
-                 prompt_bucket=16):
+    def generate(self, prompts, sampling, seed, max_new_per_row=None):
         scripted = super().generate(prompts, sampling, seed, max_new_per_row)
         real = self.sampler.generate(prompts, dataclasses.replace(sampling, ignore_eos=True),
-                                     seed, list(scripted.lengths), capacity, prompt_bucket)
+                                     seed, list(scripted.lengths))
         return dataclasses.replace(scripted, state=(scripted.state, real.state))
 
     def continue_from(self, state, slots, appended, sampling, seed, max_new_per_row=None,

@@ -156,8 +156,7 @@ class ChunkedScriptedPolicy(ScriptedPolicy):
     sampler's continuation: a row resumes its turn when nothing is appended and starts its next
     scripted turn after an observation; stop strings may complete in a later call."""
 
-    def generate(self, prompts, sampling, seed, max_new_per_row=None, capacity=None,
-                 prompt_bucket=16):
+    def generate(self, prompts, sampling, seed, max_new_per_row=None):
         self.pending: dict[int, list[int]] = {}
         self.emitted: dict[int, str] = {}
         self.eos: dict[int, bool] = {}
