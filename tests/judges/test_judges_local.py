@@ -238,7 +238,9 @@ def test_shipped_choice_probs_agree_with_llamacpp(shipped):
     # SmolLM2-135M is biased towards "No" on factual yes/no questions (P(Yes) ~ 0.15 for "Is
     # Paris the capital of France?"): llama.cpp on the same GGUF says the same, which is what
     # this checks (quantised vs dequantised f32 compute: a few points of difference).
-    import llama_cpp
+    import json
+    import subprocess
+    import sys
 
     from models.presets import shipped_gguf_path
 
@@ -246,11 +248,19 @@ def test_shipped_choice_probs_agree_with_llamacpp(shipped):
     question = _user("Is Paris the capital of France? Answer Yes or No.")
     ours = JaxBackend(shipped).choice_probs([question], ("Yes", "No"))[0]
 
-    llm = llama_cpp.Llama(model_path=str(shipped_gguf_path()), n_ctx=256, logits_all=True,
-                          verbose=False)
+    # llama.cpp in its own process: a crash in its native code (it has segfaulted on AMX
+    # CPUs) fails this test instead of killing the test run
     ids = tok.encode_chat(question)
-    llm.eval(ids)
-    logits = np.asarray(llm.scores[len(ids) - 1], np.float64)
+    script = ("import json, sys, llama_cpp\n"
+              "llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=256, logits_all=True, "
+              "verbose=False)\n"
+              "ids = json.loads(sys.argv[2])\n"
+              "llm.eval(ids)\n"
+              "print(json.dumps([float(x) for x in llm.scores[len(ids) - 1]]))\n")
+    run = subprocess.run([sys.executable, "-c", script, str(shipped_gguf_path()),
+                          json.dumps(ids)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    logits = np.asarray(json.loads(run.stdout.strip().splitlines()[-1]), np.float64)
     yes = [tok.encode(w)[0] for w in ("Yes", " Yes", "yes", " yes", "YES", " YES")
            if len(tok.encode(w)) == 1]
     no = [tok.encode(w)[0] for w in ("No", " No", "no", " no", "NO", " NO")
