@@ -52,6 +52,7 @@ from models.sampler import (
     _limits,
     _result,
     _stopping,
+    _take_rows,
     decode_loop,
     round_up,
     row_logits,
@@ -149,17 +150,10 @@ def layout_rows(device_rows: np.ndarray, n_device: int, shards: int) -> Layout:
 
 def _take(tree: Any, index: jax.Array | None) -> Any:
     """The sub-batch of every row array of `tree`: for shard s, rows ``index[s]`` of its own
-    block (a batched gather, partitioned along the shards; out-of-range rows clipped)."""
+    block (``models.sampler._take_rows``; out-of-range padding rows clamped)."""
     if index is None:
         return tree
-
-    def one(x: jax.Array) -> jax.Array:
-        blocks = x.reshape(index.shape[0], -1, *x.shape[1:])
-        out = jax.vmap(lambda block, rows: jnp.take(block, rows, axis=0, mode="clip"))(
-            blocks, index)
-        return out.reshape(-1, *x.shape[1:])
-
-    return jax.tree.map(one, tree)
+    return jax.tree.map(lambda x: _take_rows(x, index), tree)
 
 
 def _put(tree: Any, index: jax.Array | None, sub: Any) -> Any:
