@@ -61,6 +61,23 @@ def write_char_model(folder: Path, seed: int = 0, hidden: int = 32, layers: int 
     return folder
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop JAX's compiled programs after each test module.
+
+    Every XLA:CPU executable holds ~7 memory mappings until it is released, and one pytest
+    process compiles thousands of programs: past the kernel's `vm.max_map_count` (65530 by
+    default) the next compile's mmap fails and XLA segfaults inside `backend_compile`, which
+    killed `make test` at ~80 %. Modules rarely share programs, so this costs little time.
+    """
+    yield
+    import gc
+
+    import jax
+    jax.clear_caches()
+    gc.collect()
+
+
 @pytest.fixture(scope="session")
 def char_model(tmp_path_factory) -> Path:
     return write_char_model(tmp_path_factory.mktemp("char_model"))
