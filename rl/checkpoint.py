@@ -12,6 +12,9 @@ ones aside (``checkpoints_corrupt/``), never deleting them.
 In a job of several processes (a ``rl.multihost.Exchange`` given) an array spread over hosts
 is checksummed shard by shard: each process digests the shards it holds, the checkpoint
 records every process's digests, and on restore each process verifies the shards it holds.
+Each shard also gets a layout-free sum (:func:`shard_sum`): added over the distinct shards of
+any layout they give the same total, so a job resumed under another mesh shape, whose shards
+cover other slices than those saved, is still verified whole.
 Process 0 lists the checkpoints and the processes decide together: a checkpoint is used only
 when it verifies on every process, and only process 0 moves a broken one aside.
 """
@@ -29,6 +32,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+
+from rl.run_folder import is_url, move_folder
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +80,82 @@ def _index_key(index: tuple[slice, ...], shape: tuple[int, ...]) -> str:
                     for s, n in zip(index, shape))
 
 
+def _mix32(h: np.ndarray) -> np.ndarray:
+    """lowbias32 (C. Wellons' integer hash): an invertible mixing of uint32 values."""
+    h = h ^ (h >> 16)
+    h = h * np.uint32(0x7FEB352D)
+    h = h ^ (h >> 15)
+    h = h * np.uint32(0x846CA68B)
+    return h ^ (h >> 16)
+
+
+def _bits32(a: np.ndarray) -> np.ndarray:
+    """Each element's bytes as one uint32 (narrower elements widened, 8-byte ones folded)."""
+    a = np.ascontiguousarray(a)
+    if a.dtype.itemsize == 8:
+        halves = a.view(np.uint32).reshape(*a.shape, 2)
+        return halves[..., 0] ^ _mix32(halves[..., 1])
+    return a.view({4: np.uint32, 2: np.uint16, 1: np.uint8}[a.dtype.itemsize]).astype(np.uint32)
+
+
+def _flat_positions(start: list[int], extent: tuple[int, ...], shape: tuple[int, ...]
+                    ) -> np.ndarray:
+    """The row-major position in the whole array of each element of the block at `start`
+    (mod 2**32)."""
+    strides = [int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape))]
+    pos = np.zeros((), np.uint64)
+    for s, n, stride in zip(start, extent, strides):
+        pos = pos[..., None] + np.arange(s, s + n, dtype=np.uint64) * np.uint64(stride)
+    return pos.astype(np.uint32)
+
+
+SUM_ROWS = 1 << 22  # elements per piece of a shard summed at once (bounds the temporaries)
+
+
+def shard_sum(block: np.ndarray, index: tuple[slice, ...], shape: tuple[int, ...]) -> str:
+    """A layout-free checksum of one shard of an array of `shape`: two 32-bit lanes, each
+    sum_i mix(bits_i, i) mod 2**32 over the shard's elements, i their positions in the whole
+    array. Sums of the distinct shards of any layout add up to the same total, so restored
+    shards verify against saved ones cut differently; a changed element changes each lane
+    except with probability ~2**-32."""
+    start = [s.start or 0 for s in index]
+    rows = max(1, SUM_ROWS // max(1, int(np.prod(block.shape[1:], dtype=np.int64))))
+    lanes = [0, 0]
+    for r in range(0, max(1, block.shape[0]) if block.ndim else 1, rows):
+        piece = block[r:r + rows] if block.ndim else block
+        at = _flat_positions([start[0] + r, *start[1:]], piece.shape, shape) if block.ndim \
+            else np.zeros((), np.uint32)
+        bits = _bits32(piece)
+        lanes[0] += int(_mix32(bits + _mix32(at)).sum(dtype=np.uint64))
+        lanes[1] += int(_mix32(bits ^ _mix32(at ^ np.uint32(0x9E3779B9))).sum(dtype=np.uint64))
+    return "".join(f"{lane % 2**32:08x}" for lane in lanes)
+
+
+def add_sums(sums: Any) -> str:
+    """The total of shard sums (:func:`shard_sum`), lane by lane."""
+    lanes = [0, 0]
+    for s in sums:
+        lanes = [lanes[0] + int(s[:8], 16), lanes[1] + int(s[8:], 16)]
+    return "".join(f"{lane % 2**32:08x}" for lane in lanes)
+
+
+def shard_sums(x: jax.Array) -> dict[str, str]:
+    """{index: shard_sum} of the distinct shards of `x` this process holds."""
+    out: dict[str, str] = {}
+    for shard in x.addressable_shards:
+        key = _index_key(shard.index, x.shape)
+        if key not in out:
+            out[key] = shard_sum(np.asarray(shard.data), shard.index, x.shape)
+    return out
+
+
+def spread_sums(tree: Any) -> dict[str, dict[str, str]]:
+    """{path: shard_sums} for the leaves of `tree` spread over several hosts."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {jax.tree_util.keystr(path): shard_sums(leaf) for path, leaf in leaves
+            if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable}
+
+
 def tree_digests(tree: Any) -> dict[str, Any]:
     """{path in the tree: array_digest} for every leaf."""
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -83,13 +164,15 @@ def tree_digests(tree: Any) -> dict[str, Any]:
 
 def job_digests(tree: Any, exchange: Any = None) -> dict[str, Any]:
     """What a checkpoint records of `tree`'s arrays: :func:`tree_digests`, the shard digests
-    of a spread array as {"shards": {process index: {index: SHA-256}}}, every process's
-    (gathered through `exchange`; this process's alone without one)."""
-    mine = tree_digests(tree)
-    spread = {k: v for k, v in mine.items() if isinstance(v, dict)}
+    of a spread array as {"shards": {process index: {index: SHA-256}}, "sums": {index:
+    shard_sum}}, every process's (gathered through `exchange`; this process's alone without
+    one)."""
+    mine, sums = tree_digests(tree), spread_sums(tree)
+    spread = {k: (v, sums[k]) for k, v in mine.items() if isinstance(v, dict)}
     hosts = ({jax.process_index(): spread} if exchange is None or not spread
              else dict(enumerate(exchange.gather(spread, "shard checksums"))))
-    return {k: ({"shards": {str(p): h[k] for p, h in hosts.items() if k in h}}
+    return {k: ({"shards": {str(p): h[k][0] for p, h in hosts.items() if k in h},
+                 "sums": {i: s for h in hosts.values() if k in h for i, s in h[k][1].items()}}
                 if isinstance(v, dict) else v) for k, v in mine.items()}
 
 
@@ -124,6 +207,24 @@ def integrity_problems(tree: Any, meta: dict[str, Any]) -> list[str]:
     return problems
 
 
+def layout_free_problems(tree: Any, meta: dict[str, Any], exchange: Any = None) -> list[str]:
+    """The spread arrays of `tree` whose shards, gathered from every process and cut however
+    this job's mesh cuts them, do not add up to the layout-free total saved (:func:`shard_sum`).
+    Every process of a job calls it together (one gather); the verdict is the same on all."""
+    mine = spread_sums(tree)
+    if not mine:
+        return []
+    hosts = [mine] if exchange is None else exchange.gather(mine, "layout-free checksums")
+    problems = []
+    for key, digest in meta.get(INTEGRITY, {}).get("arrays", {}).items():
+        if key in mine and isinstance(digest, dict) and "sums" in digest:
+            now = {i: s for h in hosts for i, s in h[key].items()}
+            if add_sums(now.values()) != add_sums(digest["sums"].values()):
+                problems.append(f"array {key} fails its checksum over the shards of every "
+                                f"process")
+    return problems
+
+
 def _shard_problems(key: str, saved: dict[str, dict[str, str]], now: Any) -> list[str]:
     if not isinstance(now, dict):  # restored whole onto one host: no shard to compare
         return []
@@ -143,7 +244,8 @@ class Checkpointer:
                  exchange: Any = None):
         """`keep`: how many of the newest checkpoints stay (None: all). `exchange`: the job's
         ``rl.multihost.Exchange`` when it has several processes."""
-        self.dir = epath.Path(directory).expanduser().absolute()
+        self.dir = (epath.Path(directory) if is_url(directory)
+                    else epath.Path(directory).expanduser().absolute())
         self.exchange = exchange
         self.manager = ocp.CheckpointManager(
             self.dir, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
@@ -161,8 +263,9 @@ class Checkpointer:
         it does not (emptied or never finalised). In a job, process 0's list, on every
         process."""
         def listed() -> list[int]:
+            # (on object storage the folder exists only once something is written in it)
             on_disk = {int(p.name) for p in self.dir.iterdir()
-                       if p.is_dir() and p.name.isdigit()}
+                       if p.is_dir() and p.name.isdigit()} if self.dir.exists() else set()
             return sorted(on_disk | set(self.manager.all_steps()), reverse=True)
 
         if self.exchange is None:
@@ -255,6 +358,7 @@ class Checkpointer:
             try:  # the metadata first, on every process, so all restore or none does
                 check(step, self._everywhere(self.meta_verified, step))
                 state, meta = self._everywhere(self.restore_verified, step, like)
+                self._everywhere(self._verify_layout_free, step, state, meta)
             except CorruptCheckpoint as e:
                 broken.append((step, str(e)))
                 continue
@@ -263,6 +367,13 @@ class Checkpointer:
             return step, state, meta
         raise CheckpointError(f"{self.dir}: no valid checkpoint to resume from: " + "; ".join(
             reason for _, reason in broken))
+
+    def _verify_layout_free(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+        """The spread arrays checked whole, under whatever layout they were restored to
+        (after every process restored: :func:`layout_free_problems` gathers from all)."""
+        if problems := layout_free_problems(state, meta, self.exchange):
+            raise CorruptCheckpoint(f"step {step} ({self.dir / str(step)}): "
+                                    f"{'; '.join(problems)}")
 
     def _everywhere(self, attempt: Callable[..., Any], *args: Any) -> Any:
         """`attempt(*args)`'s value when it succeeds on every process of the job, else
@@ -305,8 +416,7 @@ class Checkpointer:
         while target.exists():
             n += 1
             target = self.corrupt_dir / f"{step}.{n}"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        (self.dir / str(step)).rename(target)
+        move_folder(self.dir / str(step), target)
         return target
 
     def close(self) -> None:

@@ -7,16 +7,21 @@ restores garbage or nothing. :func:`check_shared` proves the folder is shared be
 first step: process 0 writes a token with a random nonce, every other process must read the
 same nonce back, and the job stops with an error naming ``trainer.run_dir`` when one cannot.
 
-Paths go through ``etils.epath`` (what orbax reads and writes with). An object-store URL
-(``gs://...``) is refused for now, by name: the run log appends to its files, which object
-stores cannot; a shared file system mounted on every host (NFS, Filestore, a GCS FUSE
-mount) works.
+Paths go through ``etils.epath`` (what orbax reads and writes with), so the run folder may
+be on object storage (``gs://bucket/run``, with the ``gcs`` extra: gcsfs) as well as on a file
+system every host mounts (NFS, Filestore, a GCS FUSE mount). Checkpoints go straight to it;
+the run log, whose files grow by appending, which object stores cannot do, is written in a
+local folder and copied there (:mod:`rl.run_mirror`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import secrets
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from etils import epath
@@ -26,14 +31,55 @@ from rl.config import ConfigError
 TOKEN = ".run_dir_token"  # process 0's nonce, rewritten at every start
 
 
+def is_url(run_dir: str | os.PathLike) -> bool:
+    """Is `run_dir` on object storage (``gs://...``, ``s3://...``)?"""
+    return "://" in str(run_dir)
+
+
 def run_path(run_dir: str) -> epath.Path:
-    """`run_dir` as an absolute path; ConfigError naming ``trainer.run_dir`` for a URL."""
-    if "://" in str(run_dir):
-        raise ConfigError(
-            f"trainer.run_dir={run_dir}: run folders on object storage are not supported yet "
-            f"(the run log appends to its files); use a folder of a file system every host "
-            f"mounts (NFS, Filestore, a GCS FUSE mount)")
-    return epath.Path(run_dir).expanduser().absolute()
+    """`run_dir` as an absolute path, or as the object-storage URL it is; ConfigError naming
+    ``trainer.run_dir`` when the storage's package is missing or the URL cannot be read."""
+    if not is_url(run_dir):
+        return epath.Path(run_dir).expanduser().absolute()
+    path = epath.Path(str(run_dir).rstrip("/"))
+    scheme = str(run_dir).split("://")[0]
+    try:
+        path.exists()
+    except ImportError as e:  # epath reaches gs:// through gcsfs, s3:// through s3fs
+        package = {"gs": "gcsfs (pip install 'rubricrl[gcs]')", "s3": "s3fs"}.get(scheme, e.name)
+        raise ConfigError(f"trainer.run_dir={run_dir}: {scheme}:// needs the package "
+                          f"{package}: {e}") from e
+    except Exception as e:  # no credentials, no such bucket, no network: before any compute
+        raise ConfigError(f"trainer.run_dir={run_dir}: cannot be read: "
+                          f"{type(e).__name__}: {e}") from e
+    return path
+
+
+def local_mirror(url: str) -> Path:
+    """The local folder that holds the run log of a run folder on object storage (the same
+    for every start of that URL on one machine; :mod:`rl.run_mirror` fills it from the URL
+    on a machine that lacks it)."""
+    digest = hashlib.sha256(str(url).rstrip("/").encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "rl-run-log" / digest
+
+
+def move_folder(src: epath.Path, dst: epath.Path) -> None:
+    """Move the folder `src` to `dst`: a rename on a file system; on object storage, which has
+    no folders to rename, each file copied and then the source removed."""
+    if not is_url(src):
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        src.rename(dst)
+        return
+    _copy_tree(src, dst)
+    src.rmtree()
+
+
+def _copy_tree(src: epath.Path, dst: epath.Path) -> None:
+    for entry in src.iterdir():  # folder by folder: object stores refuse ``**``
+        if entry.is_dir():
+            _copy_tree(entry, dst / entry.name)
+        else:
+            entry.copy(dst / entry.name)
 
 
 def check_shared(folder: epath.Path, exchange: Any, wait_s: float = 30.0) -> None:

@@ -10,6 +10,9 @@
       samples.jsonl        sample trajectories with their rewards
       memory_events.jsonl  rubric memory events (ARBOR)
       checkpoints/         orbax checkpoints
+
+A run folder on object storage (``trainer.run_dir=gs://...``) gets the same files: they are
+written in a local folder and copied there (:mod:`rl.run_mirror`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 from core.files import write_atomic
 from rl.loggers import LoggerContext, WandbOptions, open_loggers
+from rl.run_mirror import RunMirror
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +78,14 @@ def _before(step: int) -> Callable[[dict], bool]:
 class RunLog:
     def __init__(self, run_dir: str | Path, resume_step: int | None = None,
                  loggers: Sequence[str] = ("tensorboard",), wandb: WandbOptions | None = None,
-                 config: Mapping[str, Any] | None = None, active: bool = True):
+                 config: Mapping[str, Any] | None = None, active: bool = True,
+                 mirror: RunMirror | None = None):
         """`active` False (the processes of a multi-process job other than 0): the same
-        calls, nothing written (process 0 writes the run folder)."""
+        calls, nothing written (process 0 writes the run folder). `mirror`: for a run folder
+        on object storage, `run_dir` is its local folder and the mirror copies it there."""
         self.dir = Path(run_dir)
         self.active = active
+        self.mirror = mirror if active else None
         self.latest: dict[str, float] = {}  # each metric's last logged value (every process)
         self._loggers: list[Any] = []
         self.metrics_path = self.dir / "metrics.jsonl"
@@ -88,6 +95,8 @@ class RunLog:
         self.lineage_path = self.dir / "memory_lineage.jsonl"
         if not active:
             return
+        if self.mirror is not None:
+            self.mirror.pull()
         self.dir.mkdir(parents=True, exist_ok=True)
         kept: list[dict] = []  # the metrics records a resumed run keeps
         if resume_step is not None:  # a resumed run rewrites everything after its checkpoint
@@ -132,7 +141,14 @@ class RunLog:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         self._scalars(record)
+        self.sync()
         return record
+
+    def sync(self, force: bool = False) -> None:
+        """Copy the run log to a run folder on object storage (throttled unless `force`;
+        nothing for a local run folder)."""
+        if self.mirror is not None:
+            self.mirror.sync(force)
 
     def _scalars(self, record: Mapping[str, Any]) -> None:
         values = {k: v for k, v in record.items()
@@ -163,3 +179,4 @@ class RunLog:
         for logger in self._loggers:
             logger.close()
         self._loggers = []
+        self.sync(force=True)

@@ -112,8 +112,11 @@ def judge_summary(last: dict) -> str:
 
 
 def _start_folders(resolved: dict) -> list[Path]:
-    """The run folder and hydra's output folder (the same folder by default)."""
-    folders = [Path(str(resolved.get("trainer", {}).get("run_dir", ""))).absolute()]
+    """The run folder and hydra's output folder (the same folder by default); a run folder on
+    object storage is not one of them (a failed start writes nothing there but checkpoints,
+    which it does not reach)."""
+    run_dir = str(resolved.get("trainer", {}).get("run_dir", ""))
+    folders = [] if "://" in run_dir else [Path(run_dir).absolute()]
     hydra_dir = _hydra_output_dir()
     if hydra_dir is not None and hydra_dir not in folders:
         folders.append(hydra_dir)

@@ -43,7 +43,8 @@ from rl.off_policy import Behaviour, RolloutPrefetch, snapshot
 from rl.optim import lr_schedule, make_optimizer
 from rl.provenance import provenance
 from rl.resume import SETTINGS, refuse_changes, settings
-from rl.run_folder import check_shared, run_path
+from rl.run_folder import check_shared, is_url, local_mirror, run_path
+from rl.run_mirror import RunMirror
 from rl.runlog import RunLog
 from rl.train_step import (
     TrainState,
@@ -195,6 +196,7 @@ class Trainer:
         if self.parts.lora is not None:  # the params saved are adapters: name their base
             meta[BASE_META] = self.parts.lora.meta()
         self.ckpt.save(lp.step, tree, meta)
+        self.runlog.sync(force=True)  # a run folder on object storage: its log beside it
 
     def evaluate(self, step: int) -> dict[str, Any]:
         """Greedy rollouts on the eval split: mean outcome, logged as eval/* at `step`."""
@@ -296,6 +298,17 @@ def init_from_run(run_dir: str, run: RunConfig, params: Any) -> Any:
         raise ConfigError(f"trainer.init_from: {e}") from None
     log.info("initialised from %s (step %d)", run_dir, step)
     return params
+
+
+def _run_log(run: RunConfig, resume_step: int | None) -> RunLog:
+    """The run log, in trainer.run_dir or, for a run folder on object storage, in its local
+    folder copied there (written by process 0 alone)."""
+    t = run.trainer
+    url = is_url(t.run_dir)
+    local = local_mirror(t.run_dir) if url else Path(t.run_dir)
+    mirror = RunMirror(local, run_path(t.run_dir)) if url else None
+    return RunLog(local, resume_step=resume_step, loggers=t.loggers, wandb=t.wandb,
+                  config=run.raw, active=is_leader(), mirror=mirror)
 
 
 def _open_checkpoints(run: RunConfig, exchange: Exchange | None = None
@@ -521,9 +534,7 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
                       counter_base=resumed.counter_totals if resumed else {},
                       prefetcher=(RolloutPrefetch(lambda state: L.collect(parts, state))
                                   if t.off_policy_steps else None),
-                      runlog=RunLog(Path(t.run_dir), resume_step=loop.step if resumed else None,
-                                    loggers=t.loggers, wandb=t.wandb, config=run.raw,
-                                    active=is_leader()))
+                      runlog=_run_log(run, loop.step if resumed else None))
     _record_config(trainer, config_text, resumed, exchange)
     if inp.judge is not None:  # which prompt templates produced this run's judgments
         trainer.runlog.write_config(json.dumps(inp.judge.versions(), indent=1),

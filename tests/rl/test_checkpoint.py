@@ -137,3 +137,62 @@ def test_keep_none_keeps_every_checkpoint(tmp_path):
     ck = _saved(tmp_path / "one", steps=(1, 2, 3), keep=1)
     assert ck.step_dirs() == [3]  # the newest one is never deleted
     ck.close()
+
+
+# ------------------------------------------------------------------------ layout-free sums
+
+from rl.checkpoint import add_sums, shard_sum  # noqa: E402
+
+
+def _lowbias32(h: int) -> int:  # C. Wellons' lowbias32, in Python integers
+    h ^= h >> 16
+    h = (h * 0x7FEB352D) & 0xFFFFFFFF
+    h ^= h >> 15
+    h = (h * 0x846CA68B) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def _reference_sum(a: np.ndarray) -> str:
+    """The two lanes element by element: sum mix(bits + mix(i)), sum mix(bits ^ mix(i ^ c))."""
+    width = {4: np.uint32, 2: np.uint16, 1: np.uint8}[a.dtype.itemsize]
+    bits = [int(b) for b in np.ascontiguousarray(a).view(width).reshape(-1)]
+    one = sum(_lowbias32((b + _lowbias32(i)) & 0xFFFFFFFF) for i, b in enumerate(bits))
+    two = sum(_lowbias32(b ^ _lowbias32(i ^ 0x9E3779B9)) for i, b in enumerate(bits))
+    return f"{one % 2**32:08x}{two % 2**32:08x}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "bool"])
+def test_shard_sums_of_any_cut_add_up_to_the_whole_arrays_sum(dtype):
+    """A resumed job may cut its arrays differently from the one that saved them: the shard
+    sums of rows, of columns and of blocks each add up to the whole array's sum, which equals
+    an element-by-element reference."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((6, 8)).astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else
+                                           dtype if dtype != "bool" else np.float32)
+    a = a > 0 if dtype == "bool" else a
+    whole = shard_sum(a, (slice(None), slice(None)), a.shape)
+    assert whole == _reference_sum(a)
+    cuts = {"rows": [(slice(0, 3), slice(None)), (slice(3, 6), slice(None))],
+            "columns": [(slice(None), slice(0, 2)), (slice(None), slice(2, 8))],
+            "blocks": [(slice(r, r + 3), slice(c, c + 4)) for r in (0, 3) for c in (0, 4)]}
+    for cut in cuts.values():
+        assert add_sums(shard_sum(a[i], i, a.shape) for i in cut) == whole
+    changed = a.copy()
+    changed[4, 5] = changed[4, 1]  # one element, set to a value the array holds elsewhere
+    if (changed != a).any():
+        assert shard_sum(changed, (slice(None), slice(None)), a.shape) != whole
+    swapped = a.copy()
+    swapped[[0, 5]] = swapped[[5, 0]]  # two rows exchanged: the same values elsewhere
+    if (swapped != a).any():
+        assert shard_sum(swapped, (slice(None), slice(None)), a.shape) != whole
+
+
+def test_a_large_shard_is_summed_in_pieces_with_the_same_result(monkeypatch):
+    import rl.checkpoint as ck
+
+    a = np.arange(40 * 3, dtype=np.float32).reshape(40, 3)
+    whole = shard_sum(a, (slice(10, 50), slice(None)), (60, 3))
+    monkeypatch.setattr(ck, "SUM_ROWS", 7)  # 2 rows of 3 per piece: 20 pieces
+    assert shard_sum(a, (slice(10, 50), slice(None)), (60, 3)) == whole

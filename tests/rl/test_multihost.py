@@ -28,7 +28,7 @@ from models import load_params
 from rl.config import ConfigError
 from rl.eval import restore_run_params
 from rl.multihost import DivergenceError, Exchange, LeaderCalls
-from rl.run_folder import TOKEN, check_shared, run_path
+from rl.run_folder import TOKEN, check_shared
 from rl.trainer import build_trainer
 from tests.judge_server import FakeJudgeServer
 from tests.paths import ROOT
@@ -179,11 +179,6 @@ def test_hosts_that_see_different_run_folders_stop_naming_the_key(tmp_path):
     assert (shared / "keep.txt").exists() and (folders[0] / TOKEN).exists()
 
 
-def test_an_object_store_run_folder_is_refused_by_name():
-    with pytest.raises(ConfigError, match="trainer.run_dir=gs://bucket/run"):
-        run_path("gs://bucket/run")
-
-
 @pytest.mark.parametrize("overrides, key", [
     (["mesh.coordinator=127.0.0.1:1", "mesh.num_processes=2", "mesh.process_id=2"],
      "mesh.process_id"),
@@ -272,16 +267,18 @@ def _lines(path: Path) -> list[dict]:
 def test_two_processes_train_the_same_weights_as_one(tmp_path, char_model):
     """GRPO with a KL term (the reference pass runs) over 2 steps that update the weights, on
     a mesh of 2 data-parallel x 2 FSDP shards laid over both processes' devices; the
-    2-process job stops after step 1 and resumes from its checkpoint (saved and restored by
-    both processes, each its shards). The 1-process run has the same mesh on 4 devices."""
+    2-process job stops after step 1 and resumes from its checkpoint under another mesh
+    shape, 4 FSDP shards (saved and restored by both processes, each its shards, verified by
+    their layout-free sums). The 1-process run has the first mesh on 4 devices."""
     overrides = ["model=hf", f"model.path={char_model}", *LEARN, "algo.beta=0.05",
-                 "mesh.shape={data:2,fsdp:2,tensor:1}",
                  "trainer.max_steps=2", "trainer.batch_prompts=4", "algo.group_size=4",
                  "trainer.max_new_tokens=8", "optim.lr=5e-2", "trainer.eval_at_ends=false",
                  "trainer.save_every=1", "trainer.skip_zero_advantage=false"]
-    _two_processes(tmp_path, [*overrides, "trainer.max_steps=1"], leg="_first")
-    two = _two_processes(tmp_path, [*overrides, "trainer.resume=true"])
-    one = _one_process(tmp_path, overrides)
+    first = [*overrides, "mesh.shape={data:2,fsdp:2,tensor:1}"]
+    _two_processes(tmp_path, [*first, "trainer.max_steps=1"], leg="_first")
+    two = _two_processes(tmp_path, [*overrides, "mesh.shape={data:1,fsdp:4,tensor:1}",
+                                    "trainer.resume=true"])
+    one = _one_process(tmp_path, first)
     (p2, s2), (p1, s1) = _final_params(two, str(char_model)), _final_params(one, str(char_model))
     _, start, _ = load_params(str(char_model))
     assert s1 == s2 == 2
@@ -374,21 +371,28 @@ def test_arbor_with_an_http_judge_sends_each_request_once(tmp_path):
     assert len(events) >= 4 and events == _lines(runs["one"] / "memory_events.jsonl")
 
 
-def test_a_killed_process_ends_the_job_with_an_error_in_bounded_time(tmp_path, char_model):
-    """FSDP over both processes: process 1 is killed mid-run; process 0 ends with an error
-    naming the lost task within the heartbeat timeout."""
-    overrides = ["model=hf", f"model.path={char_model}", *LEARN, "trainer.max_steps=400",
-                 "mesh.shape={data:1,fsdp:4,tensor:1}",
+def test_a_killed_process_ends_the_job_in_bounded_time_and_the_job_resumes(tmp_path,
+                                                                           char_model):
+    """FSDP over both processes, a checkpoint every step: process 1 is killed mid-run;
+    process 0 ends with an error naming the lost task within the heartbeat timeout. The job
+    started again resumes from the newest checkpoint that verifies (one cut off by the kill
+    is set aside) and ends with the weights of an uninterrupted 1-process run."""
+    overrides = ["model=hf", f"model.path={char_model}", *LEARN,
+                 "mesh.shape={data:1,fsdp:4,tensor:1}", "optim.lr=5e-2",
                  "trainer.batch_prompts=4", "algo.group_size=4", "trainer.max_new_tokens=8",
-                 "trainer.eval_at_ends=false", "trainer.save_every=0"]
-    run, port = tmp_path / "run", _free_port()
+                 "trainer.eval_at_ends=false", "trainer.save_every=1",
+                 "trainer.skip_zero_advantage=false"]
+    run, port = tmp_path / "two", _free_port()
     logs = [tmp_path / f"p{r}.log" for r in range(2)]
-    procs = [_train(run, 2, overrides, (port, 2, r), logs[r]) for r in range(2)]
+    procs = [_train(run, 2, [*overrides, "trainer.max_steps=400"], (port, 2, r), logs[r])
+             for r in range(2)]
     try:
         deadline = time.time() + 600
-        while not (run / "metrics.jsonl").exists() and time.time() < deadline:
+        while (not (run / "metrics.jsonl").exists()
+               or len((run / "metrics.jsonl").read_text().splitlines()) < 2):
             assert procs[0].poll() is None, logs[0].read_text()[-3000:]
-            time.sleep(1)
+            assert time.time() < deadline, "no step finished in 600 s"
+            time.sleep(0.5)
         procs[1].kill()
         t0 = time.time()
         rc = procs[0].wait(timeout=120)
@@ -400,6 +404,16 @@ def test_a_killed_process_ends_the_job_with_an_error_in_bounded_time(tmp_path, c
     assert waited < 60  # heartbeat_timeout_s=10 plus the service's polling
     text = logs[0].read_text()
     assert "heartbeat" in text or "another task died" in text, text[-3000:]
+    # started again: it resumes where the checkpoints end and trains to the end
+    steps = len((run / "metrics.jsonl").read_text().splitlines()) + 2
+    _two_processes(tmp_path, [*overrides, f"trainer.max_steps={steps}",
+                              "trainer.resume=true"], leg="_resumed")
+    assert [r["step"] for r in _lines(run / "metrics.jsonl")] == list(range(steps))
+    assert [h["resumed"] for h in _lines(run / "config_history.jsonl")] == [False, True]
+    one = _one_process(tmp_path, [*overrides, f"trainer.max_steps={steps}"])
+    (p2, s2), (p1, s1) = _final_params(run, str(char_model)), _final_params(one, str(char_model))
+    assert s1 == s2 == steps
+    assert _max_abs_diff(p1, p2) <= 1e-5
 
 
 def test_an_unreachable_coordinator_is_named_within_the_connect_timeout(tmp_path):
@@ -638,3 +652,21 @@ def test_a_shard_failing_on_one_process_makes_every_process_fall_back(tmp_path, 
     assert (run / "checkpoints_corrupt" / str(newest)).is_dir()
     assert not (run / "checkpoints_corrupt" / f"{newest}.1").exists()  # moved once
     assert [r["step"] for r in _lines(run / "metrics.jsonl")][-1] == 2
+    # resumed under another mesh shape, whose shards cut the arrays otherwise: a changed
+    # layout-free sum in the newest checkpoint makes both processes fall back again
+    newest = max(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+    meta_file = next(p for p in (run / "checkpoints" / str(newest) / "meta").rglob("*")
+                     if p.is_file() and p.read_text().lstrip().startswith("{"))
+    meta = json.loads(meta_file.read_text())
+    sums = meta["integrity"]["arrays"][key]["sums"]
+    sums[index] = f"{(int(sums[index], 16) + 1) % 2**64:016x}"
+    meta_file.write_text(json.dumps(meta))
+    other = [o for o in overrides if not o.startswith("mesh.shape")]
+    _two_processes(tmp_path, [*other, "mesh.shape={data:2,fsdp:2,tensor:1}",
+                              "trainer.max_steps=4", "trainer.resume=true"], leg="_other_mesh")
+    for r in range(2):
+        text = (tmp_path / f"two_other_mesh_{r}.log").read_text()
+        assert f"array {key} fails its checksum over the shards of every process" in text, \
+            text[-3000:]
+        assert f"Resuming from step {newest - 1} instead" in text, text[-3000:]
+    assert [r["step"] for r in _lines(run / "metrics.jsonl")][-1] == 3
