@@ -33,6 +33,7 @@ from models.sampler import SamplingParams
 from rewards.qa_metrics import METRIC_SETS, MetricChoice, MetricSet
 from rl.compile_cache import use_compile_cache
 from rl.envs import SamplerPolicy
+from rl.run_folder import run_path
 
 log = logging.getLogger("rl.eval")
 
@@ -48,7 +49,7 @@ def restore_run_params(run_dir: str | Path, params: Any,
     from rl.optim import make_optimizer
     from rl.train_step import init_train_state
 
-    run_dir = Path(run_dir)
+    run_dir = run_path(str(run_dir))  # a local folder or a gs:// URL
     run_cfg = run_config(run_dir)
     lora = run_lora_config(run_cfg)
     if lora is not None:  # the checkpoint holds adapters: merged into the run's base
@@ -71,10 +72,10 @@ def run_config(run_dir: str | Path) -> dict[str, Any]:
     """The resolved config a run folder was written with: config.yaml (written by the
     command line), else the latest record of config_history.jsonl (a run built in Python with
     ``build_trainer`` has only that)."""
-    cfg_path = Path(run_dir) / "config.yaml"
-    history = Path(run_dir) / "config_history.jsonl"
+    cfg_path = run_path(str(run_dir)) / "config.yaml"
+    history = run_path(str(run_dir)) / "config_history.jsonl"
     if cfg_path.exists():
-        return OmegaConf.to_container(OmegaConf.load(cfg_path), resolve=True)
+        return OmegaConf.to_container(OmegaConf.create(cfg_path.read_text()), resolve=True)
     if history.exists():
         lines = [x for x in history.read_text().splitlines() if x.strip()]
         try:

@@ -37,6 +37,7 @@ from models.transformer import Params
 from rl.checkpoint import Checkpointer
 from rl.config import ConfigError, optim_config, section
 from rl.optim import make_optimizer
+from rl.run_folder import run_path
 from rl.train_step import init_train_state
 
 BASE_META = "lora_base"  # the checkpoint metadata entry naming the base weights
@@ -130,7 +131,7 @@ def restore_merged(run_dir: str | Path, run_cfg: Mapping[str, Any], base: Params
     lr = LoraRun(lora, base, base_fingerprint(base), source)
     like = init_train_state(fresh_adapters(lr, 0),
                             make_optimizer(optim_config(run_cfg["optim"], 1)))
-    ckpt = Checkpointer(Path(run_dir) / "checkpoints")
+    ckpt = Checkpointer(run_path(str(run_dir)) / "checkpoints")
     step = ckpt.latest_step() if step is None else step
     if step is None:
         raise FileNotFoundError(f"{run_dir}/checkpoints: no checkpoint to load")

@@ -25,7 +25,6 @@ import json
 import logging
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import hydra
@@ -33,6 +32,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from rl.compile_cache import use_compile_cache
+from rl.run_folder import run_path
 
 log = logging.getLogger("rl.smoke")
 
@@ -42,7 +42,7 @@ TOLERANCE = 1e-5  # the multi-process tests' bound: another layout may round dif
 GiB = 1024**3
 
 
-def _build(resolved: dict, run_dir: Path, **trainer: Any) -> tuple[Any, float]:
+def _build(resolved: dict, run_dir: Any, **trainer: Any) -> tuple[Any, float]:
     """A trainer for `run_dir` with `trainer` settings over the config's; its build time."""
     from rl.trainer import build_trainer
 
@@ -90,7 +90,7 @@ def smoke(resolved: dict) -> dict[str, Any]:
     """Steps 1-4 of the module docstring; the figures, ``passed`` among them."""
     import jax
 
-    run_dir = Path(str(resolved["trainer"]["run_dir"]))
+    run_dir = run_path(str(resolved["trainer"]["run_dir"]))  # a local folder or a gs:// URL
     log.info("rl.smoke: 1/3 loading %s and training %d steps (%s)", resolved["model"]["path"],
              STEPS, run_dir / "straight")
     straight, load_s = _build(resolved, run_dir / "straight", save_every=0, resume=False)
@@ -148,7 +148,7 @@ def main(cfg: DictConfig) -> None:
     result = smoke(resolved)
     print(report(result), flush=True)
     if jax.process_index() == 0:
-        out = Path(str(resolved["trainer"]["run_dir"])) / "smoke.json"
+        out = run_path(str(resolved["trainer"]["run_dir"])) / "smoke.json"
         out.write_text(json.dumps(result, indent=1))
     if not result["passed"]:
         sys.exit(1)

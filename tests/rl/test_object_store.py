@@ -14,7 +14,9 @@ import pytest
 from etils import epath
 from omegaconf import OmegaConf
 
+from models import load_params
 from rl.config import ConfigError
+from rl.eval import restore_run_params
 from rl.run_folder import local_mirror, move_folder, run_path
 from rl.run_mirror import RunMirror
 from rl.trainer import build_trainer
@@ -93,8 +95,9 @@ def _records(path: epath.Path) -> list[dict]:
 def test_a_run_on_gcs_resumes_on_a_fresh_machine_exactly(gcs, tmp_path, char_model,
                                                          monkeypatch):
     """Train 2 steps into gs://, forget the local copy of its log (another machine), resume
-    to step 4: the weights equal a straight 4-step run's bit for bit, and the bucket holds
-    the whole run log (one metrics record per step, both starts) beside the checkpoints."""
+    to step 4: the weights equal a straight 4-step run's bit for bit, the bucket holds the
+    whole run log (one metrics record per step, both starts) beside the checkpoints, and
+    the run's weights read back from the bucket (rl.eval's path) are those weights."""
     monkeypatch.setenv("CHAR_MODEL", str(char_model))
     monkeypatch.chdir(tmp_path)  # a gs:// path taken for a local one would appear here
     common = [*LEARN, "trainer.max_steps=4", "trainer.save_every=2", "trainer.batch_prompts=2",
@@ -126,6 +129,11 @@ def test_a_run_on_gcs_resumes_on_a_fresh_machine_exactly(gcs, tmp_path, char_mod
     assert [h["resumed"] for h in _records(remote / "config_history.jsonl")] == [False, True]
     assert sorted(p.name for p in (remote / "checkpoints").iterdir()) == ["2", "4"]
     assert not list(tmp_path.glob("gs*"))
+    # rl.eval / rl.export read the run's weights from the bucket too
+    _, base, _ = load_params(str(char_model))
+    params, step = restore_run_params(url, base)
+    assert step == 4
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), ref)
 
 
 def test_a_checkpoint_folder_is_set_aside_on_gcs(gcs):
