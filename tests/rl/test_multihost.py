@@ -344,7 +344,9 @@ def test_arbor_with_an_http_judge_sends_each_request_once(tmp_path):
     """ARBOR on the search task (scripted trajectories, as ``tests.rl.test_arbor_e2e``: a
     random model never answers, so its memory would stay empty and the judge idle): the
     rubric memory is the same value as the 1-process run's, and the judge server sees each
-    distinct request once (process 0 sends it). FSDP over the job's 4 devices."""
+    distinct request once (process 0 sends it). FSDP over the job's 4 devices; the 2-process
+    job stops after step 2 and resumes from its checkpoint (memory and judge cache
+    included), ending with the weights of the uninterrupted 1-process run."""
     base = ["model=tiny", "mesh.shape={data:1,fsdp:4,tensor:1}", "task=search_qa",
             "task.name=search_qa_scripted", "algo=arbor",
             "algo.embedder=hashing", "algo.k_consol=4", "trainer.sample_every=1",
@@ -352,13 +354,17 @@ def test_arbor_with_an_http_judge_sends_each_request_once(tmp_path):
             f"task.cache_dir={tmp_path / 'world'}", "task.max_turns=1",
             "task.max_response_tokens=64", "task.max_obs_tokens=40", "trainer.batch_prompts=4",
             "algo.group_size=4", "trainer.max_new_tokens=16", "trainer.eval_at_ends=false",
-            "trainer.max_steps=3", "trainer.save_every=0", "judge=openai", "judge.model=fake",
+            "trainer.save_every=0", "judge=openai", "judge.model=fake",
             "judge.api_key_env=null", "judge.timeout_s=20", "judge.max_retries=1"]
     runs, bodies = {}, {}
     for name, launch in (("two", _two_processes), ("one", _one_process)):
         with FakeJudgeServer() as srv:
-            runs[name] = launch(tmp_path, [*base, f"judge.base_url={srv.base_url}",
-                                           f"judge.cache_dir={tmp_path / ('cache_' + name)}"])
+            judged = [*base, f"judge.base_url={srv.base_url}",
+                      f"judge.cache_dir={tmp_path / ('cache_' + name)}"]
+            if name == "two":  # stopped after step 2 (saved), then resumed
+                launch(tmp_path, [*judged, "trainer.max_steps=2"], leg="_first")
+                judged += ["trainer.resume=true"]
+            runs[name] = launch(tmp_path, [*judged, "trainer.max_steps=3"])
             bodies[name] = Counter(srv.bodies)
     assert sum(bodies["one"].values()) > 0
     assert max(bodies["two"].values()) == 1  # each distinct request once
@@ -369,6 +375,10 @@ def test_arbor_with_an_http_judge_sends_each_request_once(tmp_path):
     # its drafts are rejected at the gate: the same rejections in both runs)
     events = _lines(runs["two"] / "memory_events.jsonl")
     assert len(events) >= 4 and events == _lines(runs["one"] / "memory_events.jsonl")
+    assert [h["resumed"] for h in _lines(runs["two"] / "config_history.jsonl")] == [False, True]
+    (p2, s2), (p1, s1) = _final_params(runs["two"], "tiny"), _final_params(runs["one"], "tiny")
+    assert s1 == s2 == 3
+    assert _max_abs_diff(p1, p2) <= 1e-5
 
 
 def test_a_killed_process_ends_the_job_in_bounded_time_and_the_job_resumes(tmp_path,
