@@ -120,7 +120,7 @@ def test_notebook_executes_on_run_folders(runs_dir, tmp_path, monkeypatch):
     assert "Evidence-grounded answer" in text  # the top-reused table names a common rubric
     figs = {p.name for p in (tmp_path / "figs").iterdir()}
     assert {"learning_curves.png", "group_fractions.png", "memory_size.png", "admission.png",
-            "lifecycle_arbor_s0.png", "gaming.png"} <= figs
+            "lifecycle_arbor_s0.png", "gaming.png", "lineage_arbor_s0.png"} <= figs
     assert "alert(s)" in text
     assert "order of mastery" in text
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
