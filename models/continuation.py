@@ -201,9 +201,12 @@ def read_in_place(cfg: ModelConfig, params: Params, state: Frontier, readers: ja
             tokens = jax.lax.dynamic_slice_in_dim(lines, first, width, axis=1)
             real = jax.lax.dynamic_slice_in_dim(mask, first, width, axis=1)
             positions = sub.n_tokens[:, None] + first + jnp.arange(width)
+            # activations pinned to the rows (as the prefill): left to GSPMD, the read of
+            # 320 rows x 2,304 slots on v5e-16 needed 16.5 GiB of temporaries per chip and
+            # was refused; pinned, 10.0 (rl.plan, Qwen3-4B, 2026-12-05)
             hidden, cache = forward_with_cache(cfg, params, tokens, real, positions,
                                                cache=cache, cache_index=sub.next_slot + first,
-                                               mesh=mesh)
+                                               mesh=mesh, pin_rows=True)
             at = read - 1 - first  # the row's last token, when it is in this block
             here = (at >= 0) & (at < width)
             h = jnp.take_along_axis(hidden, jnp.clip(at, 0, width - 1)[:, None, None], axis=1)
