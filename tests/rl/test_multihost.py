@@ -383,11 +383,12 @@ def test_arbor_with_an_http_judge_sends_each_request_once(tmp_path):
 
 def test_a_killed_process_ends_the_job_in_bounded_time_and_the_job_resumes(tmp_path,
                                                                            char_model):
-    """FSDP over both processes, a checkpoint every step: process 1 is killed mid-run;
-    process 0 ends with an error naming the lost task within the heartbeat timeout. The job
-    started again resumes from the newest checkpoint that verifies (one cut off by the kill
-    is set aside) and ends with the weights of an uninterrupted 1-process run."""
-    overrides = ["model=hf", f"model.path={char_model}", *LEARN,
+    """GRPO with a KL term, FSDP over both processes, a checkpoint every step: process 1 is
+    killed mid-run; process 0 ends with an error naming the lost task within the heartbeat
+    timeout. The job started again resumes from the newest checkpoint that verifies (one cut
+    off by the kill is set aside) and ends with the weights of an uninterrupted 1-process
+    run."""
+    overrides = ["model=hf", f"model.path={char_model}", *LEARN, "algo.beta=0.05",
                  "mesh.shape={data:1,fsdp:4,tensor:1}", "optim.lr=5e-2",
                  "trainer.batch_prompts=4", "algo.group_size=4", "trainer.max_new_tokens=8",
                  "trainer.eval_at_ends=false", "trainer.save_every=1",
