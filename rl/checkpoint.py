@@ -64,15 +64,19 @@ def array_digest(x: Any) -> str | dict[str, str]:
     return _sha256(np.asarray(jax.device_get(x)))
 
 
-def shard_digests(x: jax.Array) -> dict[str, str]:
-    """{index: SHA-256} of the shards of `x` this process holds, one per distinct index
-    (``"0:64,0:128"``: the slice of the whole array each covers)."""
-    out: dict[str, str] = {}
+def _distinct_shards(x: jax.Array) -> dict[str, Any]:
+    """{index: shard} of the shards of `x` this process holds, one per distinct index
+    (``"0:64,0:128"``: the slice of the whole array each covers; replicas dropped)."""
+    out: dict[str, Any] = {}
     for shard in x.addressable_shards:
-        key = _index_key(shard.index, x.shape)
-        if key not in out:
-            out[key] = _sha256(np.asarray(shard.data))
+        out.setdefault(_index_key(shard.index, x.shape), shard)
     return out
+
+
+def shard_digests(x: jax.Array) -> dict[str, str]:
+    """{index: SHA-256} of the distinct shards of `x` this process holds."""
+    return {key: _sha256(np.asarray(shard.data))
+            for key, shard in _distinct_shards(x).items()}
 
 
 def _index_key(index: tuple[slice, ...], shape: tuple[int, ...]) -> str:
@@ -141,12 +145,8 @@ def add_sums(sums: Any) -> str:
 
 def shard_sums(x: jax.Array) -> dict[str, str]:
     """{index: shard_sum} of the distinct shards of `x` this process holds."""
-    out: dict[str, str] = {}
-    for shard in x.addressable_shards:
-        key = _index_key(shard.index, x.shape)
-        if key not in out:
-            out[key] = shard_sum(np.asarray(shard.data), shard.index, x.shape)
-    return out
+    return {key: shard_sum(np.asarray(shard.data), shard.index, x.shape)
+            for key, shard in _distinct_shards(x).items()}
 
 
 def spread_sums(tree: Any) -> dict[str, dict[str, str]]:

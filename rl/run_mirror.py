@@ -24,6 +24,8 @@ from pathlib import Path
 
 from etils import epath
 
+from rl.run_folder import is_url
+
 log = logging.getLogger(__name__)
 
 SYNC_EVERY_S = 30.0  # the longest a step's record waits in the local folder
@@ -81,7 +83,7 @@ class RunMirror:
         now = {rel: _state(self.local / rel) for rel in _files(self.local)}
         for rel, state in now.items():
             if self._sent.get(rel) != state:
-                if "://" not in str(self.remote):  # object stores have no folders to make
+                if not is_url(self.remote):  # object stores have no folders to make
                     (self.remote / rel).parent.mkdir(parents=True, exist_ok=True)
                 (self.remote / rel).write_bytes((self.local / rel).read_bytes())
                 self._sent[rel] = state

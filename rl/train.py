@@ -23,6 +23,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from rl.compile_cache import use_compile_cache
+from rl.run_folder import is_url
 
 log = logging.getLogger("rl.train")
 
@@ -116,7 +117,7 @@ def _start_folders(resolved: dict) -> list[Path]:
     object storage is not one of them (a failed start writes nothing there but checkpoints,
     which it does not reach)."""
     run_dir = str(resolved.get("trainer", {}).get("run_dir", ""))
-    folders = [] if "://" in run_dir else [Path(run_dir).absolute()]
+    folders = [] if is_url(run_dir) else [Path(run_dir).absolute()]
     hydra_dir = _hydra_output_dir()
     if hydra_dir is not None and hydra_dir not in folders:
         folders.append(hydra_dir)
