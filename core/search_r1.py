@@ -271,6 +271,34 @@ def official_normalize_answer(s: str) -> str:
     return " ".join(_ARTICLES_RE.sub(" ", s).split())
 
 
+_INFO_BLOCK = re.compile(r"<information>(.*?)(?:</information>|$)", re.S)
+_SEARCH_BLOCK = re.compile(r"<search>.*?(?:</search>|$)", re.S)
+_DOC_TITLE = re.compile(r"Doc \d+\(Title: \"?(.*?)\"?\)")  # Doc 1(Title: T) or (Title: "T")
+
+
+def copied_titles(text: str) -> int:
+    """How many distinct retrieved titles (``Doc i(Title: T)`` inside ``<information>``) a
+    response repeats in its own text, outside its ``<information>`` blocks and ``<search>``
+    queries, case-insensitively; titles shorter than 3 characters are not counted. What the
+    gaming monitor ``gaming/copied_titles`` averages and the rule judge's ``copies_retrieved``
+    criterion counts."""
+    titles = {t.strip().lower() for block in _INFO_BLOCK.findall(text)
+              for t in _DOC_TITLE.findall(block)}
+    own = _SEARCH_BLOCK.sub(" ", _INFO_BLOCK.sub(" ", text)).lower()
+    return sum(1 for t in titles if len(t) >= 3 and t in own)
+
+
+def cited_titles(text: str) -> int:
+    """How many distinct retrieved titles a response names in its final turn, the text after
+    its last ``</information>`` (its closing reasoning and answer), case-insensitively; titles
+    shorter than 3 characters are not counted. The rule judge's ``cites_retrieved`` criterion:
+    "names its sources when it answers", which a policy can meet by listing them."""
+    titles = {t.strip().lower() for block in _INFO_BLOCK.findall(text)
+              for t in _DOC_TITLE.findall(block)}
+    final = text.rsplit("</information>", 1)[-1].lower() if "</information>" in text else ""
+    return sum(1 for t in titles if len(t) >= 3 and t in final)
+
+
 def agent_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
     """A search rollout's behaviour, per step, the way Search-R1 logs it during training
     (``env/number_of_actions``, ``env/ratio_of_valid_action``, ``env/number_of_valid_search``,

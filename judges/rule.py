@@ -11,6 +11,10 @@ Criterion language (``RuleJudge.check`` criteria, rubric titles/descriptions, bu
                        ``max_lines``
 ``count:PAT:OP N``     number of regex matches compared, e.g. ``count:<search>:<=3``
 ``bullets:OP N``       number of bullet / numbered lines, e.g. ``bullets:>=2``
+``copies_retrieved:OP N``  retrieved titles the response repeats in its own text
+                       (``core.search_r1.copied_titles``), e.g. ``copies_retrieved:>=2``
+``cites_retrieved:OP N``   retrieved titles named in its final turn, after the last
+                       ``</information>`` (``core.search_r1.cited_titles``)
 ``tag:NAME``           a closed ``<NAME>...</NAME>`` block exists
 ``json``               the response (fences stripped) is valid JSON
 ``feature:ID``         a process feature of a search trajectory (the context is the question),
@@ -33,7 +37,13 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from core.search_r1 import ParsedTrajectory, normalize_answer, parse_trajectory
+from core.search_r1 import (
+    ParsedTrajectory,
+    cited_titles,
+    copied_titles,
+    normalize_answer,
+    parse_trajectory,
+)
 from judges.base import JUDGE_STAT_KEYS, Counters, order_coin, tie_coin
 from judges.bundling import compose_description
 from judges.types import (
@@ -485,6 +495,12 @@ def _compile_op(op: str, arg: str, predicates: Mapping[str, Predicate]) -> Predi
     if op == "bullets":
         cmp = _cmp(arg)
         return lambda c, r: cmp(len(_BULLET.findall(r)))
+    if op == "copies_retrieved":  # retrieved titles repeated in the policy's own text
+        cmp = _cmp(arg)
+        return lambda c, r: cmp(copied_titles(r))
+    if op == "cites_retrieved":  # retrieved titles named in the final turn
+        cmp = _cmp(arg)
+        return lambda c, r: cmp(cited_titles(r))
     if op == "tag":
         name = re.escape(arg.strip())
         pat = re.compile(rf"<{name}>.*?</{name}>", re.DOTALL)

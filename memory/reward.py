@@ -568,7 +568,7 @@ def arbor_reward_step(
                                      cfg.active_combine, paid)
     metrics = _metrics(out.memory, ctx.groups, total, out.events, ctx.tally, out.n_active)
     if cfg.rubric_gate != "none":  # the share of trajectories whose rubric term was withheld
-        metrics["memory/gated_frac"] = 1.0 - float(paid.sum()) / max(
+        metrics[GATED_FRAC] = 1.0 - float(paid.sum()) / max(
             sum(g.size for g in ctx.groups), 1)
     rubric_scores = RubricScores(combined=combined, raw=sc.raw, centred=sc.centred,
                                  rubric_ids=sc.rubric_ids)
@@ -601,12 +601,15 @@ _FALLBACK_KEYS = ("compare_fallbacks", "check_fallbacks", "induce_fallbacks",
 #: ``memory/*`` metrics that describe the memory after a step; the others count what the step
 #: did (or are fractions of its groups)
 MEMORY_GAUGES = ("memory/drafts", "memory/commons", "memory/retired_total", "memory/active")
+# the share of trajectories whose rubric term algo.rubric_gate withheld: a fraction, so a step
+# of several draws (DAPO) reports the last draw's, not a sum
+GATED_FRAC = "memory/gated_frac"
 
 
 def step_counts(metrics: Mapping[str, float]) -> dict[str, float]:
     """The tallies among a step's ``memory/*`` metrics (admissions, rejections, judge calls,
     fallbacks, ...): what adds up when a training step draws several batches (DAPO)."""
-    fractions = set(conversion_metrics([], np.zeros((0, 0)), "memory/"))
+    fractions = set(conversion_metrics([], np.zeros((0, 0)), "memory/")) | {GATED_FRAC}
     return {k: v for k, v in metrics.items()
             if k.startswith("memory/") and k not in MEMORY_GAUGES and k not in fractions}
 

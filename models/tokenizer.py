@@ -190,12 +190,39 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+# tokenizer_config's special tokens and the GGUF metadata key of each one's id
+_GGUF_SPECIAL_TOKENS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id",
+                        "unk_token": "unknown_token_id", "pad_token": "padding_token_id"}
+
+
+def gguf_tokenizer_fields(path: str | Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """``(architecture, tokenizer_dict, tokenizer_config)`` of a GGUF file, as transformers'
+    ``get_gguf_tokenizer`` builds them, read with the ``gguf`` package: transformers' own GGUF
+    reader imports PyTorch, which a run does not install."""
+    import gguf
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING
+
+    fields = gguf.GGUFReader(str(path)).fields
+    metadata = {key: field.contents() for key, field in fields.items()
+                if key.startswith("tokenizer.") or key == "general.architecture"}
+    grouped = {group: {name: metadata[f"tokenizer.{key}"] for key, name in renames.items()
+                       if f"tokenizer.{key}" in metadata}
+               for group, renames in GGUF_TOKENIZER_MAPPING.items()}
+    tokenizer, config = grouped["tokenizer"], grouped["tokenizer_config"]
+    if tokenizer.get("tokenizer_type") == "llama":  # llama.cpp adds BOS to a sentencepiece
+        config.setdefault("add_bos_token", True)  # vocabulary that does not say otherwise
+    for name, key in _GGUF_SPECIAL_TOKENS.items():
+        token_id = metadata.get(f"tokenizer.ggml.{key}")
+        config[name] = tokenizer["tokens"][token_id] if token_id is not None else None
+    return metadata["general.architecture"], tokenizer, config
+
+
 def load_gguf_tokenizer(path: str | Path) -> Tokenizer:
     """Build the fast tokenizer from GGUF metadata (transformers' ``convert_gguf_tokenizer``)."""
-    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
 
     try:
-        arch, tok_dict, tok_cfg = get_gguf_tokenizer(str(path))
+        arch, tok_dict, tok_cfg = gguf_tokenizer_fields(path)
         backend, _ = convert_gguf_tokenizer(arch, tok_dict)
     except Exception as e:
         raise ModelLoadError(f"{path}: cannot build a tokenizer from GGUF metadata ({e})") from None

@@ -18,8 +18,13 @@ Arms (``DIMENSION_ARMS``; each is one ``algo=`` away, ``conf/algo/*.yaml``):
 * ``prorubric_official``: the dimension paragraphs (``Dimension.description``);
 * ``rubric_rl_official``: the authors' atomic (Rubric-RL) arm: every atomic item its own
   criterion in the same single call, the same clipped formula over ``w_i`` (needs no bundle);
-* ``raw_and_verbatim``: the text is the dimension's items verbatim, joined as one conjunction
-  (pitfalls as must-not-hold), no failure clause (``build_raw_and.py``);
+  ``weighted_atomic_official`` and ``grouped_mean_official`` the same over the re-derived
+  item weights of their Weighted and Grouped-mean controls (``rewards.reweight``);
+* ``raw_and_verbatim``: the text is the dimension's items verbatim, joined as one conjunction,
+  no failure clause, as ``build_raw_and.py`` builds it: every item, a pitfall too, is a part
+  that must hold (the dimension's weight is ``sum |w_i|``, so a pitfall's text reads as a
+  requirement); ``raw_and_marked`` (ours): the same with each pitfall a part that must NOT
+  hold;
 * ``prorubric_no_failure``: the paragraphs with their failure sentences ("... fails if ...")
   removed (``build_no_failure_clauses.py``: a remainder under 40 characters keeps the text);
 * ``prorubric_k1``: one dimension (a ``K = 1`` bundle as it is; a ``K > 1`` bundle merged into
@@ -56,9 +61,11 @@ import numpy as np
 from judges.base import Judge
 from judges.types import DimensionCriterion, DimensionRequest, DimensionResult
 from rewards.aggregate import clipped_weighted_mean
+from rewards.reweight import reweighted
 from rewards.rubric import Dimension, Rubric
 
-TextVariant = Literal["paragraph", "verbatim_and", "no_failure_clauses", "atomic"]
+TextVariant = Literal["paragraph", "verbatim_and", "verbatim_and_marked", "no_failure_clauses",
+                      "atomic"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +74,10 @@ class DimensionArm:
 
     ``text``: which criterion text the judge reads; ``single``: merge into one dimension
     (K = 1); ``verdict``: ``binary`` or ``graded``; ``draws`` judge calls per response, at
-    ``temperature`` (None: the judge's schedule), rewards averaged.
+    ``temperature`` (None: the judge's schedule), rewards averaged; ``weights``: an atomic
+    arm's item weights, the rubric's own or re-derived (``rewards.reweight``);
+    ``appropriateness``: one more criterion, :data:`APPROPRIATENESS` (see
+    :func:`with_appropriateness`).
     """
 
     text: TextVariant
@@ -75,6 +85,8 @@ class DimensionArm:
     verdict: Literal["binary", "graded"] = "binary"
     draws: int = 1
     temperature: float | None = None
+    weights: Literal["item", "weighted_atomic", "grouped_mean"] = "item"  # atomic arms' weights
+    appropriateness: bool = False  # one more criterion: the answer fits the question and asker
 
     @property
     def failure_clauses(self) -> bool:
@@ -85,11 +97,27 @@ class DimensionArm:
 DIMENSION_ARMS: dict[str, DimensionArm] = {
     "prorubric_official": DimensionArm("paragraph"),
     "rubric_rl_official": DimensionArm("atomic"),
+    "weighted_atomic_official": DimensionArm("atomic", weights="weighted_atomic"),
+    "grouped_mean_official": DimensionArm("atomic", weights="grouped_mean"),
     "raw_and_verbatim": DimensionArm("verbatim_and"),
+    "raw_and_marked": DimensionArm("verbatim_and_marked"),
     "prorubric_no_failure": DimensionArm("no_failure_clauses"),
     "prorubric_k1": DimensionArm("paragraph", single=True),
     "prorubric_graded": DimensionArm("paragraph", verdict="graded", draws=2, temperature=0.7),
+    "prorubric_appr": DimensionArm("paragraph", appropriateness=True),
+    "rubric_rl_appr": DimensionArm("atomic", appropriateness=True),
 }
+
+#: The appropriateness criterion of the authors' "+ appr. criterion" arms (their
+#: build_appr_criterion.py appends one fixed paragraph to every rubric), in our words.
+APPROPRIATENESS = (
+    "Appropriateness: the answer fits what was asked and who asked it. It answers the user's "
+    "actual question directly and early, before any background or caveats; it keeps to the "
+    "scope of the question instead of adding material nobody asked for; and its tone and depth "
+    "suit the person asking rather than a generic reader. It fails this dimension if the "
+    "question is answered late, only indirectly or not at all, if much unrequested content is "
+    "added, or if the register does not suit the asker. It is judged on its own: an answer "
+    "complete and correct everywhere else can still fail it.")
 
 #: The authors' rule for stripping failure sentences: a remainder shorter keeps the text.
 MIN_STRIPPED_CHARS = 40
@@ -123,51 +151,59 @@ def fallback_paragraph(rubric: Rubric, d: Dimension, failure: bool = True) -> st
     return " ".join(parts)
 
 
-_SENTENCE = re.compile(r"[^.!?]*(?:[.!?]+|$)")
-_FAILS_IF = re.compile(r"\bfail(?:s|ed)?\b(?:\s+[\w-]+){0,3}?\s+(?:if|when|whenever)\b",
-                       re.IGNORECASE)
+# A failure sentence as the authors' build_no_failure_clauses.py finds one: from the text's
+# start or right after a sentence end and one whitespace character, a sentence (no . ! ? inside)
+# saying "fail if" / "fails if", optionally "fails this dimension if" / "fails the criterion
+# if", ending at its . ! or ?. Removed in place: the whitespace around it stays, so two
+# sentences it separated are two spaces apart; a last sentence without an end mark stays.
+_FAILURE_SENTENCE = re.compile(
+    r"(?:^|(?<=[.!?]\s))[^.!?]*\bfails?(?: this dimension| the criterion)? if\b[^.!?]*[.!?]",
+    re.IGNORECASE)
 
 
 def strip_failure_clauses(text: str) -> str:
-    """``text`` without its sentences that say when the criterion fails ("... fails if ...",
-    "... fails this dimension when ..."); when under ``MIN_STRIPPED_CHARS`` would remain, the
-    text is kept whole (the authors' rule)."""
-    sentences = [s for s in _SENTENCE.findall(text) if s.strip()]
-    kept = " ".join(s.strip() for s in sentences if not _FAILS_IF.search(s))
-    if kept == " ".join(s.strip() for s in sentences):
+    """``text`` without its failure sentences ("... fails if ...", "... fails this dimension
+    if ..."), matched and removed as the authors' build does (see ``_FAILURE_SENTENCE``);
+    when under ``MIN_STRIPPED_CHARS`` would remain, the text is kept whole (their rule)."""
+    stripped = _FAILURE_SENTENCE.sub("", text).strip()
+    if stripped == text.strip():
         return text.strip()
-    return kept if len(kept) >= MIN_STRIPPED_CHARS else text.strip()
+    return stripped if len(stripped) >= MIN_STRIPPED_CHARS else text.strip()
 
 
-def verbatim_conjunction(rubric: Rubric, d: Dimension) -> str:
-    """The raw-AND text: the dimension's item texts verbatim under one all-of header, each
-    pitfall as a part that must not hold; no failure clause."""
+def verbatim_conjunction(rubric: Rubric, d: Dimension, mark_pitfalls: bool = False) -> str:
+    """The raw-AND text: the dimension's item texts verbatim under one all-of header (ours in
+    words), no failure clause; `mark_pitfalls`: each pitfall a part that must NOT hold (the
+    authors' build keeps it as it is)."""
     parts = []
     for k, i in enumerate(d.criteria, start=1):
         c = rubric.criteria[i]
         body = c.text.strip()
-        parts.append(f"({k}) must NOT hold: {body}" if c.weight < 0 else f"({k}) {body}")
+        marked = mark_pitfalls and c.weight < 0
+        parts.append(f"({k}) must NOT hold: {body}" if marked else f"({k}) {body}")
     return ("This criterion is met only if every numbered part below holds; if any single "
             "part does not hold, it is not met: " + " ".join(parts))
 
 
 def dimension_text(rubric: Rubric, d: Dimension, variant: TextVariant) -> str:
     """The text the judge reads for ``d`` under an arm's text ``variant``."""
-    if variant == "verbatim_and":
-        return verbatim_conjunction(rubric, d)
+    if variant in ("verbatim_and", "verbatim_and_marked"):
+        return verbatim_conjunction(rubric, d, mark_pitfalls=variant == "verbatim_and_marked")
     paragraph = d.description.strip() or fallback_paragraph(rubric, d, failure=True)
     return strip_failure_clauses(paragraph) if variant == "no_failure_clauses" else paragraph
 
 
-def dimension_rules(rubric: Rubric, d: Dimension, weight: float, failure: bool
-                    ) -> tuple[str, ...]:
+def dimension_rules(rubric: Rubric, d: Dimension, weight: float, failure: bool,
+                    pitfalls_as_written: bool = False) -> tuple[str, ...]:
     """Executable sub-rules of ``d`` for the rule judge (conjunction).
 
     ``weight >= 0``: each positive item's rule, ``not:`` each pitfall's, and ``not:`` the failure
     clause (``failure``).  ``weight < 0`` (the dimension describes undesirable behaviour; the
-    verdict is "present"): its items' rules as they are."""
-    if weight < 0:
-        return tuple(rubric.criteria[i].text for i in d.criteria)
+    verdict is "present"), or `pitfalls_as_written` (the authors' raw-AND text, which asks for
+    every item as written): its items' rules as they are."""
+    if weight < 0 or pitfalls_as_written:
+        return tuple(rubric.criteria[i].text for i in d.criteria) + (
+            (f"not:{d.failure}",) if failure and d.failure and weight >= 0 else ())
     rules = [c.text if c.weight >= 0 else f"not:{c.text}"
              for c in (rubric.criteria[i] for i in d.criteria)]
     if failure and d.failure:
@@ -184,9 +220,33 @@ def dimension_criteria(rubric: Rubric, arm: DimensionArm) -> tuple[DimensionCrit
     """The criteria one judge call sees for ``rubric`` under ``arm``, with their weights
     ``W_d`` and sub-rules.  A ``ValueError`` names the prompt when an arm that needs a bundle
     meets an unbundled rubric."""
+    crits = _arm_criteria(rubric, arm)
+    return with_appropriateness(rubric, crits, arm.text == "atomic") if arm.appropriateness \
+        else crits
+
+
+def with_appropriateness(rubric: Rubric, crits: tuple[DimensionCriterion, ...], atomic: bool
+                         ) -> tuple[DimensionCriterion, ...]:
+    """`crits` and the :data:`APPROPRIATENESS` criterion, weighted as the authors weight it:
+    beside dimensions the mean of their weights; beside atomic items ``sum |w_i| / K``, K the
+    rubric's number of dimensions, so it has the same share 1 / (K + 1) in both arms (a
+    rubric without dimensions: K = 1). Scored on its own like any other criterion. The rule
+    judge checks it with the rubric's fitness criteria (``meta["fitness"]``; rubric_chat:
+    answers first, concise, no filler, no repeated phrase), none of which the other criteria
+    reward; without them it has no rule (always met)."""
+    if atomic:
+        weight = sum(abs(c.weight) for c in rubric.criteria) / max(1, len(rubric.dimensions))
+    else:
+        weight = sum(c.weight for c in crits) / len(crits)
+    rules = tuple(str(f["text"]) for f in rubric.meta.get("fitness", ()))
+    return (*crits, DimensionCriterion(APPROPRIATENESS, float(weight), rules))
+
+
+def _arm_criteria(rubric: Rubric, arm: DimensionArm) -> tuple[DimensionCriterion, ...]:
     if arm.text == "atomic":
-        return tuple(DimensionCriterion(c.text, float(c.weight), (c.text,))
-                     for c in rubric.criteria)
+        weights = rubric.weights if arm.weights == "item" else reweighted(arm.weights, rubric)
+        return tuple(DimensionCriterion(c.text, float(w), (c.text,))
+                     for c, w in zip(rubric.criteria, weights))
     if not rubric.dimensions:
         if not arm.single:
             raise ValueError(f"arm needs bundled rubrics but prompt {rubric.prompt_id!r} has no "
@@ -196,7 +256,8 @@ def dimension_criteria(rubric: Rubric, arm: DimensionArm) -> tuple[DimensionCrit
         rubric = rubric.with_dimensions([whole])
     weights = rubric.dimension_weights()
     crits = [DimensionCriterion(dimension_text(rubric, d, arm.text), w,
-                                dimension_rules(rubric, d, w, arm.failure_clauses))
+                                dimension_rules(rubric, d, w, arm.failure_clauses,
+                                                arm.text == "verbatim_and"))
              for d, w in zip(rubric.dimensions, weights)]
     if not arm.single or len(crits) == 1:
         return tuple(crits)

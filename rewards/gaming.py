@@ -32,11 +32,12 @@ thresholds are ours, chosen as "clearly wrong", not calibrated on runs:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from core.search_r1 import copied_titles
 
 #: metric -> (direction, threshold): an alert when the value is beyond it
 THRESHOLDS: dict[str, tuple[str, float]] = {
@@ -45,19 +46,6 @@ THRESHOLDS: dict[str, tuple[str, float]] = {
     "gaming/copy_corr": ("above", 0.5),
     "gaming/length_corr": ("above", 0.5),
 }
-_INFO = re.compile(r"<information>(.*?)(?:</information>|$)", re.S)
-_SEARCH = re.compile(r"<search>.*?(?:</search>|$)", re.S)
-_TITLE = re.compile(r"Doc \d+\(Title: \"?(.*?)\"?\)")
-
-
-def copied_titles(text: str) -> int:
-    """How many distinct retrieved titles the response repeats in its own text (outside its
-    ``<information>`` blocks and ``<search>`` queries), case-insensitively."""
-    titles = {t.strip().lower() for block in _INFO.findall(text) for t in _TITLE.findall(block)}
-    own = _SEARCH.sub(" ", _INFO.sub(" ", text)).lower()
-    return sum(1 for t in titles if len(t) >= 3 and t in own)
-
-
 def pooled_corr(x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None) -> float | None:
     """Pearson correlation of the pairs of the groups (rows of `x`, `y` [N, G]; NaN = padding)
     where both vary, each group centred first (selected rows: `groups`, a bool [N]). None when

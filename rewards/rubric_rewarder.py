@@ -86,6 +86,7 @@ from judges.base import Judge
 from judges.types import CheckRequest, CheckResult, RateRequest
 from rewards.aggregate import AGGREGATORS, get_aggregator, rating_reward
 from rewards.dimension_judging import DIMENSION_ARMS, DimensionItem, judge_groups
+from rewards.reweight import REWEIGHTED, WEIGHT_LABEL_MULTIPLIERS, reweighted  # noqa: F401
 from rewards.rubric import (
     MAX_DIMS,
     Criterion,
@@ -109,16 +110,6 @@ JUDGE_METRIC_KEYS = ("requests_check", "fallbacks_check", "requests_rate", "fall
                      "parse_errors", "reasks", "backend_errors", "cache_hits", "prompt_tokens",
                      "completion_tokens", "requests_dimensions", "retries_dimensions",
                      "failures_dimensions")
-
-
-#: The ProRubric authors' Weighted arm (``data/build_weighted_atomic.py``): each atomic weight
-#: times the multiplier of its label, read from the criterion's tags (``critical`` or
-#: ``weight:critical``, ...); a criterion without a label is ``normal`` (their labeller's
-#: fallback too).
-WEIGHT_LABEL_MULTIPLIERS: Mapping[str, float] = {
-    "critical": 3.0, "normal": 1.0, "format": 0.0, "duplicate": 0.0, "overclinical": -1.0}
-#: Atomic arms whose item weights are re-derived before the clipped additive sum.
-REWEIGHTED = ("weighted_atomic", "grouped_mean")
 
 
 def reward_names() -> list[str]:
@@ -301,35 +292,6 @@ def padded_batch(rubrics: Sequence[Rubric], checks: Sequence[Checks], criteria_b
         q[b, :r.num_criteria] = ch.q
         fail[b, :r.num_dims] = ch.fail
     return q, arrays, fail
-
-
-def _label_multiplier(tags: Sequence[str]) -> float:
-    for t in tags:
-        key = t.strip().lower().removeprefix("weight:")
-        if key in WEIGHT_LABEL_MULTIPLIERS:
-            return WEIGHT_LABEL_MULTIPLIERS[key]
-    return WEIGHT_LABEL_MULTIPLIERS["normal"]
-
-
-def reweighted(name: str, rubric: Rubric) -> tuple[float, ...]:
-    """Item weights of a re-weighted atomic arm (both then take the clipped additive sum):
-
-    * ``weighted_atomic``: ``w_i * m(label_i)``, ``m`` = ``WEIGHT_LABEL_MULTIPLIERS``;
-    * ``grouped_mean`` (the authors' ``build_grouped_mean.py``): the dimension weight split back
-      to its items, ``W_d |w_i| / sum_{j in I_d} |w_j|`` with the sign of ``w_i`` (with the
-      default ``W_d = sum |w|`` this is ``w_i``: it differs only for weighted dimensions)."""
-    if name == "weighted_atomic":
-        return tuple(c.weight * _label_multiplier(c.tags) for c in rubric.criteria)
-    if not rubric.dimensions:
-        raise ValueError(f"aggregator {name!r} needs bundled rubrics but prompt "
-                         f"{rubric.prompt_id!r} has no dimensions")
-    out = list(rubric.weights)
-    for d, wd in zip(rubric.dimensions, rubric.dimension_weights()):
-        total = sum(abs(rubric.criteria[i].weight) for i in d.criteria)
-        for i in d.criteria:
-            w = rubric.criteria[i].weight
-            out[i] = wd * abs(w) / total * (1.0 if w >= 0 else -1.0) if total else 0.0
-    return tuple(out)
 
 
 def aggregate_checks(name: str, rubrics: Sequence[Rubric], checks: Sequence[Checks],

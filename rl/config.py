@@ -26,6 +26,7 @@ from models.lora import LoraConfig, lora_problem
 from models.sampler import SamplingParams
 from rewards.qa_metrics import METRIC_SETS, NORMALIZERS
 from rl.advantages import ADVANTAGES
+from rl.consistency import CONSISTENCY_FILTERS, PROCESS_SCORED
 from rl.kl import KL_ESTIMATORS
 from rl.loggers import LOGGERS, WandbOptions, wandb_problem
 from rl.losses import LOSS_AGG, POLICY_LOSSES
@@ -69,7 +70,7 @@ class TrainerConfig:
     save_every: int
     keep_checkpoints: int | Literal["all"]
     sample_every: int
-    eval_split: str
+    eval_split: str | tuple[str, ...]  # several: each logged as eval/<split>/*, eval/* averaged
     eval_batch_size: int
     eval_every: int
     eval_at_ends: bool
@@ -109,6 +110,9 @@ class AlgoConfig:
     dynamic_sampling: bool
     max_gen_batches: int
     filter_metric: str  # what dynamic sampling must see vary in a group: reward | outcome
+    consistency_filter: str  # none | prof (rl.consistency)
+    consistency_remove: int  # prof: trajectories removed from each group
+    consistency_correct: float  # prof: the outcome at or above which an answer is correct
     overlong: OverlongConfig
     rewarder: str
     rewarder_options: Mapping[str, Any]
@@ -158,6 +162,10 @@ class EvalSection:
     metrics: str  # a rewards.qa_metrics.METRIC_SETS name, or "auto" (by dataset name)
     metrics_by_split: Mapping[str, str]  # split -> metric set, overriding `metrics`
     normalize: str | None  # a NORMALIZERS name overriding each set's own; null: the set's
+    samples: int  # 1: greedy; k > 1: k sampled answers per prompt (mean@k, pass@k)
+    temperature: float  # the sampling temperature when samples > 1
+    confidence: float  # the bootstrap intervals' level
+    bootstrap: int  # the bootstrap's resamples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,6 +237,10 @@ def eval_config(data: Mapping[str, Any]) -> EvalSection:
         _require(name in METRIC_SETS, key, f"must be one of {METRIC_SETS.names()}, got {name!r}")
     _require(e.normalize is None or e.normalize in NORMALIZERS, "eval.normalize",
              f"must be null or one of {NORMALIZERS.names()}, got {e.normalize!r}")
+    _require(e.samples >= 1, "eval.samples", f"must be >= 1 (1: greedy), got {e.samples}")
+    _require(e.temperature > 0, "eval.temperature", f"must be > 0, got {e.temperature}")
+    _require(0 < e.confidence < 1, "eval.confidence", f"must be in (0, 1), got {e.confidence}")
+    _require(e.bootstrap >= 1, "eval.bootstrap", f"must be >= 1, got {e.bootstrap}")
     return e
 
 
@@ -438,21 +450,7 @@ def check(run: RunConfig) -> None:
     for key in ("eps_low", "eps_high", "beta", "entropy_coef"):
         _require(getattr(a, key) >= 0, f"algo.{key}", f"must be >= 0, got {getattr(a, key)}")
     _require(a.dual_clip is None or a.dual_clip > 1, "algo.dual_clip", "must be > 1 or null")
-    for key in ("max_steps", "batch_prompts", "ppo_epochs", "mini_batches", "micro_batches",
-                "max_new_tokens", "eval_batch_size"):
-        _require(getattr(t, key) >= 1, f"trainer.{key}", f"must be >= 1, got {getattr(t, key)}")
-    _require(t.keep_checkpoints == "all" or t.keep_checkpoints >= 1, "trainer.keep_checkpoints",
-             f"must be >= 1, or all to keep every checkpoint, got {t.keep_checkpoints}")
-    _require(t.temperature > 0, "trainer.temperature", "must be > 0 for RL sampling")
-    _require(t.logits_chunk >= 0, "trainer.logits_chunk",
-             f"must be >= 0 (0: all positions at once), got {t.logits_chunk}")
-    for i, name in enumerate(t.loggers):
-        _require(name in LOGGERS, f"trainer.loggers[{i}]",
-                 f"must be one of {LOGGERS.names()}, got {name!r}")
-    if "wandb" in t.loggers:
-        problem = wandb_problem(t.wandb)
-        _require(problem is None, "trainer.wandb.mode" if problem and "mode" in problem
-                 else "trainer.loggers", str(problem))
+    check_trainer(t)
     _require(0 < t.top_p <= 1, "trainer.top_p", "must be in (0, 1]")
     _require(t.rollout_dtype in ROLLOUT_DTYPES, "trainer.rollout_dtype",
              f"must be one of {', '.join(ROLLOUT_DTYPES)}, got {t.rollout_dtype}")
@@ -467,6 +465,7 @@ def check(run: RunConfig) -> None:
         _require(a.max_gen_batches >= 1, "algo.max_gen_batches", "must be >= 1")
     _require(a.filter_metric in FILTER_METRICS, "algo.filter_metric",
              f"must be one of {list(FILTER_METRICS)}, got {a.filter_metric!r}")
+    check_consistency_filter(a)
     try:
         prices(run.judge)
     except (TypeError, ValueError) as e:
@@ -485,6 +484,49 @@ def check(run: RunConfig) -> None:
         _require(a.overlong.max_len is None or a.overlong.max_len >= 1, "algo.overlong.max_len",
                  f"must be >= 1 or null, got {a.overlong.max_len}")
     run.optim_config()  # the optimizer's own checks
+
+
+def check_trainer(t: TrainerConfig) -> None:
+    """The trainer section's counts, sampling, evaluation splits and loggers."""
+    for key in ("max_steps", "batch_prompts", "ppo_epochs", "mini_batches", "micro_batches",
+                "max_new_tokens", "eval_batch_size"):
+        _require(getattr(t, key) >= 1, f"trainer.{key}", f"must be >= 1, got {getattr(t, key)}")
+    _require(t.keep_checkpoints == "all" or t.keep_checkpoints >= 1, "trainer.keep_checkpoints",
+             f"must be >= 1, or all to keep every checkpoint, got {t.keep_checkpoints}")
+    _require(t.temperature > 0, "trainer.temperature", "must be > 0 for RL sampling")
+    splits = eval_splits(t)
+    _require(len(splits) >= 1 and len(set(splits)) == len(splits), "trainer.eval_split",
+             f"name one split or several distinct ones, got {list(splits)}")
+    _require(t.logits_chunk >= 0, "trainer.logits_chunk",
+             f"must be >= 0 (0: all positions at once), got {t.logits_chunk}")
+    for i, name in enumerate(t.loggers):
+        _require(name in LOGGERS, f"trainer.loggers[{i}]",
+                 f"must be one of {LOGGERS.names()}, got {name!r}")
+    if "wandb" in t.loggers:
+        problem = wandb_problem(t.wandb)
+        _require(problem is None, "trainer.wandb.mode" if problem and "mode" in problem
+                 else "trainer.loggers", str(problem))
+
+
+def eval_splits(t: TrainerConfig) -> tuple[str, ...]:
+    """trainer.eval_split as a tuple: one split, or the several a run evaluates."""
+    return (t.eval_split,) if isinstance(t.eval_split, str) else tuple(t.eval_split)
+
+
+def check_consistency_filter(a: AlgoConfig) -> None:
+    """algo.consistency_filter=prof needs a per-trajectory process score (a rubric rewarder)
+    and leaves at least 2 trajectories per group to compare."""
+    _require(a.consistency_filter in CONSISTENCY_FILTERS, "algo.consistency_filter",
+             f"must be one of {list(CONSISTENCY_FILTERS)}, got {a.consistency_filter!r}")
+    if a.consistency_filter == "none":
+        return
+    _require(a.rewarder in PROCESS_SCORED, "algo.consistency_filter",
+             f"prof ranks trajectories by a process score, which only the rewarders "
+             f"{list(PROCESS_SCORED)} report (algo=arbor, algo=rar); algo.rewarder is "
+             f"{a.rewarder!r}")
+    _require(1 <= a.consistency_remove <= a.group_size - 2, "algo.consistency_remove",
+             f"must be in [1, algo.group_size - 2] (= {a.group_size - 2}): prof keeps at least "
+             f"2 trajectories per group, got {a.consistency_remove}")
 
 
 def overlong_max_len(run: RunConfig, budget: int) -> int:

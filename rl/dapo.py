@@ -91,7 +91,7 @@ def dynamic_sample(draw: Draw, state: Any, target_groups: int, max_gen_batches: 
         kept += [(groups[g], _row(out, g)) for g in informative[:target_groups - len(kept)]]
         if len(kept) >= target_groups:
             break
-    info = _drawn_stats(outs) | {"gen_batches": len(outs), "filled": float(
+    info = _drawn_stats(outs, filter_metric) | {"gen_batches": len(outs), "filled": float(
         len(kept) >= target_groups)}
     if not kept:
         return Drawn(list(groups), _merged(outs, [out]), len(outs), info)
@@ -115,10 +115,11 @@ def _merged(outs: Sequence[RewardOutput], rows: Sequence[RewardOutput]) -> Rewar
                         per_traj=tuple(p for o in rows for p in o.per_traj), counts=counts)
 
 
-def _drawn_stats(outs: Sequence[RewardOutput]) -> dict[str, float]:
+def _drawn_stats(outs: Sequence[RewardOutput], filter_metric: str) -> dict[str, float]:
     outcome = jnp.asarray(np.concatenate([o.outcome for o in outs]))
     total = jnp.asarray(np.concatenate([o.rewards for o in outs]))
-    return {"dropped_groups": int(sum(homogeneous(o.rewards).sum() for o in outs)),
+    filtered_on = [o.rewards if filter_metric == "reward" else o.outcome for o in outs]
+    return {"dropped_groups": int(sum(homogeneous(x).sum() for x in filtered_on)),
             "drawn_homogeneous_frac": float(homogeneous_frac(outcome)),
             "drawn_total_homogeneous_frac": float(homogeneous_frac(total)),
             "drawn_all_wrong_frac": float(all_wrong_frac(outcome))}

@@ -4,16 +4,20 @@
     python -m rl.eval task=search_qa eval.run=runs/my_run         # latest checkpoint of a run
     python -m rl.eval task=search_qa judge=rule eval.splits=[dev,test]
 
-Greedy rollouts on each split (for search_qa with `eval_paths`, each named dataset). Search
-tasks report EM, F1, format-valid rate, average turns and searches, and LLM-judge accuracy when
-a judge is configured; any task reports its outcome mean. Per split and averaged; printed as a
-table and written to `<out_dir>/eval.json` (default: the run folder, else the hydra folder);
-every prompt's answer goes to `<out_dir>/eval_samples.jsonl` (`split`, `id`, `question`,
-`response`, and the task's scores), which `python -m rewards.compare` reads.
+Greedy rollouts on each split (for search_qa with `eval_paths`, each named dataset), or with
+``eval.samples=k`` k sampled trajectories per prompt at ``eval.temperature``, reported as
+mean@k and pass@k (``rl.eval_stats``). Search tasks report EM, F1, format-valid rate, average
+turns and searches, and LLM-judge accuracy when a judge is configured; any task reports its
+outcome mean. Per split and averaged, each with a percentile bootstrap interval over prompts
+(``eval.confidence``, ``eval.bootstrap``); printed as two tables and written to
+`<out_dir>/eval.json` (default: the run folder, else the hydra folder); every answer goes to
+`<out_dir>/eval_samples.jsonl` (`split`, `id`, `question`, `response`, the task's scores, and
+`sample` with several per prompt), which `python -m rewards.compare` reads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -30,9 +34,11 @@ from core.files import write_atomic
 from core.types import Group, Prompt
 from models import load_params
 from models.sampler import SamplingParams
+from rewards.bootstrap import LEVEL, N_BOOT
 from rewards.qa_metrics import METRIC_SETS, MetricChoice, MetricSet
 from rl.compile_cache import use_compile_cache
 from rl.envs import SamplerPolicy
+from rl.eval_stats import intervals, prompt_values
 from rl.run_folder import run_path
 
 log = logging.getLogger("rl.eval")
@@ -99,37 +105,59 @@ def search_metrics(groups: Sequence[Group], judge: Any = None,
     """Means over the groups' first trajectories of the metric set's EM/F1 (default: the
     ``reward`` set; `normalize` overrides its normalisation), format validity, turns, searches
     and the judge's accuracy; and one record per question."""
+    rows = search_rows([g.prompt for g in groups], [(g.trajectories[0],) for g in groups],
+                       judge, metrics, normalize)
+    records = [r[0] for r in rows]
+    keys = [k for k in records[0] if k not in _RECORD_FIELDS] if records else []
+    return {k: float(np.mean([r[k] for r in records])) for k in keys}, records
+
+
+# the fields of a search record that are not metrics
+_RECORD_FIELDS = ("id", "question", "golds", "prediction", "response", "sample")
+
+
+def search_rows(prompts: Sequence[Prompt], samples: Sequence[Sequence[Any]], judge: Any = None,
+                metrics: MetricSet | None = None, normalize: str | None = None
+                ) -> list[list[dict]]:
+    """``rows[prompt][sample]``: each sampled trajectory's record, its metric set's EM/F1,
+    format validity, turns, searches and (with a judge) the judge's accuracy, asked in one
+    batch."""
     metrics = metrics or METRIC_SETS.get("reward")
     from judges.types import EquivRequest
     from rewards.qa import extract_answer, is_valid_format
 
     rows = []
-    for g in groups:
-        t = g.trajectories[0]
-        pred = extract_answer(t.text)
-        golds = list(g.prompt.answer)
-        rows.append({"id": g.prompt.id, "question": g.prompt.question, "golds": golds,
-                     "prediction": pred, **metrics.score(pred, golds, normalize),
-                     "valid": float(is_valid_format(t.text)), "turns": t.info.get("turns", 1),
-                     "searches": t.info.get("searches", 0), "response": t.text})
+    for p, trajectories in zip(prompts, samples):
+        golds = list(p.answer)
+        per = []
+        for i, t in enumerate(trajectories):
+            pred = extract_answer(t.text)
+            per.append({"id": p.id, "question": p.question, "golds": golds, "prediction": pred,
+                        **metrics.score(pred, golds, normalize),
+                        "valid": float(is_valid_format(t.text)),
+                        "turns": t.info.get("turns", 1), "searches": t.info.get("searches", 0),
+                        "response": t.text, **({"sample": i} if len(trajectories) > 1 else {})})
+        rows.append(per)
     if judge is not None:  # no answer is wrong without asking the judge
-        answered = [r for r in rows if r["prediction"] is not None]
-        for r in rows:
+        flat = [r for per in rows for r in per]
+        answered = [r for r in flat if r["prediction"] is not None]
+        for r in flat:
             r["judge_acc"] = 0.0
         reqs = [EquivRequest(question=r["question"], prediction=r["prediction"],
                              golds=tuple(r["golds"])) for r in answered]
         for r, res in zip(answered, judge.equivalent(reqs) if reqs else ()):
             r["judge_acc"] = float(res.equivalent)
-    keys = [*metrics.metrics, "valid", "turns", "searches"] + (["judge_acc"] if judge else [])
-    return {k: float(np.mean([r[k] for r in rows])) for k in keys}, rows
+    return rows
 
 
-def answer_records(groups: Sequence[Group], outcome: Sequence[float]) -> list[dict]:
-    """One record per prompt (``id``, ``question``, ``response``: the first trajectory's text,
-    ``outcome``): what ``eval_samples.jsonl`` holds for a task other than search_qa, and what
-    ``python -m rewards.compare`` pairs across two runs."""
-    return [{"id": g.prompt.id, "question": g.prompt.question, "response": g.trajectories[0].text,
-             "outcome": float(o)} for g, o in zip(groups, outcome)]
+def answer_records(groups: Sequence[Group], outcome: Sequence[Sequence[float]]) -> list[dict]:
+    """One record per trajectory (``id``, ``question``, ``response``, ``outcome``, and
+    ``sample`` when a prompt has several): what ``eval_samples.jsonl`` holds for a task other
+    than search_qa, and what ``python -m rewards.compare`` pairs across two runs."""
+    return [{"id": g.prompt.id, "question": g.prompt.question, "response": t.text,
+             "outcome": float(o), **({"sample": i} if len(g.trajectories) > 1 else {})}
+            for g, os_ in zip(groups, outcome) for i, (t, o) in enumerate(zip(g.trajectories,
+                                                                              os_))]
 
 
 def greedy_rollouts(env: Any, policy: Any, prompts: Sequence[Prompt], batch_size: int,
@@ -145,51 +173,129 @@ def greedy_rollouts(env: Any, policy: Any, prompts: Sequence[Prompt], batch_size
     return groups
 
 
+# a task report's per-answer values (EvalReport fields) beside the outcome
+REPORT_FIELDS = ("coverage", "fitness", "length")
+
+
+def task_report(task: Any, groups: Sequence[Group], scores: list[list[dict]]
+                ) -> tuple[list[list[dict]], dict[str, float]]:
+    """``task.evaluate`` over every answer: its per-answer values (:data:`REPORT_FIELDS`)
+    join each answer's scores (so they get mean@k and intervals), and its summary's other
+    aggregates (rubric_chat: HealthBench's clipped ``healthbench``, ``axis/*``, ``theme/*``)
+    are the split's values."""
+    flat = [(g.prompt, t.text) for g in groups for t in g.trajectories]
+    report = task.evaluate([p for p, _ in flat], [r for _, r in flat])
+    i = 0
+    for row in scores:
+        for answer in row:
+            answer |= {f: float(getattr(report, f)[i]) for f in REPORT_FIELDS
+                       if hasattr(report, f)}
+            i += 1
+    summary = {k: float(v) for k, v in report.summary.items()
+               if k not in REPORT_FIELDS and k != "reward"}
+    return scores, summary
+
+
+def sampled_rollouts(env: Any, policy: Any, prompts: Sequence[Prompt], batch_size: int,
+                     samples: int, desc: str = "eval") -> list[Group]:
+    """`samples` trajectories per prompt (the env's sampling), `batch_size` prompts at a time;
+    each batch's seed is its first prompt's index."""
+    groups: list[Group] = []
+    for i in tqdm(range(0, len(prompts), batch_size), desc=desc, leave=False,
+                  disable=len(prompts) <= batch_size):
+        groups += env.rollout(policy, prompts[i:i + batch_size], samples, seed=i)
+    return groups
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalOptions:
+    """How an evaluation samples and reports (the ``eval`` section's keys of the same names):
+    at most `max_examples` prompts per split, `batch_size` rolled out together; greedy with
+    `samples` = 1, else `samples` answers per prompt at `temperature`; intervals at level
+    `confidence` from `bootstrap` resamples."""
+
+    max_examples: int | None = None
+    batch_size: int = 64
+    samples: int = 1
+    temperature: float = 1.0
+    confidence: float = LEVEL
+    bootstrap: int = N_BOOT
+
+
 def evaluate(task: Any, policy: SamplerPolicy, splits: Sequence[str], max_new_tokens: int,
-             judge: Any = None, max_examples: int | None = None, batch_size: int = 64,
-             metrics: MetricChoice | None = None) -> dict[str, Any]:
-    """Greedy evaluation of `policy` on each split; returns {split: metrics, "average": ...}.
-    Search tasks score each split with its metric set (`metrics`, default ``MetricChoice()``:
-    "auto", each split's dataset name decides); the sets used are under "_metric_sets". A
-    metric some splits lack is averaged over those that have it."""
+             judge: Any = None, metrics: MetricChoice | None = None,
+             options: EvalOptions = EvalOptions()) -> dict[str, Any]:
+    """Evaluation of `policy` on each split; returns {split: metrics, "average": ...}. Greedy,
+    or with ``options.samples`` = k answers per prompt, reported as mean@k and pass@k
+    (``rl.eval_stats``). Search tasks score each split with its metric set (`metrics`, default
+    ``MetricChoice()``: "auto", each split's dataset name decides); the sets used are under
+    "_metric_sets", the bootstrap intervals of every value under "_intervals". A metric some
+    splits lack is averaged over those that have it."""
+    o = options
+    samples, temperature, batch_size = o.samples, o.temperature, o.batch_size
+    if samples < 1:
+        raise ValueError(f"eval samples must be >= 1, got {samples}")
     metrics = metrics or MetricChoice()
-    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    sampling = SamplingParams(max_new_tokens=max_new_tokens,
+                              temperature=0.0 if samples == 1 else temperature)
     env = task.make_env(policy.tokenizer, sampling)
     results: dict[str, Any] = {}
     records: dict[str, list] = {}
     metric_sets: dict[str, str] = {}
+    values: dict[str, dict[str, np.ndarray]] = {}
     for split in splits:
-        prompts = task.prompts(split)[:max_examples]
+        prompts = task.prompts(split)[:o.max_examples]
         t0 = time.perf_counter()
-        groups = greedy_rollouts(env, policy, prompts, batch_size, desc=f"eval {split}")
-        outcome = [task.outcome(g.prompt, g.trajectories[0]) for g in groups]
-        row = {"n": len(groups), "outcome": float(np.mean(outcome))}
+        if samples == 1:
+            groups = greedy_rollouts(env, policy, prompts, batch_size, desc=f"eval {split}")
+        else:
+            groups = sampled_rollouts(env, policy, prompts, batch_size, samples,
+                                      desc=f"eval {split}")
+        outcome = [[task.outcome(g.prompt, t) for t in g.trajectories] for g in groups]
         if getattr(task, "name", "") == "search_qa":
             chosen = metrics.for_split(split)
-            m, records[split] = search_metrics(groups, judge, chosen, metrics.normalize)
-            row |= m
+            rows = search_rows([g.prompt for g in groups], [g.trajectories for g in groups],
+                               judge, chosen, metrics.normalize)
+            records[split] = [r for per in rows for r in per]
             metric_sets[split] = chosen.name
+            scores = [[{"outcome": o, **{k: v for k, v in r.items() if k not in _RECORD_FIELDS}}
+                       for o, r in zip(os_, per)] for os_, per in zip(outcome, rows)]
         else:
             records[split] = answer_records(groups, outcome)
-        row["time_s"] = time.perf_counter() - t0
-        results[split] = row
+            scores = [[{"outcome": o} for o in os_] for os_ in outcome]
+        summary = {}
+        if hasattr(task, "evaluate"):  # the task's own report (rubric_chat: coverage, ...)
+            scores, summary = task_report(task, groups, scores)
+        values[split] = prompt_values(scores, samples)
+        results[split] = {"n": len(groups), **{k: float(np.mean(v))
+                                               for k, v in values[split].items()},
+                          **summary, "time_s": time.perf_counter() - t0}
     keys = list(dict.fromkeys(k for s in splits for k in results[s] if k not in ("n", "time_s")))
     results["average"] = {k: float(np.mean([results[s][k] for s in splits if k in results[s]]))
                           for k in keys}
     results["_records"] = records
     results["_metric_sets"] = metric_sets
+    results["_intervals"] = intervals(values, o.bootstrap, o.confidence)
     return results
 
 
-def format_table(results: Mapping[str, Any]) -> str:
+def format_table(results: Mapping[str, Any], interval: bool = False) -> str:
+    """The splits as rows and the average's metrics as columns; `interval`: each cell a
+    ``lo-hi`` range."""
     names = [k for k in results if not k.startswith("_")]
     cols = [k for k in results["average"]]
-    head = f"{'split':<14}" + "".join(f"{c:>11}" for c in cols)
+    width = max(11, *(len(c) + 2 for c in cols))
+
+    def cell(v: Any) -> str:
+        if interval:
+            return f"{v[0]:.3f}-{v[1]:.3f}" if v is not None else "-"
+        return f"{v if v is not None else float('nan'):.3f}"
+
+    head = f"{'split':<14}" + "".join(f"{c:>{width}}" for c in cols)
     lines = [head, "-" * len(head)]
     for name in names:
         row = results[name]
-        lines.append(f"{name:<14}" + "".join(
-            f"{row.get(c, float('nan')):>11.3f}" for c in cols))
+        lines.append(f"{name:<14}" + "".join(f"{cell(row.get(c)):>{width}}" for c in cols))
     return "\n".join(lines)
 
 
@@ -209,19 +315,26 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     judge = make_judge(c["judge"])
     results = evaluate(task, SamplerPolicy(model_cfg, params, tok), e.splits,
                        e.max_new_tokens or int(c["trainer"]["max_new_tokens"]),
-                       judge=judge, max_examples=e.max_examples, batch_size=e.batch_size,
-                       metrics=MetricChoice(e.metrics, e.metrics_by_split, e.normalize))
+                       judge=judge,
+                       metrics=MetricChoice(e.metrics, e.metrics_by_split, e.normalize),
+                       options=EvalOptions(e.max_examples, e.batch_size, e.samples,
+                                           e.temperature, e.confidence, e.bootstrap))
     records, metric_sets = results.pop("_records"), results.pop("_metric_sets")
+    ranges = results.pop("_intervals")
     out_dir = Path(e.out_dir or e.run or c["trainer"]["run_dir"])
     write_atomic(out_dir / "eval.json", json.dumps(
         {"source": source, "metric_sets": metric_sets, "normalize": e.normalize,
-         "results": results}, indent=1))
+         "samples": e.samples, "temperature": e.temperature if e.samples > 1 else 0.0,
+         "results": results, "confidence": e.confidence, "intervals": ranges}, indent=1))
     if records:
         write_atomic(out_dir / "eval_samples.jsonl", "".join(
             json.dumps({"split": split, **r}) + "\n"
             for split, rows in records.items() for r in rows))
-    print(f"evaluation of {source} on task {task.name}")
+    how = "greedy" if e.samples == 1 else f"{e.samples} samples at temperature {e.temperature}"
+    print(f"evaluation of {source} on task {task.name} ({how})")
     print(format_table(results))
+    print(f"\n{e.confidence:.0%} bootstrap intervals over prompts ({e.bootstrap} resamples)")
+    print(format_table(ranges, interval=True))
     if metric_sets:
         print("EM/F1: " + ", ".join(f"{s} {m}" for s, m in metric_sets.items())
               + f" (rewards/qa_metrics.py; normalize={e.normalize or 'each set its own'})")

@@ -35,6 +35,7 @@ from rewards.gaming import alerts, gaming_metrics, rubric_term
 from rl.advantages import batch_advantages
 from rl.batch import build_batch
 from rl.config import RunConfig
+from rl.consistency import prof_keep, prof_metrics
 from rl.dapo import dynamic_sample
 from rl.data import PromptStream
 from rl.envs import SamplerPolicy
@@ -79,7 +80,8 @@ class Components:
     mesh: Any
     judge: Any
     response_budget: int  # most tokens a trajectory holds after its prompt
-    eval_prompts: tuple[Prompt, ...] = ()  # trainer.eval_split, read before the model loaded
+    # (split, its prompts) of trainer.eval_split, read before the model loaded
+    eval_prompts: tuple[tuple[str, tuple[Prompt, ...]], ...] = ()
     lora: Any = None  # rl.lora.LoraRun when model.lora.rank > 0: train params are adapters
     exchange: Any = None  # rl.multihost.Exchange in a multi-process job (None: one process)
     rollout_mesh: Any = None  # mesh.rollout_shape over the same devices (None: `mesh`)
@@ -131,6 +133,28 @@ class StepResult:
     events: tuple[Mapping[str, Any], ...]
     samples: list[dict[str, Any]]
     alerts: tuple[Mapping[str, Any], ...] = ()  # gaming monitors past their thresholds
+
+
+def consistency_filtered(c: Components, col: Collected) -> tuple[Collected, dict[str, float]]:
+    """The step's trajectories the update trains on: all of them, or under
+    ``algo.consistency_filter=prof`` the G - r per group PROF keeps (``rl.consistency``), with
+    their rewards, outcomes and per-trajectory records; and the filter's ``prof/*`` metrics."""
+    a = c.run.algo
+    if a.consistency_filter == "none":
+        return col, {}
+    out = col.out
+    process = rubric_term(out.per_traj, np.shape(out.rewards))
+    correct = np.asarray(out.outcome, np.float64) >= a.consistency_correct
+    keep = prof_keep(process, correct, a.consistency_remove)
+    rows = [np.flatnonzero(k) for k in keep]
+    groups = [dataclasses.replace(g, trajectories=tuple(g.trajectories[i] for i in r))
+              for g, r in zip(col.groups, rows)]
+    per_traj = tuple(tuple(p[i] for i in r) for p, r in zip(out.per_traj, rows))
+    kept = dataclasses.replace(
+        out, rewards=np.stack([out.rewards[n, r] for n, r in enumerate(rows)]),
+        outcome=np.stack([out.outcome[n, r] for n, r in enumerate(rows)]), per_traj=per_traj)
+    info = prof_metrics(keep, correct) | {"prof/reward_mean_before": float(np.mean(out.rewards))}
+    return dataclasses.replace(col, groups=groups, out=kept), info
 
 
 def step_seed(seed: int, step: int, draw: int = 0) -> int:
@@ -366,8 +390,10 @@ def _step(c: Components, loop: LoopState, collected: Collect | None,
     upcoming = next_rollout_state(loop)
     if prefetch is not None and upcoming is not None:
         prefetch(upcoming)
-    stage = reward_stage(c, col)  # one jitted program: shaping, advantages, group stats
-    batch = batch_layout(c, col.groups, stage.advantages)
+    gaming = gaming_record(col)  # the monitors see every trajectory, filtered or not
+    trained_on, consistency = consistency_filtered(c, col)
+    stage = reward_stage(c, trained_on)  # one jitted program: shaping, advantages, group stats
+    batch = batch_layout(c, trained_on.groups, stage.advantages)
     t0 = time.perf_counter()
     train_metrics: list[dict] = []
     trained = None if skips_update(c, batch) else with_old_and_reference(c, loop, batch)
@@ -382,10 +408,10 @@ def _step(c: Components, loop: LoopState, collected: Collect | None,
     times = {"time/reference_s": t1 - t0, "time/train_s": t2 - t1, "time/step_s": t2 - t_start}
     if upcoming is not None:
         off["time/rollout_wait_s"] = t_collected - t_start
-    gaming = gaming_record(col)
-    record = step_record(c, col, stage.stats, train_metrics, times) | off | gaming
+    record = step_record(c, col, stage.stats, train_metrics, times) | off | gaming | consistency
     every = c.run.trainer.sample_every
-    samples = sample_records(col, stage.rewards, n=4) if every and loop.step % every == 0 else []
+    samples = (sample_records(trained_on, stage.rewards, n=4)
+               if every and loop.step % every == 0 else [])
     loop = dataclasses.replace(loop, step=loop.step + 1,
                                behaviour=upcoming.behaviour if upcoming is not None else None)
     return loop, StepResult(record, col.out.events, samples, tuple(alerts(gaming)))

@@ -54,7 +54,8 @@ ADDED_LATER = {"trainer.off_policy_steps": 0, "trainer.kv_cache_dtype": "float32
                "algo.rewarder_options.rubric_gate_f1": 1.0, "algo.filter_metric": "reward",
                "algo.lineage_in_induction": False, "algo.lineage_k": 3,
                "algo.rewarder_options.lineage_in_induction": False,
-               "algo.rewarder_options.lineage_k": 3}
+               "algo.rewarder_options.lineage_k": 3, "algo.consistency_filter": "none",
+               "algo.consistency_remove": 2, "algo.consistency_correct": 1.0}
 
 
 def _under(key: str, prefixes: Sequence[str]) -> bool:

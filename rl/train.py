@@ -18,6 +18,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -75,13 +76,52 @@ def run(cfg: DictConfig) -> tuple[list[dict], dict[str, float]]:
         _remove([p for f in folders for p in _created_here(f, before[f], hydra_files)],
                 folders)
         raise
-    log.info("run folder: %s", trainer.runlog.dir)
+    for line in start_lines(trainer):
+        log.info("%s", line)
     history = trainer.run_with_eval()
-    log.info("done: %d steps, last reward %.3f", len(history),
-             history[-1]["reward/mean"] if history else float("nan"))
-    if history and (line := judge_summary(history[-1])):
+    for line in end_lines(trainer, history):
         log.info("%s", line)
     return history, dict(trainer.runlog.latest)
+
+
+def start_lines(trainer: Any) -> list[str]:
+    """What a run says first: where it writes, what it trains, on what, and how to watch it."""
+    import jax
+
+    run, folder = trainer.run_cfg, trainer.runlog.dir
+    t, a, m = run.trainer, run.algo, run.model
+    lora = f", LoRA rank {m.lora.rank}" if m.lora.rank else ""
+    device = jax.devices()[0]
+    mesh = trainer.parts.mesh
+    mesh = f"mesh {dict(mesh.shape)}" if mesh is not None else "no mesh (one device)"
+    watch = f"tail -f {folder}/metrics.jsonl"
+    if "tensorboard" in t.loggers:
+        watch += f"  |  tensorboard --logdir {folder}/tb"
+    return [f"run folder: {folder}",
+            f"model {m.path} ({m.dtype}{lora}), task {run.task.get('name')}, algo {a.name} "
+            f"(rewarder {a.rewarder}, judge {run.judge_name}): steps {trainer.start_step}.."
+            f"{t.max_steps}, {t.batch_prompts} prompts x {a.group_size} trajectories per step",
+            f"devices: {jax.device_count()} x {device.device_kind} ({device.platform}), "
+            f"{jax.process_count()} process(es), {mesh}",
+            f"watch: {watch}"]
+
+
+def end_lines(trainer: Any, history: list[dict]) -> list[str]:
+    """What a run says last: how it ended, its evaluations, and where its results are."""
+    from rl.config import eval_splits
+
+    folder = trainer.runlog.dir
+    lines = [f"done: {len(history)} steps, last reward "
+             f"{history[-1]['reward/mean'] if history else float('nan'):.3f}"]
+    if trainer.evaluations:
+        splits = eval_splits(trainer.run_cfg.trainer)
+        where = splits[0] if len(splits) == 1 else f"{', '.join(splits)} (their average)"
+        lines.append(f"eval/outcome_mean on {where}: " + " -> ".join(
+            f"{v:.3f} (step {s})" for s, v in sorted(trainer.evaluations.items())))
+    if history and (line := judge_summary(history[-1])):
+        lines.append(line)
+    lines += [f"metrics: {folder}/metrics.jsonl", f"checkpoints: {trainer.ckpt.dir}"]
+    return lines
 
 
 def objective(key: str | None, latest: dict[str, float]) -> float | None:
@@ -142,6 +182,8 @@ def _hydra_files() -> set[str]:
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
+    # JAX reports at INFO each platform it did not find (no TPU on a GPU host, and so on)
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     use_compile_cache(cfg.get("compile_cache"))
     _, latest = run(cfg)
     return objective(cfg.trainer.get("objective"), latest)

@@ -16,7 +16,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -34,7 +34,14 @@ from models.sampler import SamplingParams
 from models.sharding import make_mesh
 from rl import loop as L
 from rl.checkpoint import Checkpointer, CheckpointError, json_digest
-from rl.config import ConfigError, RunConfig, check_job_size, overlong_buffer, parse
+from rl.config import (
+    ConfigError,
+    RunConfig,
+    check_job_size,
+    eval_splits,
+    overlong_buffer,
+    parse,
+)
 from rl.data import PromptStream
 from rl.eval import greedy_rollouts, restore_run_params, run_config
 from rl.lora import BASE_META, fresh_adapters, lora_run
@@ -105,6 +112,8 @@ class Trainer:
     counter_base: Mapping[str, float] = dataclasses.field(default_factory=dict)
     # trainer.off_policy_steps=1: the next step's rollout, started while this step updates
     prefetcher: RolloutPrefetch | None = None
+    # eval/outcome_mean of each evaluation this process ran, by step (the closing lines)
+    evaluations: dict[int, float] = dataclasses.field(default_factory=dict)
 
     # read-only views for callers and tests
     @property
@@ -199,26 +208,41 @@ class Trainer:
         self.runlog.sync(force=True)  # a run folder on object storage: its log beside it
 
     def evaluate(self, step: int) -> dict[str, Any]:
-        """Greedy rollouts on the eval split: mean outcome, logged as eval/* at `step`."""
+        """Greedy rollouts on the eval split(s), logged as eval/* at `step`: the outcome mean,
+        prompt count, length and the task's own metrics; with several splits each one's under
+        eval/<split>/* and eval/* their average (eval/n their total)."""
         self._nothing_in_flight("an evaluation")
         c, t = self.parts, self.parts.run.trainer
-        prompts = list(c.eval_prompts) or c.task.prompts(t.eval_split)
+        splits = c.eval_prompts or tuple((s, tuple(c.task.prompts(s))) for s in eval_splits(t))
         env = shared_env(c.task.make_env(c.tokenizer, SamplingParams(
             max_new_tokens=t.max_new_tokens, temperature=0.0)), c.exchange)
+        policy = c.policy(self.loop.train.params, evaluation=True)
         t0 = time.perf_counter()
-        groups = greedy_rollouts(env, c.policy(self.loop.train.params, evaluation=True),
-                                 prompts, t.eval_batch_size)
+        per_split = {name: self._evaluate_split(env, policy, prompts) for name, prompts in splits}
+        values = next(iter(per_split.values()))
+        if len(per_split) > 1:
+            keys = list(dict.fromkeys(k for v in per_split.values() for k in v))
+            values = {k: float(np.mean([v[k] for v in per_split.values() if k in v]))
+                      for k in keys}
+            values["n"] = sum(v["n"] for v in per_split.values())
+            values |= {f"{name}/{k}": x for name, v in per_split.items() for k, x in v.items()}
+        self.evaluations[step] = values["outcome_mean"]
+        return self.runlog.metrics(step, {**{f"eval/{k}": v for k, v in values.items()},
+                                          "eval/time_s": time.perf_counter() - t0})
+
+    def _evaluate_split(self, env: Any, policy: Any, prompts: Sequence[Prompt]
+                        ) -> dict[str, Any]:
+        c, t = self.parts, self.parts.run.trainer
+        groups = greedy_rollouts(env, policy, list(prompts), t.eval_batch_size)
         scores = np.asarray([c.task.outcome(g.prompt, g.trajectories[0]) for g in groups])
         lengths = [g.trajectories[0].num_action_tokens for g in groups]
         extra = {}
         if hasattr(c.task, "evaluate"):  # task-specific metrics (e.g. coverage and fitness)
             report = c.task.evaluate([g.prompt for g in groups],
                                      [g.trajectories[0].text for g in groups])
-            extra = {f"eval/{k}": float(v) for k, v in report.summary.items()}
-        return self.runlog.metrics(step, {
-            "eval/outcome_mean": float(scores.mean()), "eval/n": len(scores),
-            "eval/length_mean": float(np.mean(lengths)), **extra,
-            "eval/time_s": time.perf_counter() - t0})
+            extra = {k: float(v) for k, v in report.summary.items()}
+        return {"outcome_mean": float(scores.mean()), "n": len(scores),
+                "length_mean": float(np.mean(lengths)), **extra}
 
     def run_with_eval(self) -> list[dict[str, Any]]:
         """`run()` with greedy evaluations before the first and after the last step."""
@@ -386,7 +410,7 @@ class Inputs:
     task: Any
     budget: int
     train_prompts: list[Prompt]
-    eval_prompts: tuple[Prompt, ...]
+    eval_prompts: tuple[tuple[str, tuple[Prompt, ...]], ...]  # (split, its prompts) each
     judge: Any
     rewarder: Any
     mesh: Any
@@ -461,7 +485,8 @@ def read_inputs(run: RunConfig, exchange: Exchange | None = None) -> Inputs:
     if run.algo.overlong.enabled:
         overlong_buffer(run, budget)
     evaluates = t.eval_at_ends or t.eval_every > 0
-    eval_prompts = tuple(_split(task, t.eval_split, "trainer.eval_split")) if evaluates else ()
+    eval_prompts = tuple((split, tuple(_split(task, split, "trainer.eval_split")))
+                         for split in eval_splits(t)) if evaluates else ()
     judge = shared(make_judge(run.judge), exchange, "judge")
     rewarder = make_rewarder(run.algo.rewarder, task, run.algo.rewarder_options, judge)
     mesh = _mesh(run)

@@ -26,7 +26,9 @@ explained and no pitfall fires.
 Held-out FITNESS criteria (``rubric.meta["fitness"]``), never in the training rubric: answers
 first (no preamble, the first sentence names an item), concise (``<= max_words`` words), no
 unrequested disclaimers / filler ("consult a professional", "I hope this helps"), no repeated
-4-word phrase.  The reference answers pass all of them and score 1 under every aggregator.
+4-word phrase.  The reference answers pass all of them and score 1 under every aggregator
+(but ``raw_and_verbatim``, whose text asks for the pitfalls as written, as the ProRubric
+authors' raw-AND build does: the first and last dimensions, which hold the pitfalls, fail).
 
 ``outcome(prompt, traj)`` is the configured training aggregator's reward (``aggregator``; the
 hydra config links it to ``algo.rewarder_options.aggregator``), checked with a private rule
@@ -52,6 +54,7 @@ import numpy as np
 
 from core.types import Group, Prompt, Trajectory
 from models.sampler import SamplingParams
+from rewards.healthbench import healthbench_scores
 from rewards.perturb import REASON_PATTERN
 from rewards.rubric import Criterion, Dimension, Rubric, save_rubrics
 from rl.envs import SingleTurnEnv
@@ -481,7 +484,9 @@ class RubricChatTask:
     def evaluate(self, prompts: Sequence[Prompt], responses: Sequence[str],
                  judge: Any = None) -> EvalReport:
         """Coverage g, fitness c, length and the training reward of ``responses[b]`` to
-        ``prompts[b]`` (one batched check with ``judge``, default: a rule judge)."""
+        ``prompts[b]`` (one batched check with ``judge``, default: a rule judge), and in the
+        summary HealthBench's clipped scores (``rewards.healthbench``): ``healthbench``,
+        ``axis/mention``, ``axis/explain``, ``theme/<topic>``."""
         from rewards.rubric_rewarder import (
             ScoreItem,
             _nanmean,
@@ -497,6 +502,14 @@ class RubricChatTask:
         s = score_items(judge or _rule_judge(), items, self.aggregator, clip=bool(self.clip))
         summary = {"reward": _nanmean(s.reward), "coverage": _nanmean(s.coverage),
                    "fitness": _nanmean(s.fitness), "length": _nanmean(s.length)}
+        rubrics = [it.rubric for it in items]
+        # HealthBench's clipped scores: overall, by criterion kind (mention / explain; the
+        # pitfalls alone have no positive points) and by topic
+        summary |= healthbench_scores(
+            [[c.weight for c in r.criteria] for r in rubrics],
+            [ch.q[:r.num_criteria] for r, ch in zip(rubrics, s.checks)],
+            [[c.tags for c in r.criteria] for r in rubrics],
+            [(f"theme:{r.meta.get('topic', '')}",) for r in rubrics])
         return EvalReport(s.reward, s.coverage, s.fitness, s.length, summary)
 
     def outcome(self, prompt: Prompt, traj: Trajectory) -> float:

@@ -213,6 +213,25 @@ def test_check_rules(criterion, met):
     assert (r.met, r.prob, r.fallback) == (met, float(met), False)
 
 
+def test_copies_retrieved_counts_titles_repeated_outside_the_retrieved_text():
+    """Two retrieved titles; the response names one in its reasoning and searched for the
+    other (a query is not its own text): 1 copied, and 2 once the answer names the second."""
+    text = ("<think>find it</think><search>Mona Lisa</search><information>Doc 1(Title: Louvre) "
+            "a museum. Doc 2(Title: Mona Lisa) a painting.</information><think>The Louvre has "
+            "it.</think><answer>{}</answer>")
+    reqs = [CheckRequest(Q, text.format(a), c) for a, c in (
+        ("Paris", "copies_retrieved:==1"), ("Paris", "copies_retrieved:>=2"),
+        ("the Mona Lisa", "copies_retrieved:>=2"))]
+    assert [r.met for r in RuleJudge().check(reqs)] == [True, False, True]
+    # cites_retrieved reads the final turn alone: the Louvre named before the answer counts,
+    # a title searched or named before the last retrieval does not
+    cite = [CheckRequest(Q, text.format(a), "cites_retrieved:>=1") for a in ("Paris", "x")]
+    early = ("<think>Louvre first</think><search>Louvre</search><information>Doc 1(Title: "
+             "Louvre) a museum.</information><answer>Paris</answer>")
+    cite.append(CheckRequest(Q, early, "cites_retrieved:>=1"))
+    assert [r.met for r in RuleJudge().check(cite)] == [True, True, False]
+
+
 def test_check_json_features_and_custom_predicates():
     judge = RuleJudge(predicates={"short": lambda c, r: len(r) < 20})
     reqs = [

@@ -620,5 +620,5 @@ def test_step_counts_are_the_tallies_not_the_sizes_or_fractions():
     metrics = {"memory/drafts": 3.0, "memory/commons": 1.0, "memory/retired_total": 0.0,
                "memory/active": 2.0, "memory/admitted": 2.0, "memory/judge_calls_check": 12.0,
                "memory/homogeneous_frac_before": 0.5, "memory/converted_frac": 0.25,
-               "rubric/reward": 0.1}
+               "memory/gated_frac": 0.75, "rubric/reward": 0.1}
     assert step_counts(metrics) == {"memory/admitted": 2.0, "memory/judge_calls_check": 12.0}

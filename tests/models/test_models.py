@@ -175,6 +175,31 @@ def test_tiny_preset_shares_shipped_tokenizer():
     assert logits.shape == (1, 2, 49152) and np.isfinite(np.asarray(logits)).all()
 
 
+def test_gguf_tokenizer_reads_what_transformers_reads_without_pytorch():
+    """A run installs no PyTorch, and transformers' own GGUF reader imports it: our reading of
+    the tokenizer metadata (the gguf package) must equal transformers' reader's on the shipped
+    file, and the tokenizer must build in a process where importing torch fails."""
+    from transformers.integrations.gguf import get_gguf_tokenizer
+
+    from models.tokenizer import gguf_tokenizer_fields
+
+    path = shipped_gguf_path()
+    assert gguf_tokenizer_fields(path) == get_gguf_tokenizer(str(path))
+    script = textwrap.dedent("""
+        import sys
+        sys.modules["torch"] = None  # import torch raises ImportError
+        from models.presets import shipped_gguf_path
+        from models.tokenizer import load_gguf_tokenizer
+        tok = load_gguf_tokenizer(shipped_gguf_path())
+        print(tok.encode("hello world"))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    reference = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    assert out.stdout.split("\n")[-2] == str(reference.encode("hello world"))
+
+
 # ----------------------------------------------------------------------------- bad input
 
 

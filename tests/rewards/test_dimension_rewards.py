@@ -167,20 +167,34 @@ def test_arm_texts():
     stripped = [x.text for x in dimension_criteria(r, DIMENSION_ARMS["prorubric_no_failure"])]
     assert stripped[0] == a.description  # remainder < 40 characters: kept whole
     assert "fails" not in stripped[1] and "contains:gamma" in stripped[1]
+    # raw-AND as the authors build it: every item verbatim, the pitfall too, as a part that
+    # must hold (so the rule judge requires its rule); ours marks the pitfall must-not-hold
     raw = verbatim_conjunction(r, c)
-    assert "(1) must NOT hold: contains:bad" in raw and "(2) contains:omega" in raw
-    assert dimension_criteria(r, DIMENSION_ARMS["raw_and_verbatim"])[2].text == raw
-    assert dimension_criteria(r, DIMENSION_ARMS["raw_and_verbatim"])[1].rules == (
-        "contains:gamma", "contains:delta")  # no failure clause
+    assert "(1) contains:bad" in raw and "must NOT" not in raw and "(2) contains:omega" in raw
+    theirs = dimension_criteria(r, DIMENSION_ARMS["raw_and_verbatim"])
+    assert theirs[2].text == raw and theirs[2].rules == ("contains:bad", "contains:omega")
+    assert theirs[1].rules == ("contains:gamma", "contains:delta")  # no failure clause
+    marked = dimension_criteria(r, DIMENSION_ARMS["raw_and_marked"])
+    assert "(1) must NOT hold: contains:bad" in marked[2].text
+    assert marked[2].rules == ("not:contains:bad", "contains:omega")
 
 
-def test_strip_failure_clauses():
+def test_strip_failure_clauses_as_the_authors_build_does():
     text = ("The answer names the dose and the timing clearly. It fails if it recommends "
             "doubling the dose. It must also say when to call a doctor.")
-    assert strip_failure_clauses(text) == ("The answer names the dose and the timing clearly. "
+    # removed in place: the spaces on both sides stay
+    assert strip_failure_clauses(text) == ("The answer names the dose and the timing clearly.  "
                                            "It must also say when to call a doctor.")
     assert strip_failure_clauses("Short. Fails if wrong.") == "Short. Fails if wrong."
     assert strip_failure_clauses("No clause here at all.") == "No clause here at all."
+    body = "The answer explains each step of the procedure in plain words."
+    assert strip_failure_clauses(f"{body} It fails this dimension if it skips one.") == body
+    assert strip_failure_clauses(f"It fails the criterion if it skips one. {body}") == body
+    # what their pattern leaves: other verbs and tenses, words between "fails" and "if", and
+    # a last sentence without an end mark
+    for kept in ("It fails when it skips one.", "It failed if it skipped one.",
+                 "It fails the answer if it skips one.", "It fails if it skips one"):
+        assert strip_failure_clauses(f"{body} {kept}") == f"{body} {kept}"
 
 
 def test_k1_merges_dimensions_and_runs_unbundled_rubrics():
@@ -192,6 +206,26 @@ def test_k1_merges_dimensions_and_runs_unbundled_rubrics():
     assert whole.weight == 11.0  # sum of |w| of every item
     with pytest.raises(ValueError, match="needs bundled rubrics"):
         dimension_criteria(r.with_dimensions(()), OFFICIAL)
+
+
+def test_the_appropriateness_arms_add_one_criterion_weighted_as_the_authors_do():
+    from rewards.dimension_judging import APPROPRIATENESS
+
+    r = dataclasses.replace(_rubric(), meta={"fitness": [{"text": "max_words:3"}]})
+    dims = dimension_criteria(r, DIMENSION_ARMS["prorubric_appr"])
+    official = dimension_criteria(r, OFFICIAL)
+    assert dims[:-1] == official and dims[-1].text == APPROPRIATENESS
+    # the mean of the dimension weights; checked by the rubric's fitness rules
+    assert dims[-1].weight == pytest.approx(sum(c.weight for c in official) / 3)
+    assert dims[-1].rules == ("max_words:3",)
+    items = dimension_criteria(r, DIMENSION_ARMS["rubric_rl_appr"])
+    assert len(items) == r.num_criteria + 1
+    # sum |w_i| / K: the pitfall counts by its magnitude; K = 3 dimensions
+    assert items[-1].weight == pytest.approx(sum(abs(c.weight) for c in r.criteria) / 3)
+    # a long answer that meets alpha only, under the single call: 3 / (9 + appr)
+    long = "alpha " + "x " * 5
+    s = score_items(RuleJudge(), [ScoreItem("q", long, r)], "rubric_rl_appr")
+    assert s.reward[0] == pytest.approx(3 / (9 + items[-1].weight))
 
 
 def test_rubric_rl_official_is_the_clipped_formula_over_items():
@@ -214,6 +248,16 @@ def test_weighted_atomic_and_grouped_mean():
     assert reweighted("grouped_mean", rw) == (3.0, 1.0, 4.0, 4.0, -2.0, 1.0)
     ch = [Checks(q=(0, 0, 1, 0, 0, 0), fail=(0, 0, 0), fitness=())]
     assert aggregate_checks("grouped_mean", [rw], ch)[0] == pytest.approx(4 / 13)
+
+    # judged as the authors judge them: the atomic items in one call, the re-derived weights
+    weighted = dimension_criteria(tagged, DIMENSION_ARMS["weighted_atomic_official"])
+    assert [c.weight for c in weighted] == [9.0, 0.0, 2.0, 2.0, -2.0, 1.0]
+    assert [c.rules for c in weighted] == [(c.text,) for c in tagged.criteria]
+    grouped = dimension_criteria(rw, DIMENSION_ARMS["grouped_mean_official"])
+    assert [c.weight for c in grouped] == [3.0, 1.0, 4.0, 4.0, -2.0, 1.0]
+    # alpha (weight 9) met, the rest not: 9 / (9 + 2 + 2 + 1) under the single call too
+    s = score_items(RuleJudge(), [ScoreItem("q", "alpha", tagged)], "weighted_atomic_official")
+    assert s.reward[0] == pytest.approx(9 / 14)
 
 
 def _traj(text, n_tokens=3):
@@ -266,15 +310,19 @@ def test_overlong_shaping_official_formula_and_failed_groups_untouched():
 
 
 def test_official_arms_compose_one_algo_away():
-    for arm in (*DIMENSION_ARMS, "weighted_atomic", "grouped_mean", "rubric_rl"):
+    # the Weighted and Grouped-mean controls run on the single-call atomic arms
+    algos = {**{arm: arm for arm in DIMENSION_ARMS}, "rubric_rl": "additive",
+             "weighted_atomic": "weighted_atomic_official",
+             "grouped_mean": "grouped_mean_official"}
+    algos.pop("weighted_atomic_official"), algos.pop("grouped_mean_official")
+    for algo, want in algos.items():
         with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-            cfg = compose("config", overrides=["task=rubric_chat", f"algo={arm}", "judge=rule",
+            cfg = compose("config", overrides=["task=rubric_chat", f"algo={algo}", "judge=rule",
                                                "trainer.run_dir=unused"])
         cfg = OmegaConf.to_container(cfg, resolve=True)
         opts = cfg["algo"]["rewarder_options"]
-        want = "additive" if arm == "rubric_rl" else arm
         assert opts["aggregator"] == want and cfg["task"]["aggregator"] == want
-        if arm in DIMENSION_ARMS:
+        if want in DIMENSION_ARMS:
             ov = cfg["algo"]["overlong"]
             assert (ov["enabled"], ov["buffer_frac"], ov["penalty"], ov["max_len"]) == (
                 True, 0.5, 0.5, None)

@@ -97,6 +97,7 @@ def test_dynamic_sampling_filters_on_the_chosen_metric(metric, kept):
 
     got = dynamic_sample(draw, 0, target_groups=3, max_gen_batches=1, filter_metric=metric)
     assert got.groups == kept
+    assert got.info["dropped_groups"] == 3 - len(kept)  # homogeneous in the filtered metric
 
 
 def test_dynamic_sampling_bounded_ends_short():

@@ -12,7 +12,7 @@ import pytest
 from core.types import Group, Prompt, Trajectory
 from judges import make_judge
 from rewards.qa_metrics import MetricChoice
-from rl.eval import evaluate, format_table, greedy_rollouts, search_metrics
+from rl.eval import EvalOptions, evaluate, format_table, greedy_rollouts, search_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -190,3 +190,105 @@ def test_evaluate_keeps_every_tasks_answers_for_pairwise_comparison():
     [rec] = res["_records"]["dev"]
     assert rec["id"] == "p" and rec["question"] == "q?" and rec["outcome"] == 0.25
     assert rec["response"].endswith("<answer> yes sir </answer>")
+
+
+# --- sampled evaluation and intervals (rl.eval_stats) ------------------------------------------
+
+
+def test_mean_and_pass_at_k_by_hand():
+    from rl.eval_stats import prompt_values
+
+    rows = [[{"em": 1.0, "turns": 2.0}, {"em": 0.0, "turns": 4.0}, {"em": 0.0, "turns": 3.0}],
+            [{"em": 0.0, "turns": 1.0}, {"em": 0.0, "turns": 1.0}, {"em": 0.0, "turns": 1.0}]]
+    got = prompt_values(rows, 3)
+    assert list(got) == ["em", "em_pass@3", "turns"]  # no best-of-k turns
+    assert got["em"].tolist() == [1 / 3, 0.0] and got["em_pass@3"].tolist() == [1.0, 0.0]
+    assert got["turns"].tolist() == [3.0, 1.0]
+    assert list(prompt_values([[{"em": 1.0}]], 1)) == ["em"]  # greedy: the metric alone
+
+
+def test_intervals_are_the_documented_percentile_bootstrap():
+    from rl.eval_stats import intervals
+
+    a, b = np.array([0.0, 1.0, 1.0, 0.0, 1.0]), np.array([0.2, 0.4, 0.9])
+    got = intervals({"x": {"em": a}, "y": {"em": b}}, n_boot=500, level=0.9, seed=3)
+    # restated: split i resamples its prompts with default_rng(seed + i); the average's
+    # resample means are the mean of the splits' resample means; 5th and 95th percentiles
+    ia = np.random.default_rng(3).integers(0, 5, size=(500, 5))
+    ib = np.random.default_rng(4).integers(0, 3, size=(500, 3))
+    ma, mb = a[ia].mean(axis=1), b[ib].mean(axis=1)
+    assert np.allclose(got["x"]["em"], np.quantile(ma, [0.05, 0.95]))
+    assert np.allclose(got["y"]["em"], np.quantile(mb, [0.05, 0.95]))
+    assert np.allclose(got["average"]["em"], np.quantile((ma + mb) / 2, [0.05, 0.95]))
+    lo, hi = got["x"]["em"]
+    assert lo <= a.mean() <= hi
+
+
+class _SampledQATask(_QATask):
+    """k samples per prompt: the first right ("Paris"), the others wrong; two prompts."""
+
+    def prompts(self, split):
+        return [_group("Paris", ["Paris"]).prompt, _group("Rome", ["Oslo"]).prompt]
+
+    def make_env(self, tokenizer, sampling):
+        assert sampling.temperature == 0.7
+
+        class Env:
+            def rollout(self, policy, prompts, group_size, seed):
+                out = []
+                for p in prompts:
+                    answers = ["Paris"] + ["Lyon"] * (group_size - 1)
+                    trajs = tuple(_group(a, list(p.answer)).trajectories[0] for a in answers)
+                    out.append(Group(p, trajs))
+                return out
+        return Env()
+
+
+def test_sampled_evaluation_reports_mean_and_pass_at_k_with_intervals():
+    res = evaluate(_SampledQATask(), _Policy(), ["test"], max_new_tokens=4,
+                   options=EvalOptions(samples=3, temperature=0.7, bootstrap=200))
+    row = res["test"]
+    # prompt 1: Paris right once in 3; prompt 2 (gold Oslo): never
+    assert np.isclose(row["em"], (1 / 3 + 0) / 2) and row["em_pass@3"] == 0.5
+    assert row["valid"] == 1.0 and "valid_pass@3" not in row
+    assert [r["sample"] for r in res["_records"]["test"]] == [0, 1, 2, 0, 1, 2]
+    lo, hi = res["_intervals"]["test"]["em_pass@3"]
+    assert 0.0 <= lo <= 0.5 <= hi <= 1.0
+    table = format_table(res["_intervals"], interval=True)
+    assert "em_pass@3" in table and f"{lo:.3f}-{hi:.3f}" in table
+
+
+def test_eval_config_refuses_bad_sampling_and_interval_settings():
+    from rl.config import ConfigError, eval_config
+
+    e = eval_config(_eval_section())
+    assert (e.samples, e.temperature, e.confidence, e.bootstrap) == (1, 1.0, 0.95, 2000)
+    for changes, message in [({"samples": 0}, "eval.samples: must be >= 1"),
+                             ({"confidence": 1.0}, "eval.confidence: must be in (0, 1)"),
+                             ({"bootstrap": 0}, "eval.bootstrap: must be >= 1"),
+                             ({"temperature": 0.0}, "eval.temperature: must be > 0")]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            eval_config(_eval_section(**changes))
+
+
+def test_rubric_chat_evaluation_reports_the_tasks_scores_and_healthbench():
+    """A task with a report (rubric_chat): its per-answer coverage, fitness and length join
+    the row with intervals, and its HealthBench scores are the split's values."""
+    from rl.tasks.rubric_chat import RubricChatTask
+
+    class Answers(RubricChatTask):
+        def make_env(self, tokenizer, sampling):
+            class Env:  # the reference answer for the first prompt, a non-answer after
+                def rollout(self, policy, prompts, group_size, seed):
+                    return [Group(p, (Trajectory((1,), (1,), (1,), (0.0,),
+                                                 p.answer if i == 0 else "No idea.", "eos"),))
+                            for i, p in enumerate(prompts)]
+            return Env()
+
+    task = Answers(eval_size=2)
+    res = evaluate(task, _Policy(), ["dev"], max_new_tokens=4)
+    row = res["dev"]
+    assert row["coverage"] == 0.5 and row["healthbench"] == 0.5  # (1 + 0) / 2
+    assert row["outcome"] == 0.5 and "reward" not in row
+    assert row["axis/mention"] == row["axis/explain"] == 0.5
+    assert "coverage" in res["_intervals"]["dev"] and "healthbench" not in res["_intervals"]["dev"]

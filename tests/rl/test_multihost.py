@@ -340,13 +340,38 @@ def _memory(run: Path) -> dict:
         ckpt.close()
 
 
+def _kill_process_1_after(run: Path, procs: list[subprocess.Popen], logs: list[Path],
+                          lines: int) -> float:
+    """Kill process 1 once the run has logged `lines` metrics records; process 0 must then
+    end with an error naming the lost task. Returns how long process 0 took to end."""
+    try:
+        deadline = time.time() + 600
+        while (not (run / "metrics.jsonl").exists()
+               or len((run / "metrics.jsonl").read_text().splitlines()) < lines):
+            assert procs[0].poll() is None, logs[0].read_text()[-3000:]
+            assert time.time() < deadline, f"no {lines} steps finished in 600 s"
+            time.sleep(0.5)
+        procs[1].kill()
+        t0 = time.time()
+        rc = procs[0].wait(timeout=120)
+        waited = time.time() - t0
+    finally:
+        for p in procs:
+            p.kill()
+    assert rc != 0
+    text = logs[0].read_text()
+    assert "heartbeat" in text or "another task died" in text, text[-3000:]
+    return waited
+
+
 def test_arbor_with_an_http_judge_sends_each_request_once(tmp_path):
     """ARBOR on the search task (scripted trajectories, as ``tests.rl.test_arbor_e2e``: a
-    random model never answers, so its memory would stay empty and the judge idle): the
-    rubric memory is the same value as the 1-process run's, and the judge server sees each
-    distinct request once (process 0 sends it). FSDP over the job's 4 devices; the 2-process
-    job stops after step 2 and resumes from its checkpoint (memory and judge cache
-    included), ending with the weights of the uninterrupted 1-process run."""
+    random model never answers, so its memory would stay empty and the judge idle), FSDP over
+    the job's 4 devices, a checkpoint every step. Process 1 is killed after 2 steps; the job
+    started again resumes from its newest checkpoint (memory and judge cache included) and
+    ends with the rubric memory, the memory's events and the weights of the uninterrupted
+    1-process run, and the judge server has seen each distinct request once (process 0 sends
+    it; what it answered before the kill comes from the cache)."""
     base = ["model=tiny", "mesh.shape={data:1,fsdp:4,tensor:1}", "task=search_qa",
             "task.name=search_qa_scripted", "algo=arbor",
             "algo.embedder=hashing", "algo.k_consol=4", "trainer.sample_every=1",
@@ -354,18 +379,25 @@ def test_arbor_with_an_http_judge_sends_each_request_once(tmp_path):
             f"task.cache_dir={tmp_path / 'world'}", "task.max_turns=1",
             "task.max_response_tokens=64", "task.max_obs_tokens=40", "trainer.batch_prompts=4",
             "algo.group_size=4", "trainer.max_new_tokens=16", "trainer.eval_at_ends=false",
-            "trainer.save_every=0", "judge=openai", "judge.model=fake",
+            "trainer.save_every=1", "judge=openai", "judge.model=fake",
             "judge.api_key_env=null", "judge.timeout_s=20", "judge.max_retries=1"]
-    runs, bodies = {}, {}
-    for name, launch in (("two", _two_processes), ("one", _one_process)):
-        with FakeJudgeServer() as srv:
-            judged = [*base, f"judge.base_url={srv.base_url}",
-                      f"judge.cache_dir={tmp_path / ('cache_' + name)}"]
-            if name == "two":  # stopped after step 2 (saved), then resumed
-                launch(tmp_path, [*judged, "trainer.max_steps=2"], leg="_first")
-                judged += ["trainer.resume=true"]
-            runs[name] = launch(tmp_path, [*judged, "trainer.max_steps=3"])
-            bodies[name] = Counter(srv.bodies)
+    runs, bodies = {"two": tmp_path / "two"}, {}
+    with FakeJudgeServer() as srv:
+        judged = [*base, f"judge.base_url={srv.base_url}",
+                  f"judge.cache_dir={tmp_path / 'cache_two'}"]
+        port, logs = _free_port(), [tmp_path / f"killed_{r}.log" for r in range(2)]
+        procs = [_train(runs["two"], 2, [*judged, "trainer.max_steps=200"], (port, 2, r),
+                        logs[r]) for r in range(2)]
+        _kill_process_1_after(runs["two"], procs, logs, lines=2)
+        steps = len((runs["two"] / "metrics.jsonl").read_text().splitlines()) + 1
+        _two_processes(tmp_path, [*judged, f"trainer.max_steps={steps}",
+                                  "trainer.resume=true"], leg="_resumed")
+        bodies["two"] = Counter(srv.bodies)
+    with FakeJudgeServer() as srv:
+        runs["one"] = _one_process(tmp_path, [*base, f"judge.base_url={srv.base_url}",
+                                              f"judge.cache_dir={tmp_path / 'cache_one'}",
+                                              f"trainer.max_steps={steps}"])
+        bodies["one"] = Counter(srv.bodies)
     assert sum(bodies["one"].values()) > 0
     assert max(bodies["two"].values()) == 1  # each distinct request once
     assert bodies["two"] == bodies["one"]
@@ -376,8 +408,9 @@ def test_arbor_with_an_http_judge_sends_each_request_once(tmp_path):
     events = _lines(runs["two"] / "memory_events.jsonl")
     assert len(events) >= 4 and events == _lines(runs["one"] / "memory_events.jsonl")
     assert [h["resumed"] for h in _lines(runs["two"] / "config_history.jsonl")] == [False, True]
+    assert [r["step"] for r in _lines(runs["two"] / "metrics.jsonl")] == list(range(steps))
     (p2, s2), (p1, s1) = _final_params(runs["two"], "tiny"), _final_params(runs["one"], "tiny")
-    assert s1 == s2 == 3
+    assert s1 == s2 == steps
     assert _max_abs_diff(p1, p2) <= 1e-5
 
 
@@ -397,24 +430,8 @@ def test_a_killed_process_ends_the_job_in_bounded_time_and_the_job_resumes(tmp_p
     logs = [tmp_path / f"p{r}.log" for r in range(2)]
     procs = [_train(run, 2, [*overrides, "trainer.max_steps=400"], (port, 2, r), logs[r])
              for r in range(2)]
-    try:
-        deadline = time.time() + 600
-        while (not (run / "metrics.jsonl").exists()
-               or len((run / "metrics.jsonl").read_text().splitlines()) < 2):
-            assert procs[0].poll() is None, logs[0].read_text()[-3000:]
-            assert time.time() < deadline, "no step finished in 600 s"
-            time.sleep(0.5)
-        procs[1].kill()
-        t0 = time.time()
-        rc = procs[0].wait(timeout=120)
-        waited = time.time() - t0
-    finally:
-        for p in procs:
-            p.kill()
-    assert rc != 0
+    waited = _kill_process_1_after(run, procs, logs, lines=2)
     assert waited < 60  # heartbeat_timeout_s=10 plus the service's polling
-    text = logs[0].read_text()
-    assert "heartbeat" in text or "another task died" in text, text[-3000:]
     # started again: it resumes where the checkpoints end and trains to the end
     steps = len((run / "metrics.jsonl").read_text().splitlines()) + 2
     _two_processes(tmp_path, [*overrides, f"trainer.max_steps={steps}",

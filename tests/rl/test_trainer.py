@@ -287,6 +287,17 @@ def test_cli_runs_and_writes_run_folder(tmp_path):
     assert "eval/outcome_mean" in recs[0] and "dapo/gen_batches" in recs[1]
     assert 0 <= recs[1]["dapo/drawn_homogeneous_frac"] <= 1  # before dynamic sampling's filter
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["2"]
+    # what the terminal shows first and last: where, what, on what, how to watch; the
+    # evaluations before and after (the metrics file's own values) and where the results are
+    log = res.stdout + res.stderr
+    evals = [r["eval/outcome_mean"] for r in recs if "eval/outcome_mean" in r]
+    for line in (f"run folder: {run}", "model tiny (float32), task arith, algo dapo (rewarder "
+                 "outcome, judge none): steps 0..2, 2 prompts x 2 trajectories per step",
+                 "devices: ", f"watch: tail -f {run}/metrics.jsonl  |  tensorboard --logdir "
+                 f"{run}/tb", "done: 2 steps",
+                 f"eval/outcome_mean on dev: {evals[0]:.3f} (step 0) -> {evals[1]:.3f} (step 2)",
+                 f"metrics: {run}/metrics.jsonl", f"checkpoints: {run}/checkpoints"):
+        assert line in log, line
 
 
 def test_sharded_train_step_matches_single_device():
@@ -393,3 +404,26 @@ def test_update_log_probs_are_the_sampled_policys_at_its_temperature(tmp_path):
         t.loss_cfg, temperature=1.0)), t.state.params, batch)
     assert not np.allclose(at_one, ours, atol=1e-3)
     t.close()
+
+
+def test_several_eval_splits_are_logged_each_and_averaged(tmp_path):
+    """trainer.eval_split=[dev,test]: each split's metrics under eval/<split>/*, equal to a run
+    evaluating that split alone, and eval/* their average (eval/n their total)."""
+    common = ("task=arith", "task.eval_size=3", "trainer.max_new_tokens=6",
+              "trainer.batch_prompts=2", "algo.group_size=2", "trainer.save_every=0")
+    both = build_trainer(make_cfg(tmp_path / "both", *common, "trainer.eval_split=[dev,test]"))
+    rec = both.evaluate(0)
+    both.close()
+    for split in ("dev", "test"):
+        alone = build_trainer(make_cfg(tmp_path / split, *common, f"trainer.eval_split={split}"))
+        one = alone.evaluate(0)
+        alone.close()
+        assert "eval/dev/n" not in one  # one split: the keys as before
+        for key in ("outcome_mean", "n", "length_mean"):
+            assert rec[f"eval/{split}/{key}"] == one[f"eval/{key}"], (split, key)
+    for key in ("outcome_mean", "length_mean"):
+        assert rec[f"eval/{key}"] == pytest.approx(
+            (rec[f"eval/dev/{key}"] + rec[f"eval/test/{key}"]) / 2)
+    assert rec["eval/n"] == 6 and both.evaluations[0] == rec["eval/outcome_mean"]
+    with pytest.raises(ConfigError, match=r"trainer.eval_split: name one split or several"):
+        build_trainer(make_cfg(tmp_path / "dup", *common, "trainer.eval_split=[dev,dev]"))

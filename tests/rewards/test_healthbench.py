@@ -1,0 +1,47 @@
+"""HealthBench's clipped aggregate scores (rewards.healthbench), worked out by hand."""
+
+import pytest
+
+from rewards.healthbench import example_score, healthbench_scores
+
+
+def test_example_score_is_points_met_over_positive_points():
+    assert example_score([5, 3, -2], [1, 0, 1]) == pytest.approx((5 - 2) / 8)
+    assert example_score([5, 3, -2], [0, 0, 1]) == pytest.approx(-2 / 8)  # not clipped here
+    assert example_score([-2, -3], [0, 1]) is None  # no positive points: undefined
+    assert example_score([4, 2], [0.5, 1.0]) == pytest.approx(4 / 6)  # P(met) weights points
+
+
+def test_overall_axis_and_theme_scores_by_hand():
+    points = [[5, 3, -4], [2, 2], [4, -8]]
+    met = [[1, 1, 0], [1, 0], [0, 1]]
+    item_tags = [[("axis:accuracy",), ("axis:completeness",), ("axis:accuracy",)],
+                 [("axis:completeness",), ("axis:completeness", "axis:accuracy")],
+                 [("axis:accuracy",), ("axis:safety",)]]
+    example_tags = [("theme:hedging",), ("theme:hedging",), ("theme:emergency referrals",)]
+    got = healthbench_scores(points, met, item_tags, example_tags)
+    # examples: 8/8 = 1, 2/4 = 0.5, -8/4 = -2: the mean -1/6 is clipped to 0
+    assert got["healthbench"] == 0.0
+    # accuracy: ex 1 items 0, 2 -> 5/5 = 1; ex 2 item 1 -> 0/2 = 0; ex 3 item 0 -> 0/4 = 0
+    assert got["axis/accuracy"] == pytest.approx(1 / 3)
+    # completeness: ex 1 item 1 -> 1; ex 2 both -> 2/4; ex 3 none (undefined, left out)
+    assert got["axis/completeness"] == pytest.approx(0.75)
+    assert "axis/safety" not in got  # only negative points anywhere: undefined everywhere
+    assert got["theme/hedging"] == pytest.approx(0.75)  # (1 + 0.5) / 2
+    assert got["theme/emergency_referrals"] == 0.0  # -2 clipped; the name's space as _
+
+
+def test_rubric_chat_reports_healthbench_scores_of_its_answers():
+    from rl.tasks.rubric_chat import RubricChatTask
+
+    task = RubricChatTask()
+    prompts = task.prompts("dev")[:4]
+    best = task.evaluate(prompts, [p.answer for p in prompts]).summary
+    worst = task.evaluate(prompts, ["I am not sure."] * 4).summary
+    topics = {f"theme/{p.meta['topic'].replace(' ', '_')}" for p in prompts}
+    # the reference answers name and explain every item: every score is 1; an empty answer 0
+    for summary, value in ((best, 1.0), (worst, 0.0)):
+        assert summary["healthbench"] == value
+        assert summary["axis/mention"] == summary["axis/explain"] == value
+        assert {k for k in summary if k.startswith("theme/")} == topics
+        assert all(summary[t] == value for t in topics)
