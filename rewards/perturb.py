@@ -1,10 +1,25 @@
-"""Perturbation incentive analysis (SPEC 4): edit reference answers, read how rewards move.
+"""Perturbation incentive analysis (SPEC 4): edit answers, read how each reward moves.
 
-No training: take rubrics with reference answers, apply each edit operator to each reference,
-judge every criterion on the original and on each edited answer (``judge.check``), aggregate with
-each aggregator and tabulate the mean reward change ``mean_b [R(edit(x_b)) - R(x_b)]`` per
-operator x aggregator.  With held-out fitness criteria (``rubric.meta["fitness"]``) the table
-also has a ``fitness`` column (the held-out pass rate ``c``), and always a ``words`` column.
+No training: take rubrics with answers to edit (their reference answers, or ``answers=``: any
+answers, e.g. the untrained policy's from ``rl.eval``), apply each edit operator to each answer,
+judge every criterion on the original and on each edited answer (``judge.check``), score each
+reward (an aggregator, or any rubric reward a training arm uses:
+``rewards.rubric_rewarder.reward_names``, e.g. ``rubric_rl_official``, ``prorubric_official``)
+and tabulate the mean reward change ``mean_b [R(edit(x_b)) - R(x_b)]`` per operator x reward.
+With held-out fitness criteria (``rubric.meta["fitness"]``) the table also has a ``fitness``
+column (the held-out pass rate ``c``), and always a ``words`` column.
+
+Two sets of edits: ours (``OPERATORS``, below) and the ProRubric authors' incentive-audit
+families ``E1`` ... ``E7L`` (``rewards.audit_edits``: written by a model with ``edit=openai``,
+or by their rule stand-ins E1, E1b, E2, E3, E4, E5, E6); ``operators=authors`` names every
+family that can be written, then ``rescore`` (the unedited answer judged again: the judge's own
+noise).  The authors' audit, end to end on the shipped task::
+
+    python -m rl.tasks.rubric_chat rubrics.jsonl split=test n=32
+    python -m rl.eval task=rubric_chat judge=rule task.eval_size=32 eval.splits=[test] \
+        trainer.max_new_tokens=160 eval.out_dir=base
+    python -m rewards.perturb rubrics.jsonl audit answers=base/eval_samples.jsonl \
+        operators=authors aggregators=rubric_rl_official,prorubric_official,raw_and_verbatim
 
 Operators: pure functions ``(text, seed, rubric) -> text`` (the rubric is read only by
 ``delete_key_recommendation``); the seed picks among candidates, so a run is reproducible.
@@ -21,15 +36,17 @@ Operators: pure functions ``(text, seed, rubric) -> text`` (the rubric is read o
 
 Command line::
 
-    python -m rewards.perturb RUBRICS_WITH_REFERENCES OUT_DIR [judge=rule] [seed=0]
-        [aggregators=additive,additive_abs,prorubric,raw_and] [operators=...] [fmt=...]
-        [paraphrases=3] [paraphrase_file=JSONL] [n_boot=2000] [level=0.95]
-        [judge.<option>=value ...]
+    python -m rewards.perturb RUBRICS OUT_DIR [answers=JSONL] [judge=rule] [seed=0]
+        [aggregators=additive,additive_abs,prorubric,raw_and] [operators=...|authors]
+        [edit=openai] [fmt=...] [paraphrases=3] [paraphrase_file=JSONL] [n_boot=2000]
+        [level=0.95] [judge.<option>=value ...] [edit.<option>=value ...]
 
 e.g. ``python -m rewards.perturb tests/fixtures/rubrics/perturb_refs.jsonl /tmp/perturb``.  It
-prints the table (rows: operators; columns: aggregators, then fitness and words; cells: mean
-change) and writes ``OUT_DIR/perturb_table.csv`` (one row per operator x column: mean, std, n,
-fraction lowered / raised, mean before / after), ``OUT_DIR/perturb_table.json`` (``table``
+prints the table (rows: operators; columns: rewards, then fitness and words; cells: mean
+change), then the authors' layout per reward (change x 100, interval, shares of answers whose
+reward rose and fell, n, unmoved, answers a family could not edit), and writes
+``OUT_DIR/perturb_table.csv`` (one row per operator x column: mean, std, n, fraction lowered /
+raised, unmoved, mean before / after), ``OUT_DIR/perturb_table.json`` (``table``
 nested ``{operator: {column: mean change}}``, ``rows`` as in the CSV, ``config``) and
 ``OUT_DIR/perturb_cases.jsonl`` (every edited answer with its scores).  When an AND-product
 aggregator is asked for, the rubrics without dimensions (and only those) are bundled in memory
@@ -37,8 +54,8 @@ with the judge first (``rewards.bundle.bundle_missing``); rubrics that already h
 keep them, failure clauses included (SPEC 4: generated once, offline, cached).  A rubric the
 judge cannot bundle is left out of the whole table (every column covers the same references),
 with a warning naming it and its reason, a printed count, and ``config.not_bundled``
-(``[{prompt_id, reason}]``) in ``perturb_table.json``.  Rows without a reference answer are
-skipped and counted.
+(``[{prompt_id, reason}]``) in ``perturb_table.json``.  Rows without an answer to edit are
+skipped and counted; ``config.no_edit`` counts, per family, the answers it could not edit.
 
 Noise floor and intervals: each reference is also paraphrased (``paraphrase``: meaning-preserving
 surface rewrites, ``paraphrases`` seeded draws; or the texts of ``paraphrase_file``, JSONL rows
@@ -270,8 +287,19 @@ OPERATORS: dict[str, Operator] = {
     "delete_key_recommendation": delete_key_recommendation,
     "padding": padding,
 }
+#: Not an edit: the unedited answer scored a second time (the judge's own noise; 0 for the rule
+#: judge and for a judge answering from its cache, so set ``judge.cache_dir=null`` to measure).
+RESCORE = "rescore"
 DEFAULT_AGGREGATORS = ("additive", "additive_abs", "prorubric", "raw_and")
 DEFAULT_PARAPHRASES = 3
+
+
+def known_operators() -> list[str]:
+    """Operators a run may name: ours (``OPERATORS``), the authors' edit families
+    (``rewards.audit_edits.FAMILIES``) and ``rescore``."""
+    from rewards.audit_edits import FAMILIES
+
+    return [*OPERATORS, *FAMILIES, RESCORE]
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,12 +315,40 @@ def _case_seed(seed: int, index: int, op: str) -> int:
 class AuditOptions:
     """The noise floor and the intervals: ``paraphrases`` rule-based draws per reference (or
     ``paraphrase_texts``: ``{prompt_id: [text, ...]}``, e.g. written by an LLM, used instead),
-    and the bootstrap's ``n_boot`` resamples and confidence ``level``."""
+    and the bootstrap's ``n_boot`` resamples and confidence ``level``.  What is edited:
+    ``answers`` (``{prompt_id: text}``, e.g. the untrained policy's answers, ``load_answers``)
+    instead of the rubrics' reference answers; who writes the authors' edit families:
+    ``editor`` (``rewards.audit_edits.ModelEditor``), else their rule stand-ins."""
 
     paraphrases: int = DEFAULT_PARAPHRASES
     paraphrase_texts: Mapping[str, Sequence[str]] | None = None
     n_boot: int = N_BOOT
     level: float = LEVEL
+    answers: Mapping[str, str] | None = None
+    editor: Any = None
+
+
+Variant = tuple[Rubric, str, str, int]  # (rubric, operator, text, index of its original)
+
+
+def check_request(operators: Sequence[str], aggregators: Sequence[str], editor: Any) -> None:
+    """A ``ValueError`` before any judging for an unknown operator or reward, or for an edit
+    family that needs a writer model when none is configured."""
+    from rewards.audit_edits import FAMILIES, RULE_FAMILIES
+    from rewards.rubric_rewarder import check_reward_name
+
+    for a in aggregators:
+        check_reward_name(a, "aggregators")
+
+    known = known_operators()
+    unknown = [o for o in operators if o not in known]
+    if unknown:
+        raise ValueError(f"unknown operator(s) {unknown}; known: {', '.join(known)}")
+    need = [o for o in operators if o in FAMILIES and o not in RULE_FAMILIES]
+    if need and editor is None:
+        raise ValueError(f"operator(s) {need} need a writer model (edit=openai edit.base_url="
+                         f"...); without one the authors' families available are "
+                         f"{', '.join(RULE_FAMILIES)}")
 
 
 def perturbation_analysis(
@@ -303,29 +359,35 @@ def perturbation_analysis(
     seed: int = 0,
     audit: AuditOptions | None = None,
 ) -> dict[str, Any]:
-    """Score every reference, its edits and its paraphrases; returns ``{"table", "rows",
-    "cases", "skipped", "columns", "noise_floor", "paraphrase_cases", "ci", "exceeds_floor"}``.
+    """Score every answer, its edits and its paraphrases; returns ``{"table", "rows",
+    "cases", "skipped", "columns", "noise_floor", "paraphrase_cases", "ci", "exceeds_floor",
+    "no_edit"}``.
 
-    ``table[op][col]`` = mean change, over rubrics, of column ``col`` (each aggregator, then
-    ``fitness`` when the rubrics carry held-out criteria, then ``words``) when ``op`` is
-    applied; each row also carries its percentile bootstrap interval over rubrics
-    (``ci_lo``, ``ci_hi``; ``rewards.bootstrap``), the column's paraphrase ``floor`` and
-    ``exceeds_floor`` (``noise_floor_row``, ``exceeds``).  Paraphrases (``audit``, default
-    ``AuditOptions()``): ``audit.paraphrases`` seeded ``paraphrase`` draws per reference, or the
-    given ``audit.paraphrase_texts[prompt_id]``.  Rubrics
-    must be bundled when an AND-product aggregator is asked for.  All checks go to the judge in
-    one batched call.
+    The answers are the rubrics' reference answers, or ``audit.answers``.  ``table[op][col]`` =
+    mean change, over answers, of column ``col`` (each aggregator or rubric reward of
+    ``rewards.rubric_rewarder.reward_names``, then ``fitness`` when the rubrics carry held-out
+    criteria, then ``words``) when ``op`` is applied; each row also carries its percentile
+    bootstrap interval over answers (``ci_lo``, ``ci_hi``; ``rewards.bootstrap``), the
+    column's paraphrase ``floor`` and ``exceeds_floor`` (``noise_floor_row``, ``exceeds``).
+    Paraphrases (``audit``, default ``AuditOptions()``): ``audit.paraphrases`` seeded
+    ``paraphrase`` draws per answer, or the given ``audit.paraphrase_texts[prompt_id]``.
+    The authors' edit families (``rewards.audit_edits``) read the judge's verdicts on each
+    original, so the originals are judged first (one batched call) and the edits and
+    paraphrases after (one more); an answer a family cannot edit is left out of that row and
+    counted in ``no_edit[op]``.  Rubrics must be bundled when an AND-product aggregator is
+    asked for.
     """
-    unknown = [o for o in operators if o not in OPERATORS]
-    if unknown:
-        raise ValueError(f"unknown operator(s) {unknown}; known: {', '.join(OPERATORS)}")
-    usable = [r for r in rubrics if r.reference_answer and r.reference_answer.strip()]
-    skipped = [r.prompt_id for r in rubrics if not (r.reference_answer or "").strip()]
     audit = audit or AuditOptions()
+    check_request(operators, aggregators, audit.editor)
+    usable, skipped = _sources(rubrics, audit.answers)
     n_boot, level = audit.n_boot, audit.level
-    variants = _variants(usable, operators, seed, audit.paraphrases, audit.paraphrase_texts)
-    cols = _score_columns([v[:3] for v in variants], judge, aggregators)
-    all_cases = _cases(variants, cols)
+    originals = [(r, "original", t, b) for b, (r, t) in enumerate(usable)]
+    first, checks = _score_columns([v[:3] for v in originals], judge, aggregators)
+    rest, no_edit = _edited(originals, checks, operators, seed, audit)
+    rest += _paraphrased(originals, seed, audit.paraphrases, audit.paraphrase_texts)
+    second, _ = _score_columns([v[:3] for v in rest], judge, aggregators)
+    cols = {c: np.concatenate([first[c], second.get(c, np.zeros(0))]) for c in first}
+    all_cases = _cases([*originals, *rest], cols)
     cases = [c for c in all_cases if c["operator"] != PARAPHRASE]
     para = [c for c in all_cases if c["operator"] == PARAPHRASE]
     floor = {col: noise_floor_row(col, para, n_boot, level, seed) for col in cols}
@@ -342,51 +404,103 @@ def perturbation_analysis(
             rows.append(row)
     return {"table": table, "rows": rows, "cases": cases, "skipped": skipped,
             "columns": list(cols), "noise_floor": floor, "paraphrase_cases": para,
-            "ci": ci, "exceeds_floor": exceeds}
+            "ci": ci, "exceeds_floor": exceeds, "no_edit": no_edit}
 
 
-def _variants(usable: Sequence[Rubric], operators: Sequence[str], seed: int, paraphrases: int,
-              given: Mapping[str, Sequence[str]] | None
-              ) -> list[tuple[Rubric, str, str, int]]:
-    """``(rubric, operator or "original" or "paraphrase", text, index of its original)``: per
-    rubric its reference, one edit per operator (seeded per rubric and operator), then its
-    paraphrases (``given[prompt_id]`` when a paraphrase file is used, else ``paraphrases``
-    seeded draws)."""
-    out: list[tuple[Rubric, str, str, int]] = []
-    for b, r in enumerate(usable):
-        ref, o = str(r.reference_answer), len(out)
-        out.append((r, "original", ref, o))
-        out += [(r, op, OPERATORS[op](ref, _case_seed(seed, b, op), r), o) for op in operators]
+def _sources(rubrics: Sequence[Rubric], answers: Mapping[str, str] | None
+             ) -> tuple[list[tuple[Rubric, str]], list[str]]:
+    """(rubric, text to edit) pairs and the prompt ids without one: the reference answer, or
+    ``answers[prompt_id]`` when answers are given."""
+    usable, skipped = [], []
+    for r in rubrics:
+        text = (answers.get(r.prompt_id) if answers is not None else r.reference_answer) or ""
+        if text.strip():
+            usable.append((r, text))
+        else:
+            skipped.append(r.prompt_id)
+    return usable, skipped
+
+
+def _edited(originals: Sequence[Variant], checks: Sequence[Any], operators: Sequence[str],
+            seed: int, audit: AuditOptions) -> tuple[list[Variant], dict[str, int]]:
+    """One edit per original and operator (ours seeded per answer and operator; the authors'
+    families through ``rewards.audit_edits.write_edits``), and per family the number of
+    answers it could not edit."""
+    from rewards.audit_edits import FAMILIES, EditCase, write_edits
+
+    out: list[Variant] = []
+    for b, (r, _, text, _o) in enumerate(originals):
+        out += [(r, op, OPERATORS[op](text, _case_seed(seed, b, op), r), b)
+                for op in operators if op in OPERATORS]
+        if RESCORE in operators:
+            out.append((r, RESCORE, text, b))
+    families = [f for f in FAMILIES if f in operators]
+    if not families:
+        return out, {}
+    done: dict[str, list[str | None]] = {}
+    for f in families + (["E6"] if "E7" in families and "E6" not in families else []):
+        cases = [EditCase(r.prompt_text(), text, r, tuple(q >= 0.5 for q in ch.q),
+                          _case_seed(seed, b, f))
+                 for b, ((r, _, text, _o), ch) in enumerate(zip(originals, checks))]
+        done[f] = write_edits(f, cases, audit.editor, done.get("E6"))
+    no_edit = {}
+    for f in families:
+        out += [(originals[b][0], f, t, b) for b, t in enumerate(done[f]) if t is not None]
+        no_edit[f] = sum(t is None for t in done[f])
+    return out, no_edit
+
+
+def _paraphrased(originals: Sequence[Variant], seed: int, paraphrases: int,
+                 given: Mapping[str, Sequence[str]] | None) -> list[Variant]:
+    """Each original's paraphrases: ``given[prompt_id]`` when a paraphrase file is used, else
+    ``paraphrases`` seeded draws."""
+    out: list[Variant] = []
+    for b, (r, _, text, _o) in enumerate(originals):
         texts = (list(given.get(r.prompt_id, ())) if given is not None else
-                 [paraphrase(ref, _case_seed(seed, b, f"{PARAPHRASE}{j}"), r)
+                 [paraphrase(text, _case_seed(seed, b, f"{PARAPHRASE}{j}"), r)
                   for j in range(paraphrases)])
-        out += [(r, PARAPHRASE, t, o) for t in texts]
+        out += [(r, PARAPHRASE, t, b) for t in texts]
     return out
 
 
 def _score_columns(variants: Sequence[tuple[Rubric, str, str]], judge: Any,
-                   aggregators: Sequence[str]) -> dict[str, np.ndarray]:
-    """Per variant: each aggregator's reward, the held-out ``fitness`` pass rate (when any
-    rubric carries fitness criteria) and ``words``; all checks in one batched judge call."""
+                   aggregators: Sequence[str]) -> tuple[dict[str, np.ndarray], list[Any]]:
+    """Per variant: each reward's value, the held-out ``fitness`` pass rate (when any rubric
+    carries fitness criteria) and ``words``, and the judge's checks.  The check aggregators
+    share one batched check call; a reward judged otherwise (an official dimension arm,
+    ``implicit``) makes its own calls (``dimension_rewards``, ``rated_rewards`` of
+    ``rewards.rubric_rewarder``)."""
+    from rewards.dimension_judging import DIMENSION_ARMS
     from rewards.rubric_rewarder import (
+        JUDGE_RATED,
         ScoreItem,
         aggregate_checks,
+        dimension_rewards,
         fitness_criteria,
         fitness_rate,
         judge_checks,
+        rated_rewards,
         word_count,
     )
 
     items = [ScoreItem(r.prompt_text(), t, r, fitness_criteria(r)) for r, _op, t in variants]
-    checks = judge_checks(judge, items)
-    cols: dict[str, np.ndarray] = {
-        a: aggregate_checks(a, [it.rubric for it in items], checks) for a in aggregators
-    }
-    fit = fitness_rate(checks)
-    if np.isfinite(fit).any():
+    checks = judge_checks(judge, items) if items else []
+    rubrics = [it.rubric for it in items]
+    cols: dict[str, np.ndarray] = {}
+    for a in aggregators:
+        if not items:
+            cols[a] = np.zeros(0)
+        elif a in DIMENSION_ARMS:
+            cols[a] = np.asarray(dimension_rewards(judge, items, a)[0], np.float64)
+        elif a == JUDGE_RATED:
+            cols[a] = rated_rewards(judge, items)[0]
+        else:
+            cols[a] = aggregate_checks(a, rubrics, checks)
+    fit = fitness_rate(checks) if items else np.zeros(0)
+    if any(fitness_criteria(r) for r, _op, _t in variants):
         cols["fitness"] = fit
     cols["words"] = np.asarray([word_count(it.response) for it in items], np.float64)
-    return cols
+    return cols, checks
 
 
 def _cases(variants: Sequence[tuple[Rubric, str, str, int]], cols: Mapping[str, np.ndarray]
@@ -472,6 +586,7 @@ def _change_row(op: str, col: str, sel: Sequence[Mapping[str, Any]]) -> dict[str
         "std_delta": float(d.std()) if some else math.nan, "n": int(d.size),
         "frac_lower": float(np.mean(d < -1e-9)) if some else math.nan,
         "frac_higher": float(np.mean(d > 1e-9)) if some else math.nan,
+        "unmoved": int(np.sum(np.abs(d) <= 1e-9)),
         "mean_before": float(before[ok].mean()) if some else math.nan,
         "mean_after": float(after[ok].mean()) if some else math.nan,
         "frac_changed": float(np.mean([c["changed"] for c in sel])) if sel else math.nan,
@@ -507,7 +622,7 @@ def format_table(table: Mapping[str, Mapping[str, float]], n: int | None = None,
             (_cell(noise_floor[c]["floor"], c).lstrip("+") + (" " if exceeds_floor else ""))
             .rjust(w) for c, w in zip(cols, widths)))
     if n is not None:
-        lines.append(f"(mean change over {n} reference answers)")
+        lines.append(f"(mean change over {n} answers)")
     if exceeds_floor is not None:
         lines.append("* its bootstrap interval lies beyond +- the paraphrase floor")
     return "\n".join(lines)
@@ -529,8 +644,35 @@ def format_intervals(ci: Mapping[str, Mapping[str, Sequence[float]]], level: flo
     return "\n".join(lines)
 
 
+def format_audit(rows: Sequence[Mapping[str, Any]], level: float,
+                 no_edit: Mapping[str, int] | None = None) -> str:
+    """The authors' layout, one block per reward (``words`` left out): per operator the mean
+    change x 100 with its bootstrap interval, the shares of answers whose reward rose and
+    fell, ``n`` and the number that did not move; ``no_edit``: answers an edit family could
+    not edit (not in ``n``)."""
+    lines: list[str] = []
+    cols = list(dict.fromkeys(r["column"] for r in rows if r["column"] != "words"))
+    w0 = max([len("operator")] + [len(str(r["operator"])) for r in rows])
+    for col in cols:
+        lines += ["", f"{col}: reward change x 100, {100 * level:g}% interval",
+                  f"{'operator'.ljust(w0)}  {'delta':>7}  {'interval':>17}  {'rose':>5}  "
+                  f"{'fell':>5}  {'n':>4}  {'unmoved':>7}"]
+        for r in (r for r in rows if r["column"] == col):
+            ok = r["n"] > 0
+            iv = (f"[{100 * r['ci_lo']:+.1f}, {100 * r['ci_hi']:+.1f}]"
+                  if ok and math.isfinite(r["ci_lo"]) else "")
+            skip = (no_edit or {}).get(r["operator"], 0)
+            lines.append(
+                f"{str(r['operator']).ljust(w0)}  "
+                + (f"{100 * r['mean_delta']:+7.1f}  {iv:>17}  {r['frac_higher']:5.0%}  "
+                   f"{r['frac_lower']:5.0%}" if ok else f"{'-':>7}  {'':>17}  {'':>5}  {'':>5}")
+                + f"  {r['n']:4d}  {r['unmoved']:7d}" + (f"  ({skip} not editable)" if skip
+                                                          else ""))
+    return "\n".join(lines[1:])
+
+
 ROW_FIELDS = ["operator", "column", "mean_delta", "std_delta", "n", "frac_lower", "frac_higher",
-              "mean_before", "mean_after", "frac_changed", "ci_lo", "ci_hi", "floor",
+              "unmoved", "mean_before", "mean_after", "frac_changed", "ci_lo", "ci_hi", "floor",
               "exceeds_floor"]
 
 
@@ -586,14 +728,54 @@ def load_paraphrases(path: str | Path, prompt_ids: Sequence[str]) -> dict[str, l
     return out
 
 
+def load_answers(path: str | Path, prompt_ids: Sequence[str]) -> dict[str, str]:
+    """``{prompt_id: answer}`` from a JSONL file of ``{"prompt_id" or "id", "response" or
+    "text"}`` rows, e.g. ``rl.eval``'s ``eval_samples.jsonl`` of the untrained policy (the
+    first row of an id is its answer; later samples of it are ignored).  A bad row is named by
+    file, row and field; an id that is not in the rubric file is refused."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{p}: answers file not found")
+    known, out = set(prompt_ids), {}
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p}: row {n}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{p}: row {n}: not a JSON object")
+        pid = row.get("prompt_id", row.get("id"))
+        text = row.get("response", row.get("text"))
+        if not isinstance(pid, str):
+            raise ValueError(f"{p}: row {n}: field 'prompt_id' (or 'id') missing or not text")
+        if not isinstance(text, str):
+            raise ValueError(f"{p}: row {n}: field 'response' (or 'text') missing or not text")
+        if pid not in known:
+            raise ValueError(f"{p}: row {n}: prompt id {pid!r} is not in the rubric file")
+        out.setdefault(pid, text)
+    return out
+
+
 USAGE = (
-    "usage: python -m rewards.perturb RUBRICS_WITH_REFERENCES OUT_DIR [judge=rule] [seed=0] "
-    "[aggregators=additive,additive_abs,prorubric,raw_and] [operators=a,b] [fmt=FORMAT] "
-    "[paraphrases=3] [paraphrase_file=JSONL] [n_boot=2000] [level=0.95] "
-    "[judge.OPTION=VALUE ...]"
+    "usage: python -m rewards.perturb RUBRICS OUT_DIR [answers=JSONL] [judge=rule] [seed=0] "
+    "[aggregators=additive,additive_abs,prorubric,raw_and] [operators=a,b|authors] "
+    "[edit=openai] [fmt=FORMAT] [paraphrases=3] [paraphrase_file=JSONL] [n_boot=2000] "
+    "[level=0.95] [judge.OPTION=VALUE ...] [edit.OPTION=VALUE ...]"
 )
 KEYS = ("judge", "seed", "aggregators", "operators", "fmt", "paraphrases", "paraphrase_file",
-        "n_boot", "level")
+        "n_boot", "level", "answers", "edit")
+#: ``operators=authors``: the authors' families a run can write, then the judge's re-score.
+AUTHORS = "authors"
+
+
+def _operators(spec: str, writer: bool) -> tuple[str, ...]:
+    from rewards.audit_edits import FAMILIES, RULE_FAMILIES
+
+    if spec == AUTHORS:
+        return (*(FAMILIES if writer else RULE_FAMILIES), RESCORE)
+    return tuple(spec.split(","))
 
 
 def _options(opts: Mapping[str, Any]) -> dict[str, Any]:
@@ -604,9 +786,11 @@ def _options(opts: Mapping[str, Any]) -> dict[str, Any]:
         o = {"seed": int(opts.get("seed", 0)),
              "aggregators": tuple(str(opts.get("aggregators",
                                                ",".join(DEFAULT_AGGREGATORS))).split(",")),
-             "operators": tuple(str(opts.get("operators", ",".join(OPERATORS))).split(",")),
+             "operators": _operators(str(opts.get("operators", ",".join(OPERATORS))),
+                                     "edit" in opts),
              "paraphrases": int(opts.get("paraphrases", DEFAULT_PARAPHRASES)),
              "paraphrase_file": opts.get("paraphrase_file"),
+             "answers": opts.get("answers"), "edit": opts.get("edit"),
              "n_boot": int(opts.get("n_boot", N_BOOT)), "level": float(opts.get("level", LEVEL)),
              "judge": str(opts.get("judge", "rule"))}
     except ValueError as e:
@@ -614,7 +798,46 @@ def _options(opts: Mapping[str, Any]) -> dict[str, Any]:
     if o["paraphrases"] < 0 or o["n_boot"] < 1 or not 0 < o["level"] < 1:
         raise CliError(f"need paraphrases >= 0, n_boot >= 1, 0 < level < 1; got "
                        f"{o['paraphrases']}, {o['n_boot']}, {o['level']}")
+    try:
+        check_request(o["operators"], o["aggregators"], o["edit"])
+    except ValueError as e:
+        raise CliError(f"{e}\n{USAGE}") from None
     return o
+
+
+def _split_prefixed(argv: Sequence[str], prefix: str) -> tuple[list[str], dict[str, Any]]:
+    """(the other arguments, ``{key: value}`` of the ``PREFIX.key=value`` ones, YAML scalars)."""
+    from rewards.bundle import _scalar
+
+    rest, found = [], {}
+    for a in argv:
+        k, eq, v = a.lstrip("-").partition("=")
+        if eq and k.startswith(prefix + "."):
+            found[k[len(prefix) + 1:]] = _scalar(v)
+        else:
+            rest.append(a)
+    return rest, found
+
+
+def make_editor(name: str, overrides: Mapping[str, Any]) -> Any:
+    """The edit writer (``rewards.audit_edits.ModelEditor``) over an OpenAI-compatible server:
+    ``conf/judge/NAME.yaml`` (e.g. ``openai``) updated with ``edit.KEY=VALUE`` options."""
+    from judges.openai import OpenAIBackend, OpenAIConfig
+    from rewards.audit_edits import ModelEditor
+    from rewards.bundle import CliError, judge_config
+
+    if name != "openai":
+        raise CliError(f"edit={name}: the edit writer is an OpenAI-compatible model "
+                       f"(edit=openai edit.base_url=... edit.model=...)")
+    known = {f.name for f in dataclasses.fields(OpenAIConfig)}
+    base = {k: v for k, v in judge_config(name).items() if k in known}  # the judge's own keys out
+    extra = dict(overrides)
+    max_tokens = int(extra.pop("max_tokens", 2048))
+    try:
+        config = OpenAIConfig.from_dict(base | extra)
+    except ValueError as e:
+        raise CliError(f"edit.*: {e}") from None
+    return ModelEditor(OpenAIBackend(config), max_tokens=max_tokens)
 
 
 def _bundled(rubrics: list[Rubric], judge: Any, aggs: Sequence[str]
@@ -637,8 +860,12 @@ def _report(result: Mapping[str, Any], config: Mapping[str, Any]) -> None:
     print(format_table(result["table"], config["n"], result["exceeds_floor"],
                        result["noise_floor"]))
     print(format_intervals(result["ci"], config["level"], config["n_boot"]))
+    print(format_audit(result["rows"], config["level"], result["no_edit"]))
+    if config["edit_requests"]:
+        print(f"edit writer: {config['edit_requests']} requests, "
+              f"{config['edit_failures']} edits still missing after its retries")
     f = next(iter(result["noise_floor"].values()), {})
-    print(f"paraphrase floor: {f.get('draws', 0)} paraphrases of {f.get('n', 0)} references "
+    print(f"paraphrase floor: {f.get('draws', 0)} paraphrases of {f.get('n', 0)} answers "
           f"({config['paraphrase_source']})")
     if result["skipped"]:
         print(f"skipped {len(result['skipped'])} rubric(s) without a reference answer")
@@ -652,23 +879,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        argv, eopts = _split_prefixed(argv, "edit")
         (src, out_dir), opts, jopts = parse_cli(argv, n_pos=2, usage=USAGE, keys=KEYS)
         o = _options(opts)
+        if eopts and not o["edit"]:
+            raise CliError(f"edit.* options given without edit=openai\n{USAGE}")
     except CliError as e:
         print(e, file=sys.stderr)
         return 2
     rubrics = load_rubrics(src, opts.get("fmt"))
-    given = (load_paraphrases(o["paraphrase_file"], [r.prompt_id for r in rubrics])
-             if o["paraphrase_file"] else None)
+    ids = [r.prompt_id for r in rubrics]
+    given = load_paraphrases(o["paraphrase_file"], ids) if o["paraphrase_file"] else None
+    answers = load_answers(o["answers"], ids) if o["answers"] else None
     judge = judge_from_args(o["judge"], jopts)
+    editor = make_editor(o["edit"], eopts) if o["edit"] else None
     try:
         rubrics, not_bundled = _bundled(list(rubrics), judge, o["aggregators"])
-        audit = AuditOptions(o["paraphrases"], given, o["n_boot"], o["level"])
+        audit = AuditOptions(o["paraphrases"], given, o["n_boot"], o["level"], answers, editor)
         result = perturbation_analysis(rubrics, judge, o["aggregators"], o["operators"],
                                        o["seed"], audit)
     finally:
         judge.close()
+        if editor is not None:
+            editor.close()
     config = {"source": str(src), **o, "n": len(rubrics) - len(result["skipped"]),
+              "edited": "answers file" if answers is not None else "reference answers",
+              "no_edit": result["no_edit"],
+              "edit_requests": editor.requests if editor else 0,
+              "edit_failures": editor.failed if editor else 0,
               "paraphrase_source": (f"file {o['paraphrase_file']}" if given is not None else
                                     f"{o['paraphrases']} rule-based draws each"),
               "not_bundled": [{"prompt_id": p, "reason": why} for p, why in not_bundled]}

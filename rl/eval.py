@@ -281,21 +281,22 @@ def evaluate(task: Any, policy: SamplerPolicy, splits: Sequence[str], max_new_to
 
 def format_table(results: Mapping[str, Any], interval: bool = False) -> str:
     """The splits as rows and the average's metrics as columns; `interval`: each cell a
-    ``lo-hi`` range."""
+    ``[lo, hi]`` range.  Each column is as wide as its widest cell, two spaces apart."""
     names = [k for k in results if not k.startswith("_")]
     cols = [k for k in results["average"]]
-    width = max(11, *(len(c) + 2 for c in cols))
 
     def cell(v: Any) -> str:
         if interval:
-            return f"{v[0]:.3f}-{v[1]:.3f}" if v is not None else "-"
+            return f"[{v[0]:.3f}, {v[1]:.3f}]" if v is not None else "-"
         return f"{v if v is not None else float('nan'):.3f}"
 
-    head = f"{'split':<14}" + "".join(f"{c:>{width}}" for c in cols)
+    cells = {(n, c): cell(results[n].get(c)) for n in names for c in cols}
+    widths = [max([len(c)] + [len(cells[(n, c)]) for n in names]) + 2 for c in cols]
+    head = f"{'split':<14}" + "".join(f"{c:>{w}}" for c, w in zip(cols, widths))
     lines = [head, "-" * len(head)]
     for name in names:
-        row = results[name]
-        lines.append(f"{name:<14}" + "".join(f"{cell(row.get(c)):>{width}}" for c in cols))
+        lines.append(f"{name:<14}" + "".join(f"{cells[(name, c)]:>{w}}"
+                                              for c, w in zip(cols, widths)))
     return "\n".join(lines)
 
 

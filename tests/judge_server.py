@@ -9,7 +9,9 @@ It answers every judge prompt of ``judges.prompts`` with a valid JSON answer, de
 * compare: a response containing ``GOOD`` wins; both or neither -> "tie";
 * induce: two fixed process rubrics; consolidate: one rubric named after the first draft;
 * bundle: the numbered criteria split into two halves, the first with a failure clause;
-* equivalent: true iff a gold occurs in the prediction.
+* equivalent: true iff a gold occurs in the prediction;
+* edit (``rewards.audit_edits``): the answer with `` [edited]`` and the instruction's first
+  word appended, or, for E4, the answer without its first sentence.
 
 Faults are injected by markers in the *first user message* (so a re-ask of the same item, whose
 conversation starts with the same message, counts as the same item):
@@ -17,7 +19,8 @@ conversation starts with the same message, counts as the same item):
 request); kinds: ``500``, ``429`` (with ``Retry-After: 0``), ``400``, ``delay`` (sleep
 ``delay_s`` before answering, past a short client timeout), ``garbage`` (content that is not
 JSON), ``badbody`` (HTTP 200 with a non-JSON body), ``fenced`` (valid answer in a code fence
-with chatter around it). ``injected`` counts every fault actually applied.
+with chatter around it), ``same`` (an edit request answered with the answer unchanged).
+``injected`` counts every fault actually applied.
 """
 
 from __future__ import annotations
@@ -50,6 +53,11 @@ def _sections(text: str) -> dict[str, str]:
 def _answer(system: str, user: str) -> tuple[str, float | None]:
     """(content, P(Yes) for check prompts) for one judge prompt."""
     s = _sections(user)
+    if "Edit" in s and "Answer" in s:
+        answer, instruction = s["Answer"].strip(), user.rsplit("# Edit\n", 1)[-1]
+        if instruction.startswith("Delete"):
+            return answer.split(". ", 1)[-1], None
+        return f"{answer} [edited] {instruction.split()[0]}", None
     checklist = next((v for h, v in s.items() if h.startswith("Checklist")), None)
     if checklist is not None:
         response = s.get("Response to grade", "")
@@ -242,6 +250,8 @@ class FakeJudgeServer:
         content, p_yes = _answer(system, first_user)
         if fault == "garbage":
             content = "I think the answer is probably fine {not json at all"
+        elif fault == "same":
+            content = _sections(first_user).get("Answer", "").strip()
         elif fault == "fenced":
             content = f"Sure! Here is my verdict:\n```json\n{content}\n```\nHope this helps."
         pt = sum(len(str(m.get("content", "")).split()) for m in msgs)

@@ -255,7 +255,7 @@ def test_sampled_evaluation_reports_mean_and_pass_at_k_with_intervals():
     lo, hi = res["_intervals"]["test"]["em_pass@3"]
     assert 0.0 <= lo <= 0.5 <= hi <= 1.0
     table = format_table(res["_intervals"], interval=True)
-    assert "em_pass@3" in table and f"{lo:.3f}-{hi:.3f}" in table
+    assert "em_pass@3" in table and f" [{lo:.3f}, {hi:.3f}]" in table
 
 
 def test_eval_config_refuses_bad_sampling_and_interval_settings():
