@@ -637,7 +637,7 @@ def format_intervals(ci: Mapping[str, Mapping[str, Sequence[float]]], level: flo
     cells = {(o, c): "[" + ", ".join(_cell(x, c) for x in ci[o][c]) + "]" for o in ops
              for c in cols}
     widths = [max([len(c)] + [len(cells[(o, c)]) for o in ops]) for c in cols]
-    lines = [f"{100 * level:g}% bootstrap intervals ({n_boot} resamples over references)",
+    lines = [f"{100 * level:g}% bootstrap intervals ({n_boot} resamples over answers)",
              "operator".ljust(w0) + "  " + "  ".join(c.rjust(w) for c, w in zip(cols, widths))]
     lines += [o.ljust(w0) + "  " + "  ".join(cells[(o, c)].rjust(w) for c, w in
                                             zip(cols, widths)) for o in ops]
@@ -884,6 +884,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         o = _options(opts)
         if eopts and not o["edit"]:
             raise CliError(f"edit.* options given without edit=openai\n{USAGE}")
+        editor = make_editor(o["edit"], eopts) if o["edit"] else None
     except CliError as e:
         print(e, file=sys.stderr)
         return 2
@@ -892,7 +893,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     given = load_paraphrases(o["paraphrase_file"], ids) if o["paraphrase_file"] else None
     answers = load_answers(o["answers"], ids) if o["answers"] else None
     judge = judge_from_args(o["judge"], jopts)
-    editor = make_editor(o["edit"], eopts) if o["edit"] else None
     try:
         rubrics, not_bundled = _bundled(list(rubrics), judge, o["aggregators"])
         audit = AuditOptions(o["paraphrases"], given, o["n_boot"], o["level"], answers, editor)

@@ -170,3 +170,26 @@ def test_answers_files_are_checked_row_by_row(tmp_path):
     bad.write_text('{"id": "a"}\n')
     with pytest.raises(ValueError, match=r"row 1: field 'response'"):
         load_answers(bad, ["a"])
+
+
+def test_the_command_line_has_a_model_write_the_edits(tmp_path, capsys):
+    from tests.judge_server import FakeJudgeServer
+
+    rubrics = tmp_path / "r.jsonl"
+    save_rubrics([_rubric("a")], rubrics)
+    answers = tmp_path / "a.jsonl"
+    answers.write_text(json.dumps({"id": "a", "response": ANSWER}) + "\n")
+    with FakeJudgeServer() as srv:
+        rc = main([str(rubrics), str(tmp_path / "out"), f"answers={answers}",
+                   "operators=E4,E7L", "aggregators=additive", "paraphrases=0", "n_boot=20",
+                   "edit=openai", f"edit.base_url={srv.base_url}", "edit.cache_dir=null"])
+    assert rc == 0, capsys.readouterr().err
+    cases = [json.loads(x) for x in (tmp_path / "out" / "perturb_cases.jsonl").open()]
+    by_op = {c["operator"]: c["text"] for c in cases}
+    # the loopback writer drops E4's first sentence and tags E7L, budget ignored
+    assert by_op == {"E4": "Try reading before bed.", "E7L": ANSWER + " [edited] Work"}
+    table = json.loads((tmp_path / "out" / "perturb_table.json").read_text())
+    assert table["table"]["E4"]["additive"] == pytest.approx(-5 / 13)
+    assert table["config"]["edit_requests"] == 2 and table["config"]["edit_failures"] == 0
+    assert main([str(rubrics), str(tmp_path / "o2"), "edit=openai", "edit.nope=1"]) == 2
+    assert "unknown OpenAI judge option(s): nope" in capsys.readouterr().err
