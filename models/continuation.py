@@ -59,7 +59,14 @@ from models.sampler import (
 )
 from models.sharding import batch_shards, constrain_rows, row_shardings
 from models.tokenizer import Tokenizer
-from models.transformer import KVCache, Params, forward_with_cache, unstack_layers
+from models.transformer import (
+    KVCache,
+    Params,
+    forward_with_cache,
+    kv_layout,
+    slot_axes,
+    unstack_layers,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,17 +250,19 @@ def decode_in_place(cfg: ModelConfig, params: Params, state: Frontier, rows: jax
     return decoded._replace(frontier=constrain_rows(_put(state, rows, decoded.frontier), mesh))
 
 
-@functools.partial(jax.jit, static_argnames="slots")
-def _grown(state: Frontier, slots: int) -> Frontier:
-    """``state`` with its cache widened to `slots` slots (empty ones after)."""
+@functools.partial(jax.jit, static_argnames=("slots", "layout"))
+def _grown(state: Frontier, slots: int, layout: str) -> Frontier:
+    """``state`` with its cache (in ``layout``, ``models.transformer.kv_layout``) widened to
+    `slots` slots (empty ones after)."""
     def pad(x: jax.Array, axis: int) -> jax.Array:
         widths = [(0, 0)] * x.ndim
         widths[axis] = (0, slots - x.shape[axis])
         return jnp.pad(x, widths)
 
     k, v, valid = state.cache
-    return state._replace(cache=KVCache(tuple(pad(x, 3) for x in k),
-                                        tuple(pad(x, 2) for x in v), pad(valid, 1)))
+    key_axis, value_axis = slot_axes(layout)
+    return state._replace(cache=KVCache(tuple(pad(x, key_axis) for x in k),
+                                        tuple(pad(x, value_axis) for x in v), pad(valid, 1)))
 
 
 # ----------------------------------------------------------------------------- host side
@@ -290,7 +299,7 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
                    for d, a, n in zip(device_rows, appended, limits)))
     front = state.frontier()
     if need > state.capacity:
-        front = _grown(front, round_up(need, 256))
+        front = _grown(front, round_up(need, 256), kv_layout(mesh))
         if continuation.consume:
             _delete(state)
     elif not continuation.consume:

@@ -37,6 +37,8 @@ from models.transformer import (
     KVCache,
     Params,
     forward_with_cache,
+    kv_layout,
+    slot_axes,
     unembed,
     unembedding,
     unstack_layers,
@@ -397,7 +399,8 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
         hidden, cache = forward_with_cache(
             cfg, params, tok[:, None], ~s.done[:, None],
             positions=(start.n_tokens + s.step)[:, None], cache=s.cache,
-            cache_index=first + (s.lengths if first_slot is None else s.step))
+            cache_index=first + (s.lengths if first_slot is None else s.step),
+            mesh=settings.mesh)
         return constrain_rows(DecodeLoop(
             step=s.step + 1, key=s.key,
             tokens=s.tokens.at[:, s.step].set(tok), logprobs=s.logprobs.at[:, s.step].set(logp),
@@ -461,8 +464,9 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
     picks it (``trainer.prefill_pin_rows``) and ``rl.plan`` compiles the config's choice."""
     params = unstack_layers(params)
     rows, width = prompts.rows, prompts.tokens.shape[1]
+    layout = kv_layout(mesh)
     cache = constrain_rows(KVCache.zeros(cfg, prompts.tokens.shape[0], width,
-                                         jnp.dtype(cache_dtype)), mesh)
+                                         jnp.dtype(cache_dtype), layout), mesh)
     hidden, cache = forward_with_cache(cfg, params, prompts.tokens, prompts.mask, cache=cache,
                                        cache_index=0, mesh=mesh, pin_rows=pin_rows)
 
@@ -471,8 +475,9 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
         pad[axis] = (0, max(cache_len - width, 0))
         return jnp.pad(_take_rows(x, rows), pad)
 
-    cache = KVCache(tuple(grown(k, 3) for k in cache.k), tuple(grown(v, 2) for v in cache.v),
-                    grown(cache.valid, 1))
+    key_axis, value_axis = slot_axes(layout)
+    cache = KVCache(tuple(grown(k, key_axis) for k in cache.k),
+                    tuple(grown(v, value_axis) for v in cache.v), grown(cache.valid, 1))
     last = hidden[rows, -1] if rows.ndim == 1 else _take_rows(hidden[:, -1], rows)
     return constrain_rows(Frontier(
         cache, logits=row_logits(cfg, params, last, mesh),

@@ -17,9 +17,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.layout import Layout, with_layout_constraint
+from jax.sharding import PartitionSpec
 
 from models.config import ModelConfig
-from models.constraints import shard_rows, shard_tree_rows
+from models.constraints import row_axes, shard_rows, shard_tree_rows
 
 Params = dict[str, Any]
 NEG_INF = -1e30  # finite, so a fully masked row (left padding) gives a uniform softmax, not NaN
@@ -182,9 +184,14 @@ def _masked_softmax(scores: jax.Array, mask: jax.Array, hd: int) -> jax.Array:
     return jax.nn.softmax(jnp.where(mask, scores * (1.0 / np.sqrt(hd)), NEG_INF), axis=-1)
 
 
+#: KV cache layouts (:func:`kv_layout`).
+DEFAULT_LAYOUT, TPU_LAYOUT = "default", "tpu"
+
+
 class KVCache(NamedTuple):
     """Keys and values, one buffer per layer (a tuple of L arrays each: keys [B,KV,hd,S],
-    values [B,KV,S,hd], layouts: see :func:`cached_keys`), and which slots hold real tokens,
+    values [B,KV,S,hd], or their transposes on TPU: see :func:`kv_layout`), and
+    which slots hold real tokens,
     [B,S]. Per-layer buffers, like the per-layer weights of :func:`unstack_layers`, keep a
     decode loop from slicing (copying) stacked arrays at every step."""
 
@@ -193,30 +200,65 @@ class KVCache(NamedTuple):
     valid: jax.Array
 
     @staticmethod
-    def zeros(cfg: ModelConfig, batch: int, length: int, dtype: Any = jnp.float32) -> KVCache:
-        """An empty cache of `length` slots. On an accelerator bfloat16 halves the cache; on
-        CPU float32 is faster (a decode step reads a float32 cache faster than it converts
-        a bfloat16 one, and a several-token forward reads a bfloat16 cache in float32)."""
-        k_shape = (batch, cfg.num_kv_heads, cfg.head_dim, length)
-        v_shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
+    def zeros(cfg: ModelConfig, batch: int, length: int, dtype: Any = jnp.float32,
+              layout: str = DEFAULT_LAYOUT) -> KVCache:
+        """An empty cache of `length` slots in ``layout`` (:func:`kv_layout`). On an
+        accelerator bfloat16 halves the cache; on CPU float32 is faster (a decode step reads a
+        float32 cache faster than it converts a bfloat16 one, and a several-token forward
+        reads a bfloat16 cache in float32)."""
+        kv, hd = cfg.num_kv_heads, cfg.head_dim
+        k_shape, v_shape = (batch, kv, hd, length), (batch, kv, length, hd)
+        if layout != DEFAULT_LAYOUT:
+            k_shape, v_shape = v_shape, k_shape
         n = cfg.num_layers
         return KVCache(tuple(jnp.zeros(k_shape, dtype) for _ in range(n)),
                        tuple(jnp.zeros(v_shape, dtype) for _ in range(n)),
                        jnp.zeros((batch, length), bool))
 
 
-def cached_keys(k: jax.Array) -> jax.Array:
-    """Keys [B,T,KV,hd] as projected -> [B,KV,hd,T] as cached and attended over.
+def kv_layout(mesh: Any = None) -> str:
+    """How a KV cache stores each layer on the platform a program runs on (the mesh's
+    devices', else JAX's default backend: ``rl.plan`` compiles for TPU on a CPU host).
+
+    ``"default"`` (CPU, GPU): keys [B,KV,hd,S] (slot-minor), values [B,KV,S,hd] (see
+    :func:`cached_keys`); rows write at their own slots by a scatter.
+    ``"tpu"``: the transposes, keys [B,KV,S,hd] and values [B,KV,hd,S], kept in their default
+    layout inside a program, rows writing by one ``dynamic_update_slice`` each
+    (:func:`_write_each_row`). The TPU compiler gives a scatter's operand, and a dot's, a
+    layout of its own choosing; a program that carries the cache through a loop of them (a
+    decode chunk, the multi-turn read) then copied every layer of the cache into that layout
+    (Qwen3-4B, 320 rows x 2,304 slots on v5e-16, libtpu 0.0.42: a chunk's decode 7.1 GiB of
+    temporaries per chip, 0.6 this way; the read 10.1, 7.4 this way)."""
+    platform = (next(iter(mesh.devices.flat)).platform if mesh is not None
+                else jax.default_backend())
+    return TPU_LAYOUT if platform == "tpu" else DEFAULT_LAYOUT
+
+
+def slot_axes(layout: str = DEFAULT_LAYOUT) -> tuple[int, int]:
+    """(the keys' slot axis, the values' slot axis) of a cache layer in ``layout``."""
+    return (3, 2) if layout == DEFAULT_LAYOUT else (2, 3)
+
+
+def cached_keys(k: jax.Array, layout: str = DEFAULT_LAYOUT) -> jax.Array:
+    """Keys [B,T,KV,hd] as projected -> as cached: [B,KV,hd,T] (``"default"``, as attended
+    over) or [B,KV,T,hd] (``"tpu"``, :func:`kv_layout`).
 
     Keys slot-minor and values [B,KV,S,hd] (see :func:`cached_values`) put the axis that a
     decode step's multiply-and-reduce sums over (hd for q.k, slots for p.v) outside the one
     it vectorises along (see :func:`attention`)."""
-    return k.transpose(0, 2, 3, 1)
+    return k.transpose(0, 2, 3, 1) if layout == DEFAULT_LAYOUT else k.transpose(0, 2, 1, 3)
 
 
-def cached_values(v: jax.Array) -> jax.Array:
-    """Values [B,T,KV,hd] as projected -> [B,KV,T,hd] as cached (see :func:`cached_keys`)."""
-    return v.transpose(0, 2, 1, 3)
+def cached_values(v: jax.Array, layout: str = DEFAULT_LAYOUT) -> jax.Array:
+    """Values [B,T,KV,hd] as projected -> as cached: [B,KV,T,hd] (``"default"``) or
+    [B,KV,hd,T] (``"tpu"``; see :func:`cached_keys`)."""
+    return v.transpose(0, 2, 1, 3) if layout == DEFAULT_LAYOUT else v.transpose(0, 2, 3, 1)
+
+
+def attended(k: jax.Array, v: jax.Array, layout: str) -> tuple[jax.Array, jax.Array]:
+    """A cache layer's keys and values in ``layout`` as :func:`attention` reads them (the
+    ``"default"`` layout; for the TPU's, transposed views the compiler lays out for free)."""
+    return (k, v) if layout == DEFAULT_LAYOUT else (k.swapaxes(2, 3), v.swapaxes(2, 3))
 
 
 def unstack_layers(params: Params) -> Params:
@@ -323,30 +365,38 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
     embedding and every layer (``models.constraints.shard_rows``, as ``forward`` does in
     training); otherwise they are left to GSPMD. The prefill pins as its config says
     (``models.sampler.prefill``: which is smaller depends on the model, prompts and
-    shards). The continuation's read does not: pinned, the Qwen3-4B read (320 rows,
-    128-token blocks, v5e:4x4) took 8.4 GiB instead of 3.5 (libtpu 0.0.42).
+    shards); the continuation's read pins (``models.continuation.read_in_place``).
+
+    The cache is in the layout of ``mesh``'s platform (:func:`kv_layout`).
     """
     t = tokens.shape[1]
     attn_mask, positions = _mask_and_positions(tokens, attn_mask, positions)
     inv_freq = jnp.asarray(rope_inv_freq(cfg))
     at = jnp.asarray(cache_index, jnp.int32)
     written = (at[:, None] if at.ndim else at[None, None]) + jnp.arange(t)  # [B|1,T] slots
-    valid = _write_at(cache.valid, attn_mask, at, axis=1)
+    valid = _write_at(cache.valid, attn_mask, at, axis=1, by_row=kv_layout(mesh) != DEFAULT_LAYOUT)
     causal = jnp.arange(cache.valid.shape[1]) <= written[:, :, None]  # [B|1,T,S]
     mask = causal & valid[:, None, :]
     # the tokens attend over the cache's used prefix only
     attend_over = functools.partial(prefix_attention, last_slot=jnp.max(written))
     # a several-token forward reads a bfloat16 cache in float32 on CPU
     upcast = t > 1 and _no_bf16_dot_on_buffers(cache.k[0].dtype, mesh)
+    layout = kv_layout(mesh)
+    key_axis, value_axis = slot_axes(layout)
+    by_row = layout != DEFAULT_LAYOUT  # see _write_at
 
     def write(ck: jax.Array, cv: jax.Array, k: jax.Array, v: jax.Array):
-        """Write the new keys/values at slot `cache_index` of one layer's cache (keys
-        [B,KV,hd,S], values [B,KV,S,hd])."""
-        k, v = cached_keys(k).astype(ck.dtype), cached_values(v).astype(cv.dtype)
-        ck, cv = _write_at(ck, k, at, axis=3), _write_at(cv, v, at, axis=2)
+        """Write the new keys/values at slot `cache_index` of one layer's cache (in
+        ``layout``); give them back as attended (:func:`attended`)."""
+        k, v = cached_keys(k, layout).astype(ck.dtype), cached_values(v, layout).astype(cv.dtype)
+        ck = _write_at(ck, k, at, axis=key_axis, by_row=by_row)
+        cv = _write_at(cv, v, at, axis=value_axis, by_row=by_row)
+        if by_row:
+            ck, cv = _as_stored(ck), _as_stored(cv)
+        keys, values = attended(ck, cv, layout)
         if upcast:
-            return ck.astype(jnp.float32), cv.astype(jnp.float32), (ck, cv)
-        return ck, cv, (ck, cv)
+            return keys.astype(jnp.float32), values.astype(jnp.float32), (ck, cv)
+        return keys, values, (ck, cv)
 
     pin = shard_rows if pin_rows else (lambda a: a)
     x, ks, vs = pin(params["embed"][tokens]), [], []
@@ -361,12 +411,21 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
     return x, KVCache(tuple(ks), tuple(vs), valid)
 
 
-def _write_at(buffer: jax.Array, new: jax.Array, at: jax.Array, axis: int) -> jax.Array:
+def _write_at(buffer: jax.Array, new: jax.Array, at: jax.Array, axis: int,
+              by_row: bool = False) -> jax.Array:
     """``buffer`` with ``new`` written along `axis` from slot ``at``: one slot for every row
-    (a dense ``dynamic_update_slice``) or one per row, [B] (:func:`_write_rows`)."""
+    (a dense ``dynamic_update_slice``) or one per row, [B]: a scatter (:func:`_write_rows`),
+    or with ``by_row`` one ``dynamic_update_slice`` per row (:func:`_write_each_row`)."""
     if at.ndim:
+        if by_row:
+            return _write_each_row(buffer, new, at, axis)
         return _write_rows(buffer, new, at[:, None] + jnp.arange(new.shape[axis]), axis)
     return jax.lax.dynamic_update_slice_in_dim(buffer, new, at, axis=axis)
+
+
+def _as_stored(buffer: jax.Array) -> jax.Array:
+    """``buffer`` kept in its arrays' default (row-major) layout inside a program."""
+    return with_layout_constraint(buffer, Layout(tuple(range(buffer.ndim))))
 
 
 def _write_rows(buffer: jax.Array, new: jax.Array, slots: jax.Array, axis: int) -> jax.Array:
@@ -377,6 +436,45 @@ def _write_rows(buffer: jax.Array, new: jax.Array, slots: jax.Array, axis: int) 
         return row.at[index].set(values, mode="drop")
 
     return jax.vmap(one)(buffer, new, slots)
+
+
+def _write_each_row(buffer: jax.Array, new: jax.Array, at: jax.Array, axis: int) -> jax.Array:
+    """:func:`_write_rows` for the slots ``at[b] + [0, T)`` as one in-place
+    ``dynamic_update_slice`` per row, in a loop over each device's own rows (under the
+    context mesh, manual over its batch axes only).
+
+    Why not the scatter: the TPU compiler lays a scatter's operand out with its slots next to
+    its rows, unlike the cache's own layout, so a loop carrying the cache through one (a
+    decode chunk) copied every layer of it (Qwen3-4B, 320 rows x 2,304 slots on v5e-16,
+    libtpu 0.0.42: 7.1 GiB of temporaries per chip; 0.4 this way). A window that overhangs
+    the buffer's end keeps the slots it would clamp onto (slots past the end are dropped, as
+    the scatter drops them)."""
+    s, t = buffer.shape[axis], new.shape[axis]
+
+    def local(buffer: jax.Array, new: jax.Array, at: jax.Array) -> jax.Array:
+        def one(b: jax.Array, buf: jax.Array) -> jax.Array:
+            start = jnp.clip(at[b], 0, max(s - t, 0))
+            row = jax.lax.dynamic_slice_in_dim(buf, b, 1, 0)
+            old = jax.lax.dynamic_slice_in_dim(row, start, t, axis)
+            src = jnp.arange(t) + start - at[b]  # the new token each window slot takes
+            shape = [1] * buf.ndim
+            shape[axis] = t
+            keep = ((src < 0) | (src >= t)).reshape(shape)
+            values = jnp.take(jax.lax.dynamic_slice_in_dim(new, b, 1, 0),
+                              jnp.clip(src, 0, t - 1), axis=axis)
+            return jax.lax.dynamic_update_slice_in_dim(
+                buf, jax.lax.dynamic_update_slice_in_dim(row, jnp.where(keep, old, values),
+                                                         start, axis), b, 0)
+
+        return jax.lax.fori_loop(0, buffer.shape[0], one, buffer)
+
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = () if mesh.empty else row_axes(dict(mesh.shape), buffer.shape[0])
+    if not axes:
+        return local(buffer, new, at)
+    rows = PartitionSpec(axes[0] if len(axes) == 1 else axes)
+    return jax.shard_map(local, mesh=mesh, in_specs=(rows, rows, rows), out_specs=rows,
+                         axis_names=set(axes))(buffer, new, at)
 
 
 def _mask_and_positions(tokens: jax.Array, attn_mask: jax.Array | None,
