@@ -399,14 +399,12 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
         hidden, cache = forward_with_cache(
             cfg, params, tok[:, None], ~s.done[:, None],
             positions=(start.n_tokens + s.step)[:, None], cache=s.cache,
-            cache_index=first + (s.lengths if first_slot is None else s.step),
-            mesh=settings.mesh)
+            cache_index=first + (s.lengths if first_slot is None else s.step), mesh=mesh)
         return constrain_rows(DecodeLoop(
             step=s.step + 1, key=s.key,
             tokens=s.tokens.at[:, s.step].set(tok), logprobs=s.logprobs.at[:, s.step].set(logp),
             lengths=jnp.where(s.done, s.lengths, s.step + 1),
-            finish=jnp.where(newly_done, reason, s.finish), done=s.done | newly_done,
-            cache=cache,
+            finish=jnp.where(newly_done, reason, s.finish), done=s.done | newly_done, cache=cache,
             logits=jnp.where(s.done[:, None], s.logits,
                              row_logits(cfg, params, hidden[:, 0], mesh)),
             stop_state=jnp.where(s.done, s.stop_state,

@@ -374,29 +374,14 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
     inv_freq = jnp.asarray(rope_inv_freq(cfg))
     at = jnp.asarray(cache_index, jnp.int32)
     written = (at[:, None] if at.ndim else at[None, None]) + jnp.arange(t)  # [B|1,T] slots
-    valid = _write_at(cache.valid, attn_mask, at, axis=1, by_row=kv_layout(mesh) != DEFAULT_LAYOUT)
+    layout = kv_layout(mesh)
+    valid = _write_at(cache.valid, attn_mask, at, axis=1, by_row=layout != DEFAULT_LAYOUT)
     causal = jnp.arange(cache.valid.shape[1]) <= written[:, :, None]  # [B|1,T,S]
     mask = causal & valid[:, None, :]
     # the tokens attend over the cache's used prefix only
     attend_over = functools.partial(prefix_attention, last_slot=jnp.max(written))
     # a several-token forward reads a bfloat16 cache in float32 on CPU
-    upcast = t > 1 and _no_bf16_dot_on_buffers(cache.k[0].dtype, mesh)
-    layout = kv_layout(mesh)
-    key_axis, value_axis = slot_axes(layout)
-    by_row = layout != DEFAULT_LAYOUT  # see _write_at
-
-    def write(ck: jax.Array, cv: jax.Array, k: jax.Array, v: jax.Array):
-        """Write the new keys/values at slot `cache_index` of one layer's cache (in
-        ``layout``); give them back as attended (:func:`attended`)."""
-        k, v = cached_keys(k, layout).astype(ck.dtype), cached_values(v, layout).astype(cv.dtype)
-        ck = _write_at(ck, k, at, axis=key_axis, by_row=by_row)
-        cv = _write_at(cv, v, at, axis=value_axis, by_row=by_row)
-        if by_row:
-            ck, cv = _as_stored(ck), _as_stored(cv)
-        keys, values = attended(ck, cv, layout)
-        if upcast:
-            return keys.astype(jnp.float32), values.astype(jnp.float32), (ck, cv)
-        return keys, values, (ck, cv)
+    write = _cache_writer(layout, at, t > 1 and _no_bf16_dot_on_buffers(cache.k[0].dtype, mesh))
 
     pin = shard_rows if pin_rows else (lambda a: a)
     x, ks, vs = pin(params["embed"][tokens]), [], []
@@ -409,6 +394,28 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
         vs.append(cv)
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     return x, KVCache(tuple(ks), tuple(vs), valid)
+
+
+def _cache_writer(layout: str, at: jax.Array, upcast: bool) -> Any:
+    """``write(ck, cv, k, v)`` for :func:`forward_with_cache`: the new keys and values [B,T,KV,hd]
+    written into one layer's cache (in ``layout``) from slot ``at`` (one, or one per row), then
+    given back as attended (:func:`attended`; in float32 with ``upcast``) with the written
+    cache."""
+    key_axis, value_axis = slot_axes(layout)
+    by_row = layout != DEFAULT_LAYOUT  # see _write_at
+
+    def write(ck: jax.Array, cv: jax.Array, k: jax.Array, v: jax.Array):
+        k, v = cached_keys(k, layout).astype(ck.dtype), cached_values(v, layout).astype(cv.dtype)
+        ck = _write_at(ck, k, at, axis=key_axis, by_row=by_row)
+        cv = _write_at(cv, v, at, axis=value_axis, by_row=by_row)
+        if by_row:
+            ck, cv = _as_stored(ck), _as_stored(cv)
+        keys, values = attended(ck, cv, layout)
+        if upcast:
+            return keys.astype(jnp.float32), values.astype(jnp.float32), (ck, cv)
+        return keys, values, (ck, cv)
+
+    return write
 
 
 def _write_at(buffer: jax.Array, new: jax.Array, at: jax.Array, axis: int,

@@ -46,6 +46,13 @@ from typing import Any
 import numpy as np
 
 from rewards.rubric import Criterion, Rubric
+from rewards.text_edits import (
+    append_sentence,
+    delete_sentence_overlapping,
+    paraphrase,
+    sentence_spans,
+    word_stems,
+)
 
 FAMILIES = ("E1", "E1b", "E2", "E3", "E4", "E5", "E6", "E7", "E6L", "E7L")
 #: Families a rubric can build without a model (``rule_edit``).
@@ -192,10 +199,8 @@ def meet_first_requirement(case: EditCase) -> str | None:
 def add_needless_step(case: EditCase) -> str | None:
     """E3: append one of ``NEEDLESS_SENTENCES`` (seeded); generic, not tailored to the
     question (a writer tailors it)."""
-    from rewards.perturb import _append
-
     pick = int(np.random.default_rng(case.seed).integers(len(NEEDLESS_SENTENCES)))
-    return _append(case.answer, NEEDLESS_SENTENCES[pick])
+    return append_sentence(case.answer, NEEDLESS_SENTENCES[pick])
 
 
 def _key(c: Criterion) -> str:
@@ -206,8 +211,6 @@ def drop_key_sentence(case: EditCase) -> str | None:
     """E4: delete the answer's sentence that overlaps most (shared 5-letter word stems) with
     the heaviest criterion the answer meets; the next one when that shares no word with any
     sentence.  Meets nothing, or nothing overlaps: ``None``."""
-    from rewards.perturb import delete_sentence_overlapping
-
     for i in _met(case):
         out = delete_sentence_overlapping(case.answer, _key(case.rubric.criteria[i]), case.seed)
         if out != case.answer:
@@ -216,10 +219,8 @@ def drop_key_sentence(case: EditCase) -> str | None:
 
 
 def paraphrase_answer(case: EditCase) -> str | None:
-    """E5: ``rewards.perturb.paraphrase`` (rule-based surface rewrites and one swap of
+    """E5: ``rewards.text_edits.paraphrase`` (rule-based surface rewrites and one swap of
     neighbouring sentences; a writer paraphrases meaning)."""
-    from rewards.perturb import paraphrase
-
     return paraphrase(case.answer, case.seed)
 
 
@@ -228,16 +229,14 @@ def add_reference_substance(case: EditCase, most: int = 3) -> str | None:
     reference answer that overlaps most with the criterion (shared word stems; not already in
     the answer, each sentence once); append up to ``most`` of them as a paragraph.  No
     reference answer or no overlapping sentence: ``None``."""
-    from rewards.perturb import _stems, sentence_spans
-
     ref = (case.rubric.reference_answer or "").strip()
     if not ref:
         return None
     sentences = [ref[s:e].strip() for s, e in sentence_spans(ref)]
     have, chosen = case.answer.lower(), []
     for i in _unmet(case):
-        want = _stems(_key(case.rubric.criteria[i]))
-        scored = [(len(_stems(s) & want), -j, s) for j, s in enumerate(sentences)
+        want = word_stems(_key(case.rubric.criteria[i]))
+        scored = [(len(word_stems(s) & want), -j, s) for j, s in enumerate(sentences)
                   if s not in chosen and s.lower() not in have]
         best = max(scored, default=(0, 0, ""))
         if best[0] > 0:

@@ -57,8 +57,9 @@ with a warning naming it and its reason, a printed count, and ``config.not_bundl
 (``[{prompt_id, reason}]``) in ``perturb_table.json``.  Rows without an answer to edit are
 skipped and counted; ``config.no_edit`` counts, per family, the answers it could not edit.
 
-Noise floor and intervals: each reference is also paraphrased (``paraphrase``: meaning-preserving
-surface rewrites, ``paraphrases`` seeded draws; or the texts of ``paraphrase_file``, JSONL rows
+Noise floor and intervals: each answer is also paraphrased (``rewards.text_edits.paraphrase``:
+meaning-preserving surface rewrites, ``paraphrases`` seeded draws; or the texts of
+``paraphrase_file``, JSONL rows
 ``{"prompt_id", "text"}``) and scored; per column the floor is ``mean_b mean_j |R(para_j(x_b)) -
 R(x_b)|`` (``noise_floor_row``).  Every operator's mean change gets a percentile bootstrap
 interval over references (``rewards.bootstrap``), and ``exceeds_floor`` says whether that whole
@@ -88,6 +89,14 @@ import numpy as np
 from core.files import write_atomic
 from rewards.bootstrap import LEVEL, N_BOOT, bootstrap_ci
 from rewards.rubric import Rubric, load_rubrics
+from rewards.text_edits import (
+    append_sentence,
+    delete_sentence_overlapping,
+    join_edit,
+    paraphrase,
+    pick_index,
+    sentence_spans,
+)
 
 #: Reason connectives: a sentence with one of these after its head *explains* its item.
 REASON_PATTERN = (
@@ -112,41 +121,7 @@ FILLER_SENTENCES = (
     "Keep in mind that small changes can add up over the course of time.",
 )
 
-_SENTENCE = re.compile(r"[^\s][^.!?\n]*(?:[.!?]+[\"')\]]*|(?=\n)|$)")
-_WORD = re.compile(r"[A-Za-z]{3,}")
-_RULE_WORDS = frozenset(
-    "iregex regex contains contains_all contains_any starts_with ends_with not count bullets "
-    "tag json feature min_words max_words min_chars max_chars min_lines max_lines".split()
-)
-_STOP = frozenset(
-    "the and for with that this from your you are was were have has had not but all any can "
-    "will into out about more most mentions explains why response answer recommends".split()
-)
-
 Operator = Callable[[str, int, Rubric | None], str]
-
-
-def sentence_spans(text: str) -> list[tuple[int, int]]:
-    """(start, end) of every sentence (a run ending in . ! ? or a line end)."""
-    return [m.span() for m in _SENTENCE.finditer(text) if m.group().strip()]
-
-
-def _pick(n: int, seed: int) -> int:
-    return int(np.random.default_rng(seed).integers(n))
-
-
-def _join_edit(text: str, start: int, end: int, new: str) -> str:
-    """Replace ``text[start:end]`` by ``new``; on deletion, swallow the following spaces."""
-    if not new:
-        while end < len(text) and text[end] in " \t":
-            end += 1
-    return text[:start] + new + text[end:]
-
-
-def _append(text: str, sentence: str) -> str:
-    body = text.rstrip()
-    sep = "\n" if "\n" in body else " "
-    return f"{body}{sep}{sentence}" if body else sentence
 
 
 def name_only(text: str, seed: int = 0, rubric: Rubric | None = None) -> str:
@@ -161,40 +136,21 @@ def name_only(text: str, seed: int = 0, rubric: Rubric | None = None) -> str:
             cands.append((s, e, m.start()))
     if not cands:
         return text
-    s, e, cut = cands[_pick(len(cands), seed)]
+    s, e, cut = cands[pick_index(len(cands), seed)]
     head = text[s:cut].rstrip(" ,;:-\u2014").rstrip()
-    return _join_edit(text, s, e, head + ".")
+    return join_edit(text, s, e, head + ".")
 
 
 def add_unsupported_high_risk(text: str, seed: int = 0, rubric: Rubric | None = None) -> str:
     """Append one unsupported high-risk recommendation (``seed`` picks which)."""
     del rubric
-    return _append(text, HIGH_RISK_SENTENCES[_pick(len(HIGH_RISK_SENTENCES), seed)])
-
-
-def _stems(text: str) -> set[str]:
-    words = (w.lower() for w in _WORD.findall(text))
-    return {w[:5] for w in words if w not in _RULE_WORDS and w not in _STOP}
+    return append_sentence(text, HIGH_RISK_SENTENCES[pick_index(len(HIGH_RISK_SENTENCES), seed)])
 
 
 def top_criterion(rubric: Rubric) -> int:
     """Index of the top-weighted criterion (the first on ties)."""
     w = rubric.weights
     return max(range(len(w)), key=lambda i: (w[i], -i))
-
-
-def delete_sentence_overlapping(text: str, key: str, seed: int = 0) -> str:
-    """Delete the sentence with the largest stem overlap with ``key`` (``seed`` breaks ties).
-    No overlap at all: the text is returned unchanged."""
-    spans = sentence_spans(text)
-    want = _stems(key)
-    scores = [len(_stems(text[s:e]) & want) for s, e in spans]
-    if not scores or max(scores) == 0:
-        return text
-    best = [i for i, v in enumerate(scores) if v == max(scores)]
-    s, e = spans[best[_pick(len(best), seed)]]
-    out = _join_edit(text, s, e, "")
-    return re.sub(r"\n{3,}", "\n\n", out).strip()
 
 
 def delete_key_recommendation(text: str, seed: int = 0, rubric: Rubric | None = None) -> str:
@@ -210,77 +166,14 @@ def padding(text: str, seed: int = 0, rubric: Rubric | None = None, sentences: i
     del rubric
     order = np.random.default_rng(seed).permutation(len(FILLER_SENTENCES))
     filler = " ".join(FILLER_SENTENCES[int(i)] for i in order[:sentences])
-    return _append(text, filler)
+    return append_sentence(text, filler)
 
 
 # --------------------------------------------------------------------------------------------
 # the paraphrase-noise floor
 # --------------------------------------------------------------------------------------------
 
-#: Meaning-preserving rewrites (source -> replacement, whole words, case-insensitive): contractions
-#: both ways and near-synonymous phrases.  Reason connectives and content words are left alone.
-PARAPHRASE_RULES: tuple[tuple[str, str], ...] = (
-    ("do not", "don't"), ("don't", "do not"), ("does not", "doesn't"), ("doesn't", "does not"),
-    ("is not", "isn't"), ("isn't", "is not"), ("are not", "aren't"), ("aren't", "are not"),
-    ("it is", "it's"), ("it's", "it is"), ("you are", "you're"), ("you're", "you are"),
-    ("cannot", "can't"), ("can't", "cannot"), ("will not", "won't"), ("won't", "will not"),
-    ("that is", "that's"), ("that's", "that is"), ("you will", "you'll"), ("you'll", "you will"),
-    ("make sure", "be sure"), ("be sure", "make sure"), ("try to", "aim to"),
-    ("for example", "for instance"), ("for instance", "for example"), ("a lot of", "plenty of"),
-    ("lots of", "plenty of"), ("every day", "daily"), ("often", "frequently"),
-    ("frequently", "often"), ("usually", "typically"), ("typically", "usually"),
-    ("large", "big"), ("big", "large"), ("choose", "pick"), ("keep in mind", "remember"),
-)
-_PARAPHRASE_RE = re.compile(
-    r"\b(?:" + "|".join(re.escape(a) for a, _ in
-                        sorted(PARAPHRASE_RULES, key=lambda r: -len(r[0]))) + r")(?![\w'])",
-    re.IGNORECASE)
-_PARAPHRASE_TO = {a: b for a, b in PARAPHRASE_RULES}
-PARAPHRASE = "paraphrase"
-
-
-def _same_case(src: str, new: str) -> str:
-    return new[:1].upper() + new[1:] if src[:1].isupper() else new
-
-
-def reword(text: str, seed: int = 0) -> str:
-    """Apply each rule of ``PARAPHRASE_RULES`` with probability 1/2 (one seeded coin per rule,
-    all occurrences alike), in one pass so a rewrite is never rewritten back."""
-    rng = np.random.default_rng(seed)
-    on = {a for a, _ in PARAPHRASE_RULES if rng.random() < 0.5}
-
-    def sub(m: re.Match) -> str:
-        src = m.group()
-        key = src.lower()
-        return _same_case(src, _PARAPHRASE_TO[key]) if key in on else src
-
-    return _PARAPHRASE_RE.sub(sub, text)
-
-
-def swap_adjacent_sentences(text: str, seed: int = 0) -> str:
-    """Swap two neighbouring sentences after the first (``seed`` picks which), both ending in
-    ``.``, ``!`` or ``?``: a list of independent tips says the same in either order, and the
-    opening sentence stays where an "answers first" check looks.  Fewer than three such
-    sentences: unchanged."""
-    spans = [(s, e) for s, e in sentence_spans(text) if text[s:e].rstrip(" \"')]").endswith(
-        (".", "!", "?"))]
-    cands = list(range(1, len(spans) - 1))
-    if not cands:
-        return text
-    i = cands[_pick(len(cands), seed)]
-    (s1, e1), (s2, e2) = spans[i], spans[i + 1]
-    return text[:s1] + text[s2:e2] + text[e1:s2] + text[s1:e1] + text[e2:]
-
-
-def paraphrase(text: str, seed: int = 0, rubric: Rubric | None = None) -> str:
-    """A meaning-preserving rewrite (the noise-floor probe, not an edit operator): ``reword``
-    then ``swap_adjacent_sentences``, both seeded.  Rule-based, so it only reaches surface form;
-    give LLM-written paraphrases with ``paraphrase_file=`` for a judge that reads meaning."""
-    del rubric
-    seeds = np.random.default_rng([seed, 7]).integers(2**31 - 1, size=2)
-    return swap_adjacent_sentences(reword(text, int(seeds[0])), int(seeds[1]))
-
-
+PARAPHRASE = "paraphrase"  # the noise floor's rows (not an operator)
 OPERATORS: dict[str, Operator] = {
     "name_only": name_only,
     "add_unsupported_high_risk": add_unsupported_high_risk,
@@ -703,40 +596,16 @@ def write_outputs(result: Mapping[str, Any], out_dir: str | Path, config: Mappin
     return paths
 
 
-def load_paraphrases(path: str | Path, prompt_ids: Sequence[str]) -> dict[str, list[str]]:
-    """``{prompt_id: [text, ...]}`` from a JSONL file of ``{"prompt_id", "text"}`` rows (e.g.
-    paraphrases an LLM wrote); every bad row is named by file, row and field, and a
-    ``prompt_id`` that is not in the rubric file is refused."""
+def _id_text_rows(path: str | Path, prompt_ids: Sequence[str], what: str,
+                  ids: Sequence[str] = ("prompt_id",), texts: Sequence[str] = ("text",)
+                  ) -> list[tuple[str, str]]:
+    """(prompt id, text) of every row of a JSONL file of ``what``, the first of ``ids`` and of
+    ``texts`` a row has naming them; a bad row is named by file, row and field, and a prompt
+    id that is not in the rubric file is refused."""
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"{p}: paraphrase file not found")
-    known, out = set(prompt_ids), {}
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{p}: row {n}: not JSON ({e.msg})") from None
-        for field in ("prompt_id", "text"):
-            if not isinstance(row, dict) or not isinstance(row.get(field), str):
-                raise ValueError(f"{p}: row {n}: field {field!r} missing or not text")
-        if row["prompt_id"] not in known:
-            raise ValueError(f"{p}: row {n}: prompt_id {row['prompt_id']!r} is not in the "
-                             f"rubric file")
-        out.setdefault(row["prompt_id"], []).append(row["text"])
-    return out
-
-
-def load_answers(path: str | Path, prompt_ids: Sequence[str]) -> dict[str, str]:
-    """``{prompt_id: answer}`` from a JSONL file of ``{"prompt_id" or "id", "response" or
-    "text"}`` rows, e.g. ``rl.eval``'s ``eval_samples.jsonl`` of the untrained policy (the
-    first row of an id is its answer; later samples of it are ignored).  A bad row is named by
-    file, row and field; an id that is not in the rubric file is refused."""
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"{p}: answers file not found")
-    known, out = set(prompt_ids), {}
+        raise ValueError(f"{p}: {what} file not found")
+    known, out = set(prompt_ids), []
     for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -746,14 +615,34 @@ def load_answers(path: str | Path, prompt_ids: Sequence[str]) -> dict[str, str]:
             raise ValueError(f"{p}: row {n}: not JSON ({e.msg})") from None
         if not isinstance(row, dict):
             raise ValueError(f"{p}: row {n}: not a JSON object")
-        pid = row.get("prompt_id", row.get("id"))
-        text = row.get("response", row.get("text"))
-        if not isinstance(pid, str):
-            raise ValueError(f"{p}: row {n}: field 'prompt_id' (or 'id') missing or not text")
-        if not isinstance(text, str):
-            raise ValueError(f"{p}: row {n}: field 'response' (or 'text') missing or not text")
+        pid, text = (next((row[f] for f in names if f in row), None) for names in (ids, texts))
+        for value, names in ((pid, ids), (text, texts)):
+            if not isinstance(value, str):
+                raise ValueError(f"{p}: row {n}: field {' or '.join(map(repr, names))} "
+                                 f"missing or not text")
         if pid not in known:
-            raise ValueError(f"{p}: row {n}: prompt id {pid!r} is not in the rubric file")
+            raise ValueError(f"{p}: row {n}: {ids[0]} {pid!r} is not in the rubric file")
+        out.append((pid, text))
+    return out
+
+
+def load_paraphrases(path: str | Path, prompt_ids: Sequence[str]) -> dict[str, list[str]]:
+    """``{prompt_id: [text, ...]}`` from a JSONL file of ``{"prompt_id", "text"}`` rows (e.g.
+    paraphrases an LLM wrote), checked by :func:`_id_text_rows`."""
+    out: dict[str, list[str]] = {}
+    for pid, text in _id_text_rows(path, prompt_ids, "paraphrase"):
+        out.setdefault(pid, []).append(text)
+    return out
+
+
+def load_answers(path: str | Path, prompt_ids: Sequence[str]) -> dict[str, str]:
+    """``{prompt_id: answer}`` from a JSONL file of ``{"prompt_id" or "id", "response" or
+    "text"}`` rows, e.g. ``rl.eval``'s ``eval_samples.jsonl`` of the untrained policy (the
+    first row of an id is its answer; later samples of it are ignored), checked by
+    :func:`_id_text_rows`."""
+    out: dict[str, str] = {}
+    for pid, text in _id_text_rows(path, prompt_ids, "answers", ("prompt_id", "id"),
+                                   ("response", "text")):
         out.setdefault(pid, text)
     return out
 

@@ -165,10 +165,10 @@ def test_the_command_line_audits_an_answers_file(tmp_path, capsys):
 def test_answers_files_are_checked_row_by_row(tmp_path):
     bad = tmp_path / "ans.jsonl"
     bad.write_text('{"id": "a", "response": "x"}\n{"id": "zz", "response": "y"}\n')
-    with pytest.raises(ValueError, match=r"ans.jsonl: row 2: prompt id 'zz' is not in"):
+    with pytest.raises(ValueError, match=r"ans.jsonl: row 2: prompt_id 'zz' is not in"):
         load_answers(bad, ["a"])
     bad.write_text('{"id": "a"}\n')
-    with pytest.raises(ValueError, match=r"row 1: field 'response'"):
+    with pytest.raises(ValueError, match=r"row 1: field 'response' or 'text'"):
         load_answers(bad, ["a"])
 
 

@@ -14,16 +14,14 @@ from rewards.perturb import (
     AuditOptions,
     add_unsupported_high_risk,
     delete_key_recommendation,
-    delete_sentence_overlapping,
     exceeds,
     main,
     name_only,
     padding,
     perturbation_analysis,
-    reword,
-    swap_adjacent_sentences,
 )
 from rewards.rubric import Criterion, Rubric, load_rubrics
+from rewards.text_edits import delete_sentence_overlapping, reword, swap_adjacent_sentences
 from tests.paths import FIXTURES
 
 FIXTURE = FIXTURES / "rubrics" / "perturb_refs.jsonl"
