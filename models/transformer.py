@@ -190,10 +190,10 @@ DEFAULT_LAYOUT, TPU_LAYOUT = "default", "tpu"
 
 class KVCache(NamedTuple):
     """Keys and values, one buffer per layer (a tuple of L arrays each: keys [B,KV,hd,S],
-    values [B,KV,S,hd], or their transposes on TPU: see :func:`kv_layout`), and
-    which slots hold real tokens,
-    [B,S]. Per-layer buffers, like the per-layer weights of :func:`unstack_layers`, keep a
-    decode loop from slicing (copying) stacked arrays at every step."""
+    values [B,KV,S,hd], or their transposes on TPU: see :func:`kv_layout`), and which slots
+    hold real tokens, [B,S]. Per-layer buffers, like the per-layer weights of
+    :func:`unstack_layers`, keep a decode loop from slicing (copying) stacked arrays at every
+    step."""
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
@@ -229,9 +229,13 @@ def kv_layout(mesh: Any = None) -> str:
     decode chunk, the multi-turn read) then copied every layer of the cache into that layout
     (Qwen3-4B, 320 rows x 2,304 slots on v5e-16, libtpu 0.0.42: a chunk's decode 7.1 GiB of
     temporaries per chip, 0.6 this way; the read 10.1, 7.4 this way)."""
-    platform = (next(iter(mesh.devices.flat)).platform if mesh is not None
-                else jax.default_backend())
-    return TPU_LAYOUT if platform == "tpu" else DEFAULT_LAYOUT
+    return TPU_LAYOUT if _platform(mesh) == "tpu" else DEFAULT_LAYOUT
+
+
+def _platform(mesh: Any = None) -> str:
+    """The platform of ``mesh``'s devices, else JAX's default backend."""
+    return (next(iter(mesh.devices.flat)).platform if mesh is not None
+            else jax.default_backend())
 
 
 def slot_axes(layout: str = DEFAULT_LAYOUT) -> tuple[int, int]:
@@ -461,17 +465,18 @@ def _write_each_row(buffer: jax.Array, new: jax.Array, at: jax.Array, axis: int)
     def local(buffer: jax.Array, new: jax.Array, at: jax.Array) -> jax.Array:
         def one(b: jax.Array, buf: jax.Array) -> jax.Array:
             start = jnp.clip(at[b], 0, max(s - t, 0))
-            row = jax.lax.dynamic_slice_in_dim(buf, b, 1, 0)
-            old = jax.lax.dynamic_slice_in_dim(row, start, t, axis)
+            corner = [b] + [jnp.zeros((), jnp.int32)] * (buf.ndim - 1)
+            corner[axis] = start
+            sizes = [1, *buf.shape[1:]]
+            sizes[axis] = t
+            old = jax.lax.dynamic_slice(buf, corner, sizes)  # the row's window only
             src = jnp.arange(t) + start - at[b]  # the new token each window slot takes
             shape = [1] * buf.ndim
             shape[axis] = t
             keep = ((src < 0) | (src >= t)).reshape(shape)
             values = jnp.take(jax.lax.dynamic_slice_in_dim(new, b, 1, 0),
                               jnp.clip(src, 0, t - 1), axis=axis)
-            return jax.lax.dynamic_update_slice_in_dim(
-                buf, jax.lax.dynamic_update_slice_in_dim(row, jnp.where(keep, old, values),
-                                                         start, axis), b, 0)
+            return jax.lax.dynamic_update_slice(buf, jnp.where(keep, old, values), corner)
 
         return jax.lax.fori_loop(0, buffer.shape[0], one, buffer)
 
@@ -514,9 +519,7 @@ def _no_bf16_dot_on_buffers(dtype: Any, mesh: Any = None) -> bool:
     keys and values are attended over in float32 there. The platform is the mesh's devices'
     when there is one (``rl.plan`` compiles for TPU devices on a CPU host), else JAX's
     default backend."""
-    platform = (next(iter(mesh.devices.flat)).platform if mesh is not None
-                else jax.default_backend())
-    return dtype == jnp.bfloat16 and platform == "cpu"
+    return dtype == jnp.bfloat16 and _platform(mesh) == "cpu"
 
 
 def _causal(t: int) -> jax.Array:
