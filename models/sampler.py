@@ -63,7 +63,11 @@ class SamplingParams:
     padded to a multiple of ``prompt_bucket``, and ``capacity`` slots after them (at least
     the new tokens rounded up to 16): a multi-turn rollout reserves room for every turn and
     observation of a row, so that its continuations write in place, in programs of one
-    shape (``models.continuation``)."""
+    shape (``models.continuation``). ``sub_batches``: a continuation runs its rows gathered
+    out of the cache into a sub-batch of one of a few sizes (``models.continuation.
+    row_buckets``), so a chunk costs about what its rows cost; False: every row of the cache
+    runs, in place (rows not continued ride along, finished), so nothing but the cache is
+    held: the memory of a tight accelerator (``rl.plan``'s ``part`` program)."""
 
     max_new_tokens: int = 128
     temperature: float = 1.0
@@ -75,6 +79,7 @@ class SamplingParams:
     prefill_pin_rows: bool = True
     capacity: int = 0
     prompt_bucket: int = 16
+    sub_batches: bool = True
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

@@ -229,10 +229,10 @@ def kv_layout(mesh: Any = None) -> str:
     decode chunk, the multi-turn read) then copied every layer of the cache into that layout
     (Qwen3-4B, 320 rows x 2,304 slots on v5e-16, libtpu 0.0.42: a chunk's decode 7.1 GiB of
     temporaries per chip, 0.6 this way; the read 10.1, 7.4 this way)."""
-    return TPU_LAYOUT if _platform(mesh) == "tpu" else DEFAULT_LAYOUT
+    return TPU_LAYOUT if platform_of(mesh) == "tpu" else DEFAULT_LAYOUT
 
 
-def _platform(mesh: Any = None) -> str:
+def platform_of(mesh: Any = None) -> str:
     """The platform of ``mesh``'s devices, else JAX's default backend."""
     return (next(iter(mesh.devices.flat)).platform if mesh is not None
             else jax.default_backend())
@@ -461,6 +461,8 @@ def _write_each_row(buffer: jax.Array, new: jax.Array, at: jax.Array, axis: int)
     the buffer's end keeps the slots it would clamp onto (slots past the end are dropped, as
     the scatter drops them)."""
     s, t = buffer.shape[axis], new.shape[axis]
+    if t > s:  # a window wider than the buffer: its values past slot s never land
+        new, t = jax.lax.slice_in_dim(new, 0, s, axis=axis), s
 
     def local(buffer: jax.Array, new: jax.Array, at: jax.Array) -> jax.Array:
         def one(b: jax.Array, buf: jax.Array) -> jax.Array:
@@ -519,7 +521,7 @@ def _no_bf16_dot_on_buffers(dtype: Any, mesh: Any = None) -> bool:
     keys and values are attended over in float32 there. The platform is the mesh's devices'
     when there is one (``rl.plan`` compiles for TPU devices on a CPU host), else JAX's
     default backend."""
-    return dtype == jnp.bfloat16 and _platform(mesh) == "cpu"
+    return dtype == jnp.bfloat16 and platform_of(mesh) == "cpu"
 
 
 def _causal(t: int) -> jax.Array:

@@ -62,6 +62,7 @@ class TrainerConfig:
     rollout_dtype: str
     kv_cache_dtype: str  # the rollout's KV cache: float32 | bfloat16 (attention in float32)
     prefill_pin_rows: bool  # the rollout prefill's activations pinned to the rows (sampler)
+    rollout_sub_batches: bool  # continuations gather their rows (SamplingParams.sub_batches)
     seed: int
     run_dir: str
     resume: Literal[False, True, "auto"]  # auto: resume when a checkpoint exists, else start

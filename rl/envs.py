@@ -24,7 +24,8 @@ class SamplerPolicy:
     (kept in the sampler's per-layer form, made once per policy; ``dtype`` "bfloat16" samples
     with bfloat16 matmuls, see models.sampler.decode_params; ``kv_cache_dtype`` "bfloat16"
     stores its generations' KV cache in bfloat16, whatever the environment's sampling says,
-    None: as it says; ``prefill_pin_rows`` likewise, see models.sampler.prefill). With a
+    None: as it says; ``prefill_pin_rows`` and ``sub_batches`` likewise, see
+    models.sampler.SamplingParams). With a
     ``mesh`` the rollouts are data-parallel: rows, KV cache and outputs sharded over its data
     axes, the weights by ``models.sharding.decode_param_shardings``."""
 
@@ -35,6 +36,7 @@ class SamplerPolicy:
     mesh: Any = None
     kv_cache_dtype: str | None = None
     prefill_pin_rows: bool | None = None
+    sub_batches: bool | None = None
 
     def __post_init__(self) -> None:
         params = decode_params(self.params, self.dtype)
@@ -60,6 +62,8 @@ class SamplerPolicy:
         environments: the observation), in its KV cache instead of re-reading the context.
         ``consume``: the caller is done with ``state`` (its cache is updated in place);
         ``read_width``, ``compile_buckets``: see models.continuation.Continuation."""
+        if self.sub_batches is not None:
+            sampling = dataclasses.replace(sampling, sub_batches=self.sub_batches)
         return continue_generation(
             self.cfg, self.params, self.tokenizer, state,
             Continuation(rows, appended, max_new_per_row, consume, read_width, compile_buckets),

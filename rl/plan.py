@@ -61,7 +61,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig, ModelLoadError
-from models.continuation import decode_in_place, line_width, read_in_place, row_buckets
+from models.continuation import decode_in_place, line_width, read_program, row_buckets
 from models.sampler import (
     DecodeSettings,
     Frontier,
@@ -493,7 +493,8 @@ def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
     settings = DecodeSettings(chunk, run.trainer.temperature, run.trainer.top_p, mesh,
                               run.trainer.kv_cache_dtype, sampling.read_block)
     lines, mask = _rows((b, obs), jnp.int32, mesh), _rows((b, obs), jnp.bool_, mesh)
-    read = read_in_place.lower(cfg, dparams, state, None, lines, mask, settings=settings)
+    read = read_program(mesh).lower(cfg, dparams, state, None, lines, mask,
+                                    settings=settings)
     programs = [compiled_program(
         "read", read, (dparams, state, lines, mask), resident=resident,
         flops=sum(forward_flops(cfg, b * obs, b * obs * slots, b)),
@@ -508,7 +509,8 @@ def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
         flops=chunk * sum(forward_flops(cfg, b, b * slots, b)),
         min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes))
     shards = batch_shards(mesh)
-    part = row_buckets(b // shards)[-2:][0]  # the largest bucket that gathers its rows
+    # the largest bucket that gathers its rows (none without trainer.rollout_sub_batches)
+    part = row_buckets(b // shards, run.trainer.rollout_sub_batches)[-2:][0]
     if part < b // shards:
         n = shards * part
         index = _rows((shards, part), jnp.int32, mesh)
@@ -844,6 +846,9 @@ def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
         if name in ("read", "continue", "part"):
             keys.append("a smaller task.max_obs_tokens (the observation the continuation "
                         "reads)")
+        if name == "part":
+            keys.insert(0, "trainer.rollout_sub_batches=false (continuations run every row "
+                           "in place: no gathered copy of the cache)")
     return [k for k in keys if k]
 
 

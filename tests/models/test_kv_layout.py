@@ -36,11 +36,11 @@ def _expected(buffer, new, at, axis):
     return out
 
 
-@pytest.mark.parametrize("axis", [1, 2, 3])
-def test_each_row_write_matches_the_scatter_and_drops_what_overhangs(axis):
+@pytest.mark.parametrize("axis, t", [(1, 3), (2, 3), (3, 3), (1, 11), (3, 11)])
+def test_each_row_write_matches_the_scatter_and_drops_what_overhangs(axis, t):
+    # t = 11 > 8 slots: a read block wider than the whole cache (a tiny model's plan)
     shape = {1: [3, 8], 2: [3, 2, 8, 4], 3: [3, 2, 4, 8]}[axis]
     buffer = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape)
-    t = 3
     new_shape = list(shape)
     new_shape[axis] = t
     new = -1.0 - jnp.arange(np.prod(new_shape), dtype=jnp.float32).reshape(new_shape)

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from models import load_params
-from models.continuation import Continuation, continue_generation, line_width
+from models.continuation import (
+    Continuation,
+    continue_generation,
+    layout_rows,
+    line_width,
+    row_buckets,
+)
 from models.sampler import (
     PromptBatch,
     SamplingParams,
@@ -327,6 +333,24 @@ def test_continuation_reading_in_blocks_and_consuming_its_state(tiny):
     assert all(x.is_deleted() for x in again.state.cache.k + again.state.cache.v)
     with pytest.raises(RuntimeError, match="deleted"):
         continue_generation(cfg, params, tok, again.state, Continuation(rows, obs), sp)
+
+
+def test_continuation_without_sub_batches_runs_every_row_in_place(tiny):
+    # sub_batches=False: one row bucket, every row of the cache, no gather (index None); a
+    # subset of rows reading and not still equals plain generate on the concatenated lists
+    assert row_buckets(8) == (2, 4, 6, 8) and row_buckets(8, sub_batches=False) == (8,)
+    assert layout_rows(np.asarray([1, 5]), 8, 1).size == 2
+    whole = layout_rows(np.asarray([1, 5]), 8, 1, sub_batches=False)
+    assert whole.index is None and list(whole.sub) == [1, 5] and whole.size == 8
+    cfg, params, tok = tiny
+    prompts = _prompts(tok) + [tok.encode("fourth")]
+    sp = SamplingParams(max_new_tokens=5, temperature=0, ignore_eos=True, sub_batches=False)
+    first = generate(cfg, params, tok, prompts, sp, max_new_per_row=[5, 2, 4, 5])
+    context = [p + c for p, c in zip(prompts, first.token_lists())]
+    rows, obs = [3, 1], [tok.encode(" some tokens read"), []]
+    got = continue_generation(cfg, params, tok, first.state, Continuation(rows, obs), sp)
+    ref = generate(cfg, params, tok, [context[r] + o for r, o in zip(rows, obs)], sp)
+    _assert_same_generation(got, ref)
 
 
 def test_line_width_rounds_to_16_then_to_the_read_block():

@@ -35,12 +35,18 @@ SCRIPT = textwrap.dedent("""
     cfg, params, tok = load_params("tiny", seed=3)
     import models.continuation as C
     programs = {}  # the sampler's jitted kernels as last called: to read their HLO
-    for module, name in ((S, "_generate"), (C, "read_in_place"), (C, "decode_in_place")):
-        def spy(*a, _o=getattr(module, name), _n=name, **k):
-            programs[_n] = (_o, a, k)
-            return _o(*a, **k)
-        spy.lower = getattr(module, name).lower
-        setattr(module, name, spy)
+
+    def spied(program, name):
+        def spy(*a, **k):
+            programs[name] = (program, a, k)
+            return program(*a, **k)
+        spy.lower = program.lower
+        return spy
+
+    S._generate = spied(S._generate, "_generate")
+    C.decode_in_place = spied(C.decode_in_place, "decode_in_place")
+    read_program = C.read_program
+    C.read_program = lambda mesh: spied(read_program(mesh), "read_in_place")
 
     def rows_sharded(x, rows):
         # the leading axis cut into `shards` blocks of rows / shards, one per data shard

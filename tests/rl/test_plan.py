@@ -135,6 +135,16 @@ def test_plan_of_the_tiny_model_on_a_v5e_2x2_slice():
     _check_table(out)
     assert "verdict: fits: every program this config runs is within 16.0 GiB per chip" in out, out
     assert "against 15.75 GiB per chip" in out and "largest rollout batch that fits" in out, out
+    # a multi-turn task: the continuation's programs for TPU, the read compiled with its own
+    # options (models.continuation.TPU_READ_OPTIONS: libtpu must accept them) and a read
+    # block wider than the whole cache; no batch search (a tiny model's largest batch is
+    # thousands of rows, minutes of compiling)
+    multi = _plan_cli(*TINY, "task=search_qa", "plan.topology=v5e:2x2", "mesh=fsdp",
+                      "plan.rollout_fit=false")
+    assert multi.returncode == 0, multi.stderr[-3000:]
+    for name in ("read", "continue", "part"):
+        assert re.search(rf"^  {name}\s+[\d.]+\s+[\d.]+\s", multi.stdout, re.M), multi.stdout
+    assert "verdict: fits" in multi.stdout, multi.stdout
 
 
 def test_unknown_topology_is_refused_naming_the_key_before_any_compute():
@@ -328,6 +338,9 @@ def test_rollout_remedies_offer_a_bfloat16_kv_cache_and_the_fitted_batch():
     assert "trainer.batch_prompts=4 (the largest rollout batch that fits)" in keys, keys
     assert any("task.max_obs_tokens" in k for k in remedies(run, plan, "continue"))
     assert not any("max_obs_tokens" in k for k in remedies(run, plan, "prefill"))
+    # the gathered sub-batch's copy of the cache goes with the sub-batches: first for part
+    assert remedies(run, plan, "part")[0].startswith("trainer.rollout_sub_batches=false")
+    assert not any("sub_batches" in k for k in remedies(run, plan, "continue"))
 
 
 def test_a_prefill_that_misses_is_offered_the_other_activation_layout():
@@ -552,6 +565,13 @@ def test_a_multi_turn_continuation_reads_and_decodes_in_place():
     assert part.arguments == cont.arguments + 12 * 4 - 4 * 1 - 4 * 4, (part, cont)
     assert part.temporaries >= cache * 3 // 4 and part.aliased >= cache, part
     assert abs(cont.flops / part.flops - 16 / 12) < 0.03
+    # without sub-batches every continuation runs on the whole cache: no gathered program
+    whole, _ = _config("task=search_qa", "trainer.kv_cache_dtype=bfloat16",
+                       "plan.response_budget=200", "trainer.rollout_sub_batches=false")
+    with jax.set_mesh(mesh):
+        names = [p.name for p in rollout_programs(whole, cfg, layout(whole, plan, mesh), mesh,
+                                                  dparams, resident=5)]
+    assert names == ["prefill", "decode", "read", "continue"]
     # a single-turn task (arith) has no continuation
     run1, _ = _config()
     with jax.set_mesh(mesh):

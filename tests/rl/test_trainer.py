@@ -178,11 +178,13 @@ def test_kv_cache_dtype_reaches_the_training_rollouts_not_the_evaluation(tmp_pat
     t = build_trainer(make_cfg(tmp_path / "kv", *LEARN, "trainer.max_steps=1",
                                "trainer.batch_prompts=2", "algo.group_size=2",
                                "trainer.max_new_tokens=4", "trainer.kv_cache_dtype=bfloat16",
-                               "trainer.prefill_pin_rows=false"))
+                               "trainer.prefill_pin_rows=false",
+                               "trainer.rollout_sub_batches=false"))
     sampler = t.parts.policy(t.state.params)
     evaluator = t.parts.policy(t.state.params, evaluation=True)
-    # the prefill's layout (memory only) is the config's for both
+    # the prefill's layout (memory only) and the continuations' rows are the config's for both
     assert sampler.prefill_pin_rows is False and evaluator.prefill_pin_rows is False
+    assert sampler.sub_batches is False and evaluator.sub_batches is False
     # the environments' sampling says float32 (the default); the policy stores its cache
     sp = SamplingParams(4, temperature=0)
 
@@ -237,6 +239,7 @@ def test_bfloat16_model_trains_float32_master_weights(tmp_path):
     ("trainer.kv_cache_dtype=float16", "trainer.kv_cache_dtype: must be one of float32, "
      "bfloat16"),
     ("trainer.prefill_pin_rows=maybe", "trainer.prefill_pin_rows: expected true or false"),
+    ("trainer.rollout_sub_batches=2", "trainer.rollout_sub_batches: expected true or false"),
     ("algo.loss_agg=token_mean", "algo.loss_agg"),
     ("algo.advantage=dr_grpo", "algo.advantage"),
     ("algo.std_ddof=2", "algo.std_ddof: must be 0 or 1"),
