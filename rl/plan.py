@@ -340,7 +340,7 @@ class Program:
 
     name: str
     arguments: int
-    temporaries: int
+    temporaries: int  # held at the program's peak beyond its arguments and outputs
     outputs: int
     aliased: int
     resident: int   # held by the step outside this program (train state, reference weights)
@@ -360,9 +360,11 @@ class Program:
 
 
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-# the TPU compiler refuses a program larger than HBM; its message carries the size
-USED = re.compile(r"Used ([\d.]+)([KMGT]) of ([\d.]+)([KMGT]) hbm")
-TEMPS = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds")
+# The TPU compiler refuses a program larger than HBM; its message carries the program's whole
+# size, arguments included, in one of two forms (libtpu 0.0.42: a program of 1 GiB arguments
+# and 2 GiB temporaries, refused at 2.44 GiB of HBM, reads "HLO temporaries (3.00G)").
+REFUSED = re.compile(r"Used ([\d.]+)([KMGT]) of [\d.]+[KMGT] hbm"
+                     r"|required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -373,24 +375,33 @@ class Sizes:
     temp_size_in_bytes: int
     output_size_in_bytes: int
     alias_size_in_bytes: int
+    peak_memory_in_bytes: int = 0
 
 
 def refused_sizes(message: str, arguments: int) -> Sizes | None:
-    """The sizes in a TPU out-of-memory refusal: 'Used X of Y hbm' (everything) or 'HLO
-    temporaries (X) exceeds' (temporaries only); None when the message is neither."""
-    if m := USED.search(message):
-        used = float(m.group(1)) * UNITS[m.group(2)]
-        return Sizes(arguments, max(0, int(used) - arguments), 0, 0)
-    if m := TEMPS.search(message):
-        return Sizes(arguments, int(float(m.group(1)) * UNITS[m.group(2)]), 0, 0)
-    return None
+    """The sizes in a TPU out-of-memory refusal ('Used X of Y hbm' or 'HLO temporaries (X)
+    exceeds': X is everything the program holds, its arguments included); None when the
+    message is neither."""
+    if not (m := REFUSED.search(message)):
+        return None
+    number, unit = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    total = int(float(number) * UNITS[unit])
+    return Sizes(arguments, max(0, total - arguments), 0, 0, total)
 
 
 def compiled_program(name: str, lowered: Any, args: Any, *, resident: int, flops: float,
                      min_bytes: Callable[[Any], float], runs: bool = True) -> Program:
     """Compile `lowered` (its abstract arguments `args`) and read its memory analysis (per
     device); a program the TPU compiler refuses for lack of HBM is reported with the sizes
-    its message states."""
+    its message states.
+
+    On TPU the temporaries are what the compiler's peak (``peak_memory_in_bytes``, the
+    figure it fits a program to HBM by) holds beyond the arguments and outputs, so that the
+    total is that peak: its ``temp_size_in_bytes`` can count a buffer twice (the v5e-16
+    search plan's ``part``, Qwen3-4B, libtpu 0.0.42: 9.97 GiB of temporaries, 16.9 GiB in
+    all, yet it compiled within an HBM limit of 12.5 GiB and was refused at 11.7; its peak
+    11.94). XLA:CPU's peak leaves out buffers its runtime allocates (the same program's
+    gathered rows), so elsewhere the temporaries are ``temp_size_in_bytes``."""
     refused = ""
     log.info("rl.plan: compiling %s ...", name)
     start = time.monotonic()
@@ -403,9 +414,22 @@ def compiled_program(name: str, lowered: Any, args: Any, *, resident: int, flops
         mem, refused = sizes, str(e).split("\n")[0]
     log.info("rl.plan: compiled %s in %.0f s%s", name, time.monotonic() - start,
              " (refused for lack of HBM)" if refused else "")
-    return Program(name, int(mem.argument_size_in_bytes), int(mem.temp_size_in_bytes),
-                   int(mem.output_size_in_bytes), int(mem.alias_size_in_bytes),
-                   resident, flops, min_bytes(mem), runs, refused)
+    arguments, outputs = int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes)
+    aliased, temporaries = int(mem.alias_size_in_bytes), int(mem.temp_size_in_bytes)
+    peak = int(getattr(mem, "peak_memory_in_bytes", 0))
+    if peak and _platform(args) == "tpu":
+        temporaries = max(0, peak - (arguments + outputs - aliased))
+    return Program(name, arguments, temporaries, outputs, aliased, resident, flops,
+                   min_bytes(mem), runs, refused)
+
+
+def _platform(args: Any) -> str:
+    """The platform of the devices the abstract arrays `args` are laid out on (JAX's
+    default backend for none)."""
+    for x in jax.tree.leaves(args):
+        if sharding := getattr(x, "sharding", None):
+            return next(iter(sharding.device_set)).platform
+    return jax.default_backend()
 
 
 def _stopping(cfg: ModelConfig, rows: int, mesh: Mesh) -> Stopping:

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -30,10 +31,12 @@ from rl.plan import (
     Plan,
     Program,
     RolloutFit,
+    Sizes,
     abstract_params,
     abstract_state,
     affine_fit,
     batch_groups,
+    compiled_program,
     continue_programs,
     decode_flops,
     even_micro_batches,
@@ -312,18 +315,52 @@ def test_a_pass_the_config_does_not_run_does_not_spoil_the_fit():
 
 def test_the_sizes_of_a_tpu_out_of_memory_refusal_are_read_from_its_message():
     """The TPU compiler refuses a program larger than HBM instead of compiling it; the plan
-    reports the sizes its message states (both forms libtpu 0.0.42 prints)."""
+    reports the sizes its message states (both forms libtpu 0.0.42 prints). Both state the
+    whole program, arguments included: a program of 1 GiB of arguments and 2 GiB of
+    temporaries, refused at 2.44 GiB, reads "HLO temporaries (3.00G)"."""
     g = 2**30
     temps = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
              "temporaries (197.53G) exceeds available HBM (15.75G).")
     sizes = refused_sizes(temps, arguments=2 * g)
     assert sizes.argument_size_in_bytes == 2 * g
-    assert sizes.temp_size_in_bytes == int(197.53 * g)
+    assert sizes.temp_size_in_bytes == int(197.53 * g) - 2 * g
     used = ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory "
             "space hbm. Used 39.70G of 15.75G hbm. Exceeded hbm capacity by 23.95G.")
     sizes = refused_sizes(used, arguments=3 * g)
     assert sizes.argument_size_in_bytes + sizes.temp_size_in_bytes == int(39.70 * g)
     assert refused_sizes("RESOURCE_EXHAUSTED: something else", 0) is None
+
+
+def test_a_programs_total_is_the_compilers_peak_where_it_states_one():
+    """The TPU compiler's temp_size_in_bytes can count a buffer twice (the v5e-16 part program:
+    9.97 GiB of temporaries reported, yet it compiled within a 12.5 GiB HBM limit; its peak
+    11.94 GiB); the plan's total is the peak, the temporaries what it holds beyond the
+    arguments and outputs. XLA:CPU's peak leaves out buffers (the CPU plan's part program
+    below): there the sum stands."""
+    g = 2**30
+    on_tpu = SimpleNamespace(sharding=SimpleNamespace(device_set=[SimpleNamespace(platform="tpu")]))
+
+    class Lowered:
+        def __init__(self, sizes):
+            self.sizes = sizes
+
+        def compile(self):
+            return SimpleNamespace(memory_analysis=lambda: self.sizes)
+
+    def program(sizes, args=(on_tpu,)):
+        return compiled_program("part", Lowered(sizes), args, resident=g, flops=1.0,
+                                min_bytes=lambda m: 0.0)
+
+    # 6.9 GiB of arguments, 6.34 of outputs all donated: 5.04 GiB beyond them at the peak
+    part = program(Sizes(int(6.9 * g), int(9.97 * g), int(6.34 * g), int(6.34 * g),
+                         int(11.94 * g)))
+    assert part.temporaries == int(11.94 * g) - int(6.9 * g)
+    assert part.total == int(11.94 * g) and part.peak == part.total + g
+    # no peak stated (a refusal's sizes), or not on TPU: the sum
+    for sizes, args in ((Sizes(2 * g, 3 * g, g, g), (on_tpu,)),
+                        (Sizes(2 * g, 3 * g, g, g, 3 * g), (jnp.zeros(2),))):
+        summed = program(sizes, args)
+        assert summed.temporaries == 3 * g and summed.total == 5 * g
 
 
 def test_rollout_remedies_offer_a_bfloat16_kv_cache_and_the_fitted_batch():
