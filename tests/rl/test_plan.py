@@ -130,18 +130,19 @@ def test_plan_of_the_tiny_model_on_an_8_device_cpu_mesh():
                     reason="libtpu is not installed (pip install -e '.[tpu-plan]'): no TPU "
                            "topology to compile for")
 def test_plan_of_the_tiny_model_on_a_v5e_2x2_slice():
-    proc = _plan_cli(*TINY, "plan.topology=v5e:2x2", "mesh=fsdp")
+    # no batch search (plan.rollout_fit, checked on the CPU mesh above): a tiny model's
+    # largest batch is 66,000 trajectories, and the TPU compiler took 150 s for each program
+    # near the HBM limit (16 min in all, libtpu 0.0.42.1 on the 2-core AMD EPYC)
+    proc = _plan_cli(*TINY, "plan.topology=v5e:2x2", "mesh=fsdp", "plan.rollout_fit=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "on v5e:2x2: 4 chips, TPU v5e: 16 GiB HBM, 197 TFLOP/s bf16, 819 GB/s" in out, out
     assert "mesh data=1 fsdp=4 tensor=1" in out, out
     _check_table(out)
     assert "verdict: fits: every program this config runs is within 16.0 GiB per chip" in out, out
-    assert "against 15.75 GiB per chip" in out and "largest rollout batch that fits" in out, out
     # a multi-turn task: the continuation's programs for TPU, the read compiled with its own
     # options (models.continuation.TPU_READ_OPTIONS: libtpu must accept them) and a read
-    # block wider than the whole cache; no batch search (a tiny model's largest batch is
-    # thousands of rows, minutes of compiling)
+    # block wider than the whole cache
     multi = _plan_cli(*TINY, "task=search_qa", "plan.topology=v5e:2x2", "mesh=fsdp",
                       "plan.rollout_fit=false")
     assert multi.returncode == 0, multi.stderr[-3000:]
