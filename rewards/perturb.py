@@ -363,32 +363,19 @@ def _score_columns(variants: Sequence[tuple[Rubric, str, str]], judge: Any,
     share one batched check call; a reward judged otherwise (an official dimension arm,
     ``implicit``) makes its own calls (``dimension_rewards``, ``rated_rewards`` of
     ``rewards.rubric_rewarder``)."""
-    from rewards.dimension_judging import DIMENSION_ARMS
     from rewards.rubric_rewarder import (
-        JUDGE_RATED,
         ScoreItem,
-        aggregate_checks,
-        dimension_rewards,
         fitness_criteria,
         fitness_rate,
+        item_rewards,
         judge_checks,
-        rated_rewards,
         word_count,
     )
 
     items = [ScoreItem(r.prompt_text(), t, r, fitness_criteria(r)) for r, _op, t in variants]
     checks = judge_checks(judge, items) if items else []
-    rubrics = [it.rubric for it in items]
-    cols: dict[str, np.ndarray] = {}
-    for a in aggregators:
-        if not items:
-            cols[a] = np.zeros(0)
-        elif a in DIMENSION_ARMS:
-            cols[a] = np.asarray(dimension_rewards(judge, items, a)[0], np.float64)
-        elif a == JUDGE_RATED:
-            cols[a] = rated_rewards(judge, items)[0]
-        else:
-            cols[a] = aggregate_checks(a, rubrics, checks)
+    cols = {a: item_rewards(judge, items, checks, a)[0] if items else np.zeros(0)
+            for a in aggregators}
     fit = fitness_rate(checks) if items else np.zeros(0)
     if any(fitness_criteria(r) for r, _op, _t in variants):
         cols["fitness"] = fit

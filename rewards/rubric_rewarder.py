@@ -388,6 +388,25 @@ def dimension_rewards(judge: Judge, items: Sequence[ScoreItem], aggregator: str,
     return g.reward, g.judge_failed, counts
 
 
+def item_rewards(judge: Judge, items: Sequence[ScoreItem], checks: Sequence[Checks],
+                 aggregator: str, criteria_bucket: int = 8, clip: bool = False,
+                 group_sizes: Sequence[int] | None = None, group_retries: int = 1
+                 ) -> tuple[np.ndarray, int, np.ndarray | None, dict[str, float]]:
+    """(rewards [B], rating fallbacks, judge_failed [B] or None, tallies) of ``items`` under
+    ``aggregator``: a check aggregator reads the judge's ``checks`` (:func:`aggregate_checks`),
+    ``implicit`` and the dimension arms make their own batched call (:func:`rated_rewards`,
+    :func:`dimension_rewards`)."""
+    if aggregator == JUDGE_RATED:
+        reward, fallbacks = rated_rewards(judge, items)
+        return reward, fallbacks, None, {}
+    if aggregator in DIMENSION_ARMS:
+        reward, failed, counts = dimension_rewards(judge, items, aggregator, group_sizes,
+                                                   group_retries)
+        return reward, 0, failed, counts
+    rubrics = [it.rubric for it in items]
+    return aggregate_checks(aggregator, rubrics, checks, criteria_bucket, clip), 0, None, {}
+
+
 def score_items(judge: Judge, items: Sequence[ScoreItem], aggregator: str = "prorubric",
                 use_probs: bool = False, criteria_bucket: int = 8, clip: bool = False,
                 group_sizes: Sequence[int] | None = None, group_retries: int = 1) -> Scores:
@@ -397,14 +416,8 @@ def score_items(judge: Judge, items: Sequence[ScoreItem], aggregator: str = "pro
     ``clip``: rewards of the check aggregators clipped to [0, 1]."""
     checks = judge_checks(judge, items, use_probs)
     rubrics = [it.rubric for it in items]
-    fallbacks, failed, counts = 0, None, {}
-    if aggregator == JUDGE_RATED:
-        reward, fallbacks = rated_rewards(judge, items)
-    elif aggregator in DIMENSION_ARMS:
-        reward, failed, counts = dimension_rewards(judge, items, aggregator, group_sizes,
-                                                   group_retries)
-    else:
-        reward = aggregate_checks(aggregator, rubrics, checks, criteria_bucket, clip)
+    reward, fallbacks, failed, counts = item_rewards(
+        judge, items, checks, aggregator, criteria_bucket, clip, group_sizes, group_retries)
     coverage = aggregate_checks("additive", rubrics, checks, criteria_bucket)
     return Scores(reward=reward, coverage=coverage, fitness=fitness_rate(checks),
                   length=np.asarray([word_count(it.response) for it in items], np.float64),
