@@ -39,6 +39,7 @@ from rewards.qa_metrics import METRIC_SETS, MetricChoice, MetricSet
 from rl.compile_cache import use_compile_cache
 from rl.envs import SamplerPolicy
 from rl.eval_stats import intervals, prompt_values
+from rl.quiet import quiet_library_logs
 from rl.run_folder import run_path
 
 log = logging.getLogger("rl.eval")
@@ -345,6 +346,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    quiet_library_logs()
     use_compile_cache(cfg.get("compile_cache"))
     run(cfg)
 

@@ -41,6 +41,7 @@ from models.transformer import Params
 from rl.batch import trajectory_arrays
 from rl.compile_cache import use_compile_cache
 from rl.optim import lr_schedule, make_optimizer
+from rl.quiet import quiet_library_logs
 from rl.train_step import Batch, TrainState, in_compute_dtype, init_train_state
 
 log = logging.getLogger("rl.sft")
@@ -226,9 +227,7 @@ def run(cfg: Mapping[str, Any], config_text: str = "") -> dict[str, Any]:
 
 @hydra.main(config_path="../conf", config_name="sft", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from absl import logging as absl_logging
-
-    absl_logging.set_verbosity(absl_logging.WARNING)
+    quiet_library_logs()
     use_compile_cache(cfg.get("compile_cache"))
     resolved = OmegaConf.to_container(cfg, resolve=True)
     run(resolved, OmegaConf.to_yaml(resolved))

@@ -32,6 +32,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from rl.compile_cache import use_compile_cache
+from rl.quiet import quiet_library_logs
 from rl.run_folder import run_path
 
 log = logging.getLogger("rl.smoke")
@@ -140,10 +141,9 @@ def report(r: dict[str, Any]) -> str:
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     import jax
-    from absl import logging as absl_logging
 
+    quiet_library_logs()
     use_compile_cache(cfg.get("compile_cache"))
-    absl_logging.set_verbosity(absl_logging.WARNING)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     result = smoke(resolved)
     print(report(result), flush=True)

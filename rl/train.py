@@ -24,6 +24,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from rl.compile_cache import use_compile_cache
+from rl.quiet import quiet_library_logs
 from rl.run_folder import is_url
 
 log = logging.getLogger("rl.train")
@@ -60,11 +61,9 @@ def _remove(paths: list[Path], folders: Sequence[Path]) -> None:
 def run(cfg: DictConfig) -> tuple[list[dict], dict[str, float]]:
     """Build and run the trainer: the step records, and the last logged value of every
     metric (evaluations included)."""
-    from absl import logging as absl_logging
-
     from rl.trainer import build_trainer
 
-    absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file it writes
+    quiet_library_logs()
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
     folders = _start_folders(resolved)
@@ -182,8 +181,7 @@ def _hydra_files() -> set[str]:
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    # JAX reports at INFO each platform it did not find (no TPU on a GPU host, and so on)
-    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+    quiet_library_logs()
     use_compile_cache(cfg.get("compile_cache"))
     _, latest = run(cfg)
     return objective(cfg.trainer.get("objective"), latest)
