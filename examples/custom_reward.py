@@ -7,6 +7,12 @@ GRPO steps of the tiny random model on the arithmetic task (CPU, under a minute)
 
     python examples/custom_reward.py
     python examples/custom_reward.py trainer.max_steps=5 trainer.run_dir=runs/short  # overrides
+
+Importing this module registers the rewarder, so the command line can use it too (``imports``
+names the modules to import first; PYTHONPATH says where this one is):
+
+    PYTHONPATH=examples python -m rl.train imports=[custom_reward] algo.rewarder=short_answers \
+        +algo.rewarder_options.bonus=0.1 model=tiny trainer.max_steps=2
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ class ShortAnswerRewarder:
         return None
 
 
+@REWARDERS.register("short_answers")
 def short_answers(task: Task, judge: Any = None, **options: Any) -> ShortAnswerRewarder:
     """The factory ``rl.wiring.make_rewarder`` calls: the task, the judge (unused here) and
     ``algo.rewarder_options``."""
@@ -63,7 +70,6 @@ def short_answers(task: Task, judge: Any = None, **options: Any) -> ShortAnswerR
 
 
 def main(overrides: list[str]) -> None:
-    REWARDERS.register("short_answers")(short_answers)
     run_dir = f"runs/{time.strftime('%Y-%m-%d_%H-%M-%S')}_custom_reward"
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[

@@ -67,8 +67,10 @@ class CapitalsTask:
         return float(bool(found) and found[-1].lower() == prompt.answer.lower())
 
 
+TASKS.register("capitals")(CapitalsTask)  # importing this module registers the task
+
+
 def main(overrides: list[str]) -> None:
-    TASKS.register("capitals")(CapitalsTask)
     run_dir = f"runs/{time.strftime('%Y-%m-%d_%H-%M-%S')}_custom_task"
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[

@@ -349,7 +349,7 @@ def section(kind: type, data: Any, prefix: str, rest: str | None = None) -> Any:
 def parse(cfg: Mapping[str, Any]) -> RunConfig:
     """Convert and check a resolved ``rl.train`` config mapping."""
     known = {f.name for f in dataclasses.fields(RunConfig)} - {"raw"}
-    extra = sorted(set(cfg) - known - {"compile_cache", "eval", "hydra"})
+    extra = sorted(set(cfg) - known - {"compile_cache", "eval", "hydra", "imports"})
     if extra:
         raise ConfigError(f"{extra[0]}: unknown top-level key")
     for name in ("task", "judge"):

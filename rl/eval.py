@@ -303,9 +303,10 @@ def format_table(results: Mapping[str, Any], interval: bool = False) -> str:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     from rl.config import eval_config
-    from rl.wiring import make_judge, make_task
+    from rl.wiring import import_user_modules, make_judge, make_task
 
     c = OmegaConf.to_container(cfg, resolve=True)
+    import_user_modules(c.get("imports"))
     e = eval_config(c["eval"])
     task = make_task(c["task"])
     if e.run:

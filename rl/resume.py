@@ -31,6 +31,7 @@ SETTINGS = "settings"  # the checkpoint metadata entry holding them
 # evaluate, save and log, where, and how to reach outside services, not what is computed
 FREE = (
     "hydra", "compile_cache", "eval", "mesh",
+    "imports",  # where named factories are found; the names themselves are compared
     "trainer.run_dir", "trainer.resume", "trainer.resume_allow_changes",
     "trainer.save_every", "trainer.keep_checkpoints", "trainer.sample_every",
     "trainer.eval_split", "trainer.eval_batch_size", "trainer.eval_every",

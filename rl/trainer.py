@@ -60,7 +60,7 @@ from rl.train_step import (
     init_train_state,
     make_train_step,
 )
-from rl.wiring import make_judge, make_rewarder, make_task
+from rl.wiring import import_user_modules, make_judge, make_rewarder, make_task
 
 log = logging.getLogger(__name__)
 
@@ -511,6 +511,7 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
     """Parse and check the config, load, restore: everything up to the first step."""
     if isinstance(cfg, DictConfig):
         cfg = OmegaConf.to_container(cfg, resolve=True)
+    import_user_modules(cfg.get("imports"))  # before any name is looked up
     run = parse(cfg)
     # before any other JAX call: a multi-host job agrees on its devices first
     exchange = join_job(run)

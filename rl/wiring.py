@@ -3,7 +3,8 @@
 Each table is filled here, explicitly; nothing registers itself by being imported. The heavier
 parts (the search task's BM25 index, the rubric rewarders) are imported when their name is
 asked for, inside the factory that needs them, so ``rl.train task=arith`` starts light. To add
-one, write its factory below (or, from your own code, ``TASKS.register("name")(factory)``).
+one, write its factory below (or, from your own code, ``TASKS.register("name")(factory)``, in
+a module the config's ``imports`` names: :func:`import_user_modules`).
 
 Aggregators, advantage estimators, KL estimators and loss modes are algorithm pieces with
 registries of their own beside their code (``rewards.aggregate.AGGREGATORS``,
@@ -13,6 +14,7 @@ are ``judges.registry.JUDGES``.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,6 +24,29 @@ from rl.rewarders import OutcomeRewarder
 
 TASKS: Registry[Callable[..., Task]] = Registry("task")
 REWARDERS: Registry[Callable[..., Rewarder]] = Registry("rewarder")
+
+
+def import_user_modules(names: Any) -> None:
+    """Import the modules the config's ``imports`` lists, in order, before anything is built
+    by name: your own code that registers tasks, rewarders or judges under new names
+    (``python -m rl.train imports=[my_rewards] algo.rewarder=short_answers``). A module is
+    found as ``import`` finds it (the working directory for ``python -m``, PYTHONPATH,
+    installed packages); importing one twice does nothing. An entry that is not a module name,
+    or a module whose import fails, is a ``ConfigError`` naming the entry."""
+    from rl.config import ConfigError
+
+    if names is None:
+        return
+    if not isinstance(names, (list, tuple)):
+        raise ConfigError(f"imports: expected a list of module names, got {names!r}")
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"imports[{i}]: expected a module name, got {name!r}")
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # the user's module: its own error, under the entry's name
+            raise ConfigError(f"imports[{i}]: cannot import {name!r}: "
+                              f"{type(e).__name__}: {e}") from e
 
 
 def _arith(**kw: Any) -> Task:

@@ -5,6 +5,7 @@ on the tiny model with the rewards they define, and a run folder's curves are pl
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -103,3 +104,38 @@ def test_plot_run_without_memory_defaults_into_the_run_folder(reward_run):
     out = run_script(EXAMPLES / "plot_run.py", run_dir)
     assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert f"reward/mean: {TRAIN_STEPS} points" in out and "memory/" not in out
+
+
+def test_the_command_line_imports_a_users_rewarder(tmp_path):
+    """``imports=[custom_reward]``: rl.train imports the module (found on PYTHONPATH), whose
+    import registers ``short_answers``; each sample's reward is its outcome plus the bonus,
+    by hand."""
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(EXAMPLES), str(ROOT)]))
+    res = subprocess.run(
+        [sys.executable, "-m", "rl.train", "imports=[custom_reward]",
+         "algo.rewarder=short_answers", "+algo.rewarder_options.bonus=0.5", "model=tiny",
+         "trainer.max_steps=1", "trainer.batch_prompts=2", "algo.group_size=4",
+         "trainer.max_new_tokens=8", "trainer.eval_at_ends=false", "trainer.progress=false",
+         "trainer.loggers=[]", "trainer.sample_every=1", f"trainer.run_dir={run_dir}",
+         f"hydra.run.dir={tmp_path / 'hydra'}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    samples = read_jsonl(run_dir / "samples.jsonl")
+    assert samples
+    for s in samples:
+        bonus = 0.5 * max(0.0, 1.0 - len(s["response"]) / 200)
+        assert s["reward"] == pytest.approx(s["outcome"] + bonus, abs=1e-6), s
+
+
+def test_a_module_that_cannot_be_imported_is_named():
+    from rl.config import ConfigError
+    from rl.wiring import import_user_modules
+
+    with pytest.raises(ConfigError, match=r"^imports\[1\]: cannot import 'no_such_module_x': "
+                                          r"ModuleNotFoundError"):
+        import_user_modules(["json", "no_such_module_x"])
+    with pytest.raises(ConfigError, match=r"^imports: expected a list of module names"):
+        import_user_modules("json")
+    with pytest.raises(ConfigError, match=r"^imports\[0\]: expected a module name, got 3"):
+        import_user_modules([3])
