@@ -17,16 +17,17 @@ nothing downloaded or allocated), the programs of one RL step as ``rl.train`` wo
                (:func:`startup_row`), so "fits" also means the run starts
 
 and prints per program the per-chip memory (arguments, temporaries, outputs: XLA's
-``memory_analysis``) against the chip's HBM, the FLOPs and a lower bound of its time, and
-which keys help when it does not fit. The rollout is laid out as the sampler lays it out over
-the mesh (each data-parallel shard prefills its own distinct prompts into a
-trainer.kv_cache_dtype cache), and the plan finds the largest rollout batch that fits
-(:func:`rollout_fit`): its peaks are affine in the rows per shard, so two compiles predict
-the largest batch, which is then compiled, and the prediction refined, until a batch that
-fits and the next one up that does not are both compiled. The same approach as MaxText's
-``train_compile.py`` (``jax.experimental.topologies.get_topology_desc``). libtpu compiles
-for the topology on a CPU-only host (``pip install -e '.[tpu-plan]'``); ``plan.topology=cpu``
-plans for this host's devices instead (what the tests do).
+``memory_analysis``, on TPU totalled by the compiler's own peak) against the chip's HBM, the
+FLOPs and a lower bound of its time, and which keys help when it does not fit. The rollout
+is laid out as the sampler lays it out over the mesh (each data-parallel shard prefills its
+own distinct prompts into a trainer.kv_cache_dtype cache), and the plan finds the largest
+rollout batch that fits (:func:`rollout_fit`): its peaks are affine in the rows per shard,
+so two compiles predict the largest batch, which is then compiled, and the prediction
+refined, until a batch that fits and the next one up that does not are both compiled. The
+same approach as MaxText's ``train_compile.py``
+(``jax.experimental.topologies.get_topology_desc``). libtpu compiles for the topology on a
+CPU-only host (``pip install -e '.[tpu-plan]'``); ``plan.topology=cpu`` plans for this
+host's devices instead (what the tests do).
 
 FLOPs are derived, not read from ``cost_analysis`` (which counts a ``lax.scan`` body, the
 layer stack and the micro-batch loop, once). Per token of a forward pass, with the layers'
