@@ -511,7 +511,6 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
     """Parse and check the config, load, restore: everything up to the first step."""
     if isinstance(cfg, DictConfig):
         cfg = OmegaConf.to_container(cfg, resolve=True)
-    import_user_modules(cfg.get("imports"))  # before any name is looked up
     run = parse(cfg)
     # before any other JAX call: a multi-host job agrees on its devices first
     exchange = join_job(run)
@@ -520,6 +519,8 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
     t = run.trainer
     if exchange is not None:  # one run folder, the same on every host, before anything in it
         check_shared(run_path(t.run_dir), exchange, wait_s=min(30, run.mesh.wait_timeout_s))
+    # after join_job (a user's module may call JAX), before any name is looked up
+    import_user_modules(cfg.get("imports"))
     inp = read_inputs(run, exchange)
     lc, oc = run.loss_config(inp.budget), run.optim_config()
     ckpt, steps = _open_checkpoints(run, exchange)
