@@ -47,12 +47,8 @@ class SamplerPolicy:
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seed: int,
                  max_new_per_row: Sequence[int] | None = None) -> Generation:
         """Sample continuations of `prompts` (models.sampler.generate)."""
-        if self.kv_cache_dtype is not None:
-            sampling = dataclasses.replace(sampling, kv_cache_dtype=self.kv_cache_dtype)
-        if self.prefill_pin_rows is not None:
-            sampling = dataclasses.replace(sampling, prefill_pin_rows=self.prefill_pin_rows)
-        return generate(self.cfg, self.params, self.tokenizer, prompts, sampling, seed=seed,
-                        max_new_per_row=max_new_per_row, mesh=self.mesh)
+        return generate(self.cfg, self.params, self.tokenizer, prompts, self._own(sampling),
+                        seed=seed, max_new_per_row=max_new_per_row, mesh=self.mesh)
 
     def continue_from(self, state: DecodeState, rows: Sequence[int],
                       appended: Sequence[Sequence[int]], sampling: SamplingParams, seed: int,
@@ -62,12 +58,16 @@ class SamplerPolicy:
         environments: the observation), in its KV cache instead of re-reading the context.
         ``consume``: the caller is done with ``state`` (its cache is updated in place);
         ``read_width``, ``compile_buckets``: see models.continuation.Continuation."""
-        if self.sub_batches is not None:
-            sampling = dataclasses.replace(sampling, sub_batches=self.sub_batches)
         return continue_generation(
             self.cfg, self.params, self.tokenizer, state,
             Continuation(rows, appended, max_new_per_row, consume, read_width, compile_buckets),
-            sampling, seed=seed)
+            self._own(sampling), seed=seed)
+
+    def _own(self, sampling: SamplingParams) -> SamplingParams:
+        """`sampling` with this policy's settings where it has them (not None)."""
+        mine = {"kv_cache_dtype": self.kv_cache_dtype, "prefill_pin_rows": self.prefill_pin_rows,
+                "sub_batches": self.sub_batches}
+        return dataclasses.replace(sampling, **{k: v for k, v in mine.items() if v is not None})
 
 
 @dataclasses.dataclass(frozen=True)
