@@ -1,6 +1,7 @@
 """Multi-turn search rollouts vs plain single-turn decoding, same model and batch.
 
     python -m bench.search_rollout [--batch 16] [--turn-tokens 48] [--max-turns 2]
+                                   [--temperature 1]
 
 Throughput = policy-generated tokens / wall time. The search rollout pays for reading each
 turn's observation into the KV cache (the context itself is never re-read: turns continue from
@@ -9,9 +10,12 @@ decoding (ratio plain / search <= 1.5). Plain decoding of the same tokens is tim
 every row the mean length (one uniform batch), and every row the length of its own search
 trajectory (the same spread of lengths, so the batch waits for its longest row as the rollout
 does; what remains is the cost of the turns). The search line also splits its time into policy
-calls and the environment's own work. Sampling at temperature 1, after a warm-up call with the
-same inputs (compilation excluded; in training the same shape buckets recur every step); the
-three alternate for --repeats runs and each keeps its best time. Plain decoding gets the
+calls and the environment's own work. Sampling at temperature 1 (``--temperature``; at
+temperature 1 a row's samples depend on where the sampler lays it out, so two versions of the
+rollout sample different trajectories and their ratios compare different workloads; greedy,
+0, gives both the same ones), after a warm-up call with the same inputs (compilation
+excluded; in training the same shape buckets recur every step); the three alternate for
+--repeats runs and each keeps its best time. Plain decoding gets the
 per-layer weights the policy uses (`decode_params`). ``--reprefill`` times the old way (every
 turn re-sends the whole context) for comparison.
 """
@@ -30,6 +34,9 @@ def main() -> None:
     ap.add_argument("--turn-tokens", type=int, default=48)
     ap.add_argument("--max-turns", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each, alternating")
+    ap.add_argument("--temperature", type=float, default=1.0,
+                    help="0: greedy, the same trajectories whatever the sampler's row layout "
+                         "(to compare two versions of the rollout on one workload)")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="the sampler's weights, both sides (decode_params)")
     ap.add_argument("--reprefill", action="store_true",
@@ -44,7 +51,7 @@ def main() -> None:
     cfg, params, tok = load_params("smollm2_135m")
     task = make_task({"name": "search_qa", "max_turns": a.max_turns,
                       "max_response_tokens": a.turn_tokens * (a.max_turns + 1) * 2})
-    sampling = SamplingParams(max_new_tokens=a.turn_tokens, temperature=1.0)
+    sampling = SamplingParams(max_new_tokens=a.turn_tokens, temperature=a.temperature)
     env = task.make_env(tok, sampling)
     policy = _Timed(SamplerPolicy(cfg, params, tok, dtype=a.dtype), reprefill=a.reprefill)
     prompts = task.prompts("dev")[: a.batch]
@@ -62,7 +69,8 @@ def main() -> None:
     weights = decode_params(params, a.dtype)
 
     def plain(per_row: list[int]):
-        sp = SamplingParams(max_new_tokens=max(per_row), temperature=1.0, ignore_eos=True)
+        sp = SamplingParams(max_new_tokens=max(per_row), temperature=a.temperature,
+                            ignore_eos=True)
         return lambda: generate(cfg, weights, tok, ids, sp, seed=1, max_new_per_row=per_row)
 
     in_policy: list[float] = []  # seconds inside policy calls, per search run
