@@ -398,9 +398,8 @@ def compile_buckets(cfg: ModelConfig, params: Params, front: Frontier, width: in
     ``front``'s shapes (ahead of time: nothing runs; jit keeps the executables).
 
     The programs are lowered here and compiled concurrently, one thread per host core at
-    most: the compiler releases the GIL, and a program's compile uses about one core. On
-    the 2-core AMD EPYC, SmolLM2-135M's 8 programs (bench.search_rollout's shapes) took
-    37 s instead of 49 (2026-12-05); a TPU host has many more cores than programs."""
+    most: the compiler releases the GIL, and a program's compile uses about one core
+    (measured: docs/benchmarks.md, search rollouts)."""
     n_device = int(front.n_tokens.shape[0])
     per, mesh = n_device // shards, settings.mesh
     key = _key(0)
