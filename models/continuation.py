@@ -8,18 +8,19 @@ compacted or re-laid out, so a rollout's programs keep one shape from its first 
 last:
 
     read    the rows with appended tokens read them (``read_in_place``, compiled by
-            ``read_program`` for the platform): a sub-batch of
-            ``reader`` rows gathered from the cache, the tokens read in blocks of
+            ``read_program`` for the platform): in groups of :func:`read_group` rows, as
+            many groups as there are readers (a loop with its trip count set at run time),
+            each gathered from the cache, its tokens read in blocks of
             ``SamplingParams.read_block`` and the rest in blocks of 32 (as many as the
-            longest line needs: loops with trip counts set at run time, over lines of a
-            fixed width), scattered back
+            group's longest line needs), scattered back
     decode  the continued rows sample (``decode_in_place``): a sub-batch gathered, the
             decode loop, scattered back; for a bucket of every row, the whole cache in place
 
-Sub-batches come in a few sizes per data-parallel shard (:func:`row_buckets`: ceil(P j/4),
-j = 1..4, for P device rows per shard), so a chunk costs about what its rows cost. Each
-program donates the cache it updates. The programs of one rollout shape (cache rows and
-slots, line width, sampling settings) are therefore at most ``2 * len(row_buckets(P))``;
+A decode's sub-batch comes in a few sizes per data-parallel shard (:func:`row_buckets`:
+ceil(P j/4), j = 1..4, for P device rows per shard), so a chunk costs about what its rows
+cost; a read's groups make it cost about its rows in one program. Each program donates the
+cache it updates. The programs of one rollout shape (cache rows and slots, line width,
+sampling settings) are therefore at most ``len(row_buckets(P)) + 1``;
 ``Continuation.compile_buckets`` compiles them all at the first chunk so that no later
 chunk, nor a later step with the same shapes, compiles.
 
@@ -128,13 +129,24 @@ def row_bucket(n: int, per_shard: int, sub_batches: bool = True) -> int:
     return next(b for b in row_buckets(per_shard, sub_batches) if b >= n)
 
 
+def read_group(per_shard: int) -> int:
+    """The rows a read takes at a time, per shard of `per_shard` device rows: ceil(P/8). A read
+    costs about its rows' tokens (it is compute, like a prefill: on the 2-core CPU about
+    600-700 tokens/s at any block from 16 to 128 tokens), so its readers are not rounded up
+    to a decode bucket: of 16 rows, 2 readers read as 2, not 4, and 10 as 10, not 12; and a
+    group's copy of the cache is an eighth of it. The price: every row's read is 8 passes
+    over the weights, not 1 (on an accelerator a read of few rows reads the weights for
+    little compute)."""
+    return -(-per_shard // 8)
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """Where a continuation's rows sit in its sub-batch of ``size`` rows: ``index`` [S, R]
-    the device rows, local to each of the S shards' blocks of P rows, that the sub-batch
-    gathers (P, out of range, pads: gathered clipped, dropped on the way back), or None when
-    R = P (the sub-batch is the whole cache, row for row); ``sub[i]`` the sub-batch row of
-    the i-th row laid out."""
+    (a read's [S, K, G], see :func:`read_layout`) the device rows, local to each of the S
+    shards' blocks of P rows, that the sub-batch gathers (P, out of range, pads: gathered
+    clipped, dropped on the way back), or None when every row runs in place, row for row;
+    ``sub[i]`` the sub-batch row of the i-th row laid out."""
 
     index: np.ndarray | None
     sub: np.ndarray
@@ -146,14 +158,34 @@ def layout_rows(device_rows: np.ndarray, n_device: int, shards: int,
     """The sub-batch of :func:`row_bucket` size holding `device_rows` (rows of a cache of
     `n_device` rows in `shards` equal blocks), each in its own shard's block, in order."""
     per = n_device // shards
-    shard = device_rows // per
-    size = row_bucket(int(np.bincount(shard, minlength=shards).max()), per, sub_batches)
+    size = row_bucket(int(np.bincount(device_rows // per, minlength=shards).max()), per,
+                      sub_batches)
     if size == per:
         return Layout(None, device_rows.astype(np.int32), n_device)
+    return _gathered(device_rows, n_device, shards, size)
+
+
+def read_layout(device_rows: np.ndarray, n_device: int, shards: int,
+                sub_batches: bool = True) -> Layout:
+    """The readers' layout for :func:`read_in_place`: with ``sub_batches`` every shard's
+    block of P rows as K = ceil(P/G) groups of G = :func:`read_group` rows, the shard's
+    readers first (``index`` [S, K, G]); without, every row in place (``index`` None)."""
+    per = n_device // shards
+    group = read_group(per)
+    if not sub_batches or group == per:
+        return Layout(None, device_rows.astype(np.int32), n_device)
+    layout = _gathered(device_rows, n_device, shards, round_up(per, group))
+    return dataclasses.replace(layout, index=layout.index.reshape(shards, -1, group))
+
+
+def _gathered(device_rows: np.ndarray, n_device: int, shards: int, size: int) -> Layout:
+    """`device_rows` gathered into a sub-batch of `size` rows per shard (:class:`Layout`)."""
+    per = n_device // shards
     index = np.full((shards, size), per, np.int32)
     sub = np.zeros(len(device_rows), np.int32)
     filled = np.zeros(shards, np.int32)
-    for i, (s, d) in enumerate(zip(shard, device_rows)):
+    for i, d in enumerate(device_rows):
+        s = d // per
         index[s, filled[s]] = d % per
         sub[i] = s * size + filled[s]
         filled[s] += 1
@@ -192,14 +224,43 @@ TAIL_BLOCK = 32  # tokens; on the 2-core CPU a 16-token block read at half the s
 
 def read_in_place(cfg: ModelConfig, params: Params, state: Frontier, readers: jax.Array | None,
                   lines: jax.Array, mask: jax.Array, *, settings: DecodeSettings) -> Frontier:
-    """``state`` after its rows ``readers`` (see :func:`_take`) read their ``lines`` [R, W]
-    (right padded, ``mask`` the real tokens; W a multiple of 16) at their next free slots:
-    in blocks of ``settings.read_block`` tokens (W when shorter), as many whole ones as the
+    """``state`` after its rows read their ``lines`` (right padded, ``mask`` the real tokens;
+    width W a multiple of 16) at their next free slots. ``readers``: None, every row reads
+    its own line in place ([B, W], an empty line reads nothing); or [S, K, G], :func:
+    `read_layout`'s index in K groups of G rows per shard (the readers first, the shard's
+    row count P padding), lines [S K G, W] in the same order: the groups holding readers
+    are read one after the other (a loop with its trip count set at run time), each
+    gathered out of the cache (:func:`_take`), read and put back, so a read costs about its
+    readers' tokens whatever their number, in one program. Run it as the program
+    :func:`read_program` gives for the mesh's platform."""
+    params, mesh = unstack_layers(params), settings.mesh
+    if readers is None:
+        return constrain_rows(_read_rows(cfg, params, constrain_rows(state, mesh), lines,
+                                         mask, settings), mesh)
+    shards, groups, group = readers.shape
+    per = state.n_tokens.shape[0] // shards
+    lines = lines.reshape(shards, groups, group, lines.shape[1])
+    mask = mask.reshape(lines.shape)
+    reading = jnp.max(jnp.sum(readers < per, axis=(1, 2)))  # the most readers of a shard
+
+    def one(g: jax.Array, state: Frontier) -> Frontier:
+        index = readers[:, g]
+        sub = _read_rows(cfg, params, constrain_rows(_take(state, index), mesh),
+                         lines[:, g].reshape(shards * group, -1),
+                         mask[:, g].reshape(shards * group, -1), settings)
+        return constrain_rows(_put(state, index, constrain_rows(sub, mesh)), mesh)
+
+    return jax.lax.fori_loop(0, (reading + group - 1) // group, one, state)
+
+
+def _read_rows(cfg: ModelConfig, params: Params, sub: Frontier, lines: jax.Array,
+               mask: jax.Array, settings: DecodeSettings) -> Frontier:
+    """``sub``'s rows after reading their ``lines`` [R, W] (``mask`` the real tokens): in
+    blocks of ``settings.read_block`` tokens (W when shorter), as many whole ones as the
     longest line holds, then its rest in blocks of ``TAIL_BLOCK`` (loops with trip counts
     set at run time). Each reading row's next-token logits become those after its last read
-    token. Run it as the program :func:`read_program` gives for the mesh's platform."""
-    params, mesh = unstack_layers(params), settings.mesh
-    sub = constrain_rows(_take(state, readers), mesh)
+    token."""
+    mesh = settings.mesh
     block = min(lines.shape[1], settings.read_block)
     read = jnp.sum(mask, axis=1, dtype=jnp.int32)  # [R]
     # room for the last tail block to overhang the lines (a slice past the end would shift)
@@ -239,8 +300,7 @@ def read_in_place(cfg: ModelConfig, params: Params, state: Frontier, readers: ja
         carry = blocks(TAIL_BLOCK, full * block, (rest + TAIL_BLOCK - 1) // TAIL_BLOCK, carry)
     cache, last = carry
     logits = jnp.where(read[:, None] > 0, row_logits(cfg, params, last, mesh), sub.logits)
-    sub = Frontier(cache, logits, sub.n_tokens + read, sub.stop_state, sub.next_slot + read)
-    return constrain_rows(_put(state, readers, constrain_rows(sub, mesh)), mesh)
+    return Frontier(cache, logits, sub.n_tokens + read, sub.stop_state, sub.next_slot + read)
 
 
 # The TPU compiler's latency-hiding scheduler overlaps the read's layers (weight gathers,
@@ -336,7 +396,7 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
         compile_buckets(cfg, params, front, width, shards, settings, tokenizer, sampling)
     readers = np.asarray([i for i, a in enumerate(appended) if a], np.int32)
     if len(readers):
-        layout = layout_rows(device_rows[readers], n_device, shards, sampling.sub_batches)
+        layout = read_layout(device_rows[readers], n_device, shards, sampling.sub_batches)
         lines, mask = _lines([appended[i] for i in readers], layout, width, tokenizer.pad_id)
         front = read_program(mesh)(cfg, params, front, *_on_rows(
             (layout.index, lines, mask), mesh), settings=settings)
@@ -394,8 +454,8 @@ def _on_rows(host: tuple[Any, ...], mesh: Mesh | None) -> tuple[Any, ...]:
 def compile_buckets(cfg: ModelConfig, params: Params, front: Frontier, width: int,
                     shards: int, settings: DecodeSettings, tokenizer: Tokenizer,
                     sampling: SamplingParams) -> None:
-    """Compile the read (for lines of `width`) and decode programs of every row bucket for
-    ``front``'s shapes (ahead of time: nothing runs; jit keeps the executables).
+    """Compile the read (for lines of `width`) and the decode program of every row bucket
+    for ``front``'s shapes (ahead of time: nothing runs; jit keeps the executables).
 
     The programs are lowered here and compiled concurrently, one thread per host core at
     most: the compiler releases the GIL, and a program's compile uses about one core
@@ -406,16 +466,17 @@ def compile_buckets(cfg: ModelConfig, params: Params, front: Frontier, width: in
     lowered = []
     for size in row_buckets(per, sampling.sub_batches):
         index = None if size == per else np.full((shards, size), per, np.int32)
-        rows = shards * size
-        resume, lines, mask = (np.zeros(rows, bool), np.zeros((rows, width), np.int32),
-                               np.zeros((rows, width), bool))
-        index_d, resume, lines, mask = _on_rows((index, resume, lines, mask), mesh)
-        stopping = _stopping(cfg, tokenizer, sampling, np.zeros(rows, np.int32), mesh)
-        lowered.append(decode_in_place.lower(cfg, params, front, index_d, resume, key,
+        resume = np.zeros(shards * size, bool)
+        index, resume = _on_rows((index, resume), mesh)
+        stopping = _stopping(cfg, tokenizer, sampling, np.zeros(shards * size, np.int32), mesh)
+        lowered.append(decode_in_place.lower(cfg, params, front, index, resume, key,
                                              stopping, settings=settings))
-        if width:
-            lowered.append(read_program(mesh).lower(cfg, params, front, index_d, lines, mask,
-                                                    settings=settings))
+    if width:
+        layout = read_layout(np.zeros(0, np.int32), n_device, shards, sampling.sub_batches)
+        lines, mask = _lines([], layout, width, tokenizer.pad_id)
+        lowered.append(read_program(mesh).lower(
+            cfg, params, front, *_on_rows((layout.index, lines, mask), mesh),
+            settings=settings))
     workers = max(1, min(len(lowered), os.cpu_count() or 1))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         list(pool.map(lambda program: program.compile(), lowered))

@@ -65,7 +65,8 @@ class SamplingParams:
     observation of a row, so that its continuations write in place, in programs of one
     shape (``models.continuation``). ``sub_batches``: a continuation runs its rows gathered
     out of the cache into a sub-batch of one of a few sizes (``models.continuation.
-    row_buckets``), so a chunk costs about what its rows cost; False: every row of the cache
+    row_buckets``; a read, groups of ``read_group`` rows), so a chunk costs about what its
+    rows cost; False: every row of the cache
     runs, in place (rows not continued ride along, finished), so nothing but the cache is
     held: the memory of a tight accelerator (``rl.plan``'s ``part`` program)."""
 

@@ -58,11 +58,18 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig, ModelLoadError
-from models.continuation import decode_in_place, line_width, read_program, row_buckets
+from models.continuation import (
+    decode_in_place,
+    line_width,
+    read_layout,
+    read_program,
+    row_buckets,
+)
 from models.sampler import (
     DecodeSettings,
     Frontier,
@@ -504,10 +511,12 @@ def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
                       chunk: int) -> list[Program]:
     """A multi-turn rollout's continuation at its largest, as
     ``models.continuation.continue_generation`` runs it over the mesh for the search
-    environment: every row (the bucket of all rows: no gather) in place in the rollout's one
-    cache of prompt + budget slots, which each program takes over (donated). ``read``: every
-    row reads an observation line (task.max_obs_tokens, as ``line_width`` pads it), in blocks
-    of the sampling's read_block; ``continue``: every row decodes one chunk
+    environment: every row, in the rollout's one cache of prompt + budget slots, which each
+    program takes over (donated). ``read``: every row reads an observation line
+    (task.max_obs_tokens, as ``line_width`` pads it), in blocks of the sampling's read_block,
+    a group of rows at a time gathered out of the cache (``models.continuation.read_group``;
+    without trainer.rollout_sub_batches all rows at once, in place); ``continue``: in place
+    (the bucket of all rows: no gather), every row decodes one chunk
     (task.chunk_tokens); ``part``: the same chunk decoded by the largest bucket of rows that
     is gathered out of the cache (three quarters of each shard's rows: the cache and three
     quarters of it in memory, see ``models.continuation.row_buckets``)."""
@@ -517,11 +526,16 @@ def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
     slots = lay.cache_len
     settings = DecodeSettings(chunk, run.trainer.temperature, run.trainer.top_p, mesh,
                               run.trainer.kv_cache_dtype, sampling.read_block)
+    shards = batch_shards(mesh)
+    # every row reads: in groups gathered out of the cache (none without sub-batches)
+    groups = read_layout(np.zeros(0, np.int32), b, shards,
+                         run.trainer.rollout_sub_batches).index
+    readers = None if groups is None else _rows(groups.shape, jnp.int32, mesh)
     lines, mask = _rows((b, obs), jnp.int32, mesh), _rows((b, obs), jnp.bool_, mesh)
-    read = read_program(mesh).lower(cfg, dparams, state, None, lines, mask,
+    read = read_program(mesh).lower(cfg, dparams, state, readers, lines, mask,
                                     settings=settings)
     programs = [compiled_program(
-        "read", read, (dparams, state, lines, mask), resident=resident,
+        "read", read, (dparams, state, readers, lines, mask), resident=resident,
         flops=sum(forward_flops(cfg, b * obs, b * obs * slots, b)),
         min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes)]
     resume = _rows((b,), jnp.bool_, mesh)
@@ -533,7 +547,6 @@ def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
         "continue", lowered, (dparams, state, resume, key, stopping), resident=resident,
         flops=chunk * sum(forward_flops(cfg, b, b * slots, b)),
         min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes))
-    shards = batch_shards(mesh)
     # the largest bucket that gathers its rows (none without trainer.rollout_sub_batches)
     part = row_buckets(b // shards, run.trainer.rollout_sub_batches)[-2:][0]
     if part < b // shards:

@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from models.continuation import layout_rows, row_buckets
+from models.continuation import layout_rows, read_layout, row_buckets
 from models.sampler import _sharded_prompts
 
 SCRIPT = textwrap.dedent("""
@@ -260,6 +260,14 @@ def test_continue_layout_keeps_rows_on_their_shard():
     whole = layout_rows(np.asarray(rows), n_device=32, shards=2)
     assert whole.index is None and whole.size == 32
     np.testing.assert_array_equal(whole.sub, rows)
+    # a read: each shard's 16 rows as 8 groups of 2, its readers first, in order
+    read = read_layout(np.asarray([29, 0, 27, 1, 25]), n_device=32, shards=2)
+    assert read.size == 32 and read.index.shape == (2, 8, 2)
+    np.testing.assert_array_equal(read.index.reshape(2, 16)[:, :4], [[0, 1, 16, 16],
+                                                                     [13, 11, 9, 16]])
+    assert (read.index.reshape(2, 16)[:, 4:] == 16).all()
+    np.testing.assert_array_equal(read.sub, [16, 0, 17, 1, 18])
+    assert read_layout(np.asarray([3]), 32, 2, sub_batches=False).index is None
 
 
 TRAIN_SCRIPT = textwrap.dedent("""

@@ -590,8 +590,10 @@ def test_a_multi_turn_continuation_reads_and_decodes_in_place():
     cache = layers * rows * per_slot * slots + rows * slots
     state = cache + rows * cfg.vocab_size * 4 + 3 * rows * 4
     lines = rows * 256 * 5  # max_obs_tokens 256: int32 tokens and a bool mask
-    assert read.arguments == bytes_per_chip(dparams) + state + lines, read
+    # every row in 8 groups of 2 (int32 row indices), each group's cache gathered by turns
+    assert read.arguments == bytes_per_chip(dparams) + state + lines + rows * 4, read
     assert 0 <= read.outputs - state < 2**10 and read.aliased >= cache, read
+    assert read.temporaries >= cache * 2 // 16, read
     # the chunk's decode: under 1 MiB of token budgets, stop tables and sampled tokens
     rest = cont.arguments - bytes_per_chip(dparams) - state
     assert 0 <= rest < 2**20, (rest, cont)

@@ -91,9 +91,9 @@ def test_no_program_compiles_after_the_first_step(tiny, caplog):
             searches = [g.trajectories[0].info["searches"] for g in groups]
             assert sorted(searches) == [0, 0, 0, 1, 1, 1, 2, 3]
     assert compiled[1:] == [[]] * 5, compiled
-    # the sampler's programs: one fresh generation, and per row bucket one read and one
-    # decode (compiled at the first continuation), whatever the rows did
+    # the sampler's programs: one fresh generation, one read, and per row bucket one decode
+    # (compiled at the first continuation), whatever the rows did
     sampler = [n for n in compiled[0] if re.search("_generate|in_place", n)]
-    assert sorted(sampler) == sorted(["jit(_generate)"] + ["jit(read_in_place)",
-                                                            "jit(decode_in_place)"]
-                                     * len(row_buckets(ROWS))), compiled[0]
+    assert sorted(sampler) == sorted(["jit(_generate)", "jit(read_in_place)"]
+                                     + ["jit(decode_in_place)"] * len(row_buckets(ROWS))), \
+        compiled[0]
