@@ -17,8 +17,8 @@ last:
             decode loop, scattered back; for a bucket of every row, the whole cache in place
 
 A decode's sub-batch comes in a few sizes per data-parallel shard (:func:`row_buckets`:
-ceil(P j/4), j = 1..4, for P device rows per shard), so a chunk costs about what its rows
-cost; a read's groups make it cost about its rows in one program. Each program donates the
+ceil(P/4), ceil(P/2) and P, for P device rows per shard), so a chunk costs about what its
+rows cost; a read's groups make it cost about its rows in one program. Each program donates the
 cache it updates. The programs of one rollout shape (cache rows and slots, line width,
 sampling settings) are therefore at most ``len(row_buckets(P)) + 1``;
 ``Continuation.compile_buckets`` compiles them all at the first chunk so that no later
@@ -112,16 +112,18 @@ def line_width(longest: int, read_block: int) -> int:
 
 
 def row_buckets(per_shard: int, sub_batches: bool = True) -> tuple[int, ...]:
-    """The sub-batch sizes a continuation runs at, per shard of `per_shard` device rows:
-    ceil(per_shard * j / 4) for j = 1..4, ascending (only `per_shard` without
-    ``sub_batches``, see ``SamplingParams.sub_batches``). The largest is every row, in place (no
-    gather); the others gather their rows' cache, so a continuation holds at most three
-    quarters of the cache more than the cache itself. Quarters, not halvings: a chunk of
-    11 rows of 16 reads and decodes 12, not 16 (on the 2-core CPU a rollout's reads and
-    decodes cost about their rows), and a tail of 1 row costs 4, cheap where rows are."""
+    """The sub-batch sizes a decode chunk runs at, per shard of `per_shard` device rows:
+    ceil(per_shard / 4), ceil(per_shard / 2) and per_shard, ascending (only `per_shard`
+    without ``sub_batches``, see ``SamplingParams.sub_batches``). The largest is every row,
+    in place (no gather); the others gather their rows' cache, so a continuation holds at
+    most half the cache more than the cache itself. No bucket of three quarters: gathering
+    and putting back a row's whole cache costs more than decoding it does (on the 2-core
+    CPU a chunk of 12 rows of 16 gathered took as long as all 16 in place), while a decode
+    step costs little more for more rows (it reads the weights), and at a quarter or a half
+    of the rows the saving pays for the copy."""
     if not sub_batches:
         return (per_shard,)
-    return tuple(sorted({-(-per_shard * j // 4) for j in range(1, 5)}))
+    return tuple(sorted({-(-per_shard // 4), -(-per_shard // 2), per_shard}))
 
 
 def row_bucket(n: int, per_shard: int, sub_batches: bool = True) -> int:

@@ -10,7 +10,7 @@ nothing downloaded or allocated), the programs of one RL step as ``rl.train`` wo
                the rollout's one cache (``models.continuation.read_in_place``, donated)
     continue   that task's decoding of a chunk by every row, in place
                (``models.continuation.decode_in_place``, the cache donated)
-    part       the same for three quarters of the rows, gathered out of the cache and put back
+    part       the same for half the rows, gathered out of the cache and put back
     reference  the reference / old-policy log-prob pass (``rl.train_step.batch_logprobs``)
     update     one optimizer update (``rl.train_step.make_train_step``) on a mini-batch
     start-up   not a compiled program: what the chips hold when loading ends, before step 0
@@ -518,8 +518,8 @@ def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
     without trainer.rollout_sub_batches all rows at once, in place); ``continue``: in place
     (the bucket of all rows: no gather), every row decodes one chunk
     (task.chunk_tokens); ``part``: the same chunk decoded by the largest bucket of rows that
-    is gathered out of the cache (three quarters of each shard's rows: the cache and three
-    quarters of it in memory, see ``models.continuation.row_buckets``)."""
+    is gathered out of the cache (half of each shard's rows: the cache and half of it in
+    memory, see ``models.continuation.row_buckets``)."""
     b = state.logits.shape[0]
     sampling = run.sampling()
     obs = line_width(int(run.task.get("max_obs_tokens") or 1), sampling.read_block)

@@ -248,15 +248,15 @@ def test_prompt_layout_per_shard():
 
 
 def test_continue_layout_keeps_rows_on_their_shard():
-    # a cache of 2 shards of 16 device rows (buckets 4, 8, 12, 16 per shard); continue device
+    # a cache of 2 shards of 16 device rows (buckets 4, 8, 16 per shard); continue device
     # rows 29, 0, 27, 1, 25: 3 on shard 1 and 2 on shard 0, so 4 per shard, each in its block
-    assert row_buckets(16) == (4, 8, 12, 16) and row_buckets(5) == (2, 3, 4, 5)
+    assert row_buckets(16) == (4, 8, 16) and row_buckets(5) == (2, 3, 5)
     layout = layout_rows(np.asarray([29, 0, 27, 1, 25]), n_device=32, shards=2)
     assert layout.size == 8
     np.testing.assert_array_equal(layout.index, [[0, 1, 16, 16], [13, 11, 9, 16]])  # 16: pad
     np.testing.assert_array_equal(layout.sub, [4, 0, 5, 1, 6])
-    # more than three quarters of a shard's rows: the whole cache, row for row (no gather)
-    rows = [*range(13), 16]
+    # more than half a shard's rows: the whole cache, row for row (no gather)
+    rows = [*range(9), 16]
     whole = layout_rows(np.asarray(rows), n_device=32, shards=2)
     assert whole.index is None and whole.size == 32
     np.testing.assert_array_equal(whole.sub, rows)

@@ -599,12 +599,11 @@ def test_a_multi_turn_continuation_reads_and_decodes_in_place():
     assert 0 <= rest < 2**20, (rest, cont)
     assert 0 <= cont.outputs - state < 2**20 and cont.aliased >= cache, cont
     assert cont.resident == read.resident == 5 and cont.runs and cont.flops > read.flops > 0
-    # three quarters of the rows (12 of 16) gathered: their cache, three quarters of it, is
-    # temporary; arguments: the row index [1, 12] int32 more; 4 fewer resume flags (bool)
-    # and token budgets (int32)
-    assert part.arguments == cont.arguments + 12 * 4 - 4 * 1 - 4 * 4, (part, cont)
-    assert part.temporaries >= cache * 3 // 4 and part.aliased >= cache, part
-    assert abs(cont.flops / part.flops - 16 / 12) < 0.03
+    # half the rows (8 of 16) gathered: their cache, half of it, is temporary; arguments:
+    # the row index [1, 8] int32 more; 8 fewer resume flags (bool) and token budgets (int32)
+    assert part.arguments == cont.arguments + 8 * 4 - 8 * 1 - 8 * 4, (part, cont)
+    assert part.temporaries >= cache // 2 and part.aliased >= cache, part
+    assert abs(cont.flops / part.flops - 16 / 8) < 0.06
     # without sub-batches every continuation runs on the whole cache: no gathered program
     whole, _ = _config("task=search_qa", "trainer.kv_cache_dtype=bfloat16",
                        "plan.response_budget=200", "trainer.rollout_sub_batches=false")
