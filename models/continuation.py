@@ -18,9 +18,9 @@ last:
 
 A decode's sub-batch comes in a few sizes per data-parallel shard (:func:`row_buckets`:
 ceil(P/4), ceil(P/2) and P, for P device rows per shard), so a chunk costs about what its
-rows cost; a read's groups make it cost about its rows in one program. Each program donates the
-cache it updates. The programs of one rollout shape (cache rows and slots, line width,
-sampling settings) are therefore at most ``len(row_buckets(P)) + 1``;
+rows cost; a read's groups make it cost about its readers in one program. Each program
+donates the cache it updates. The programs of one rollout shape (cache rows and slots, line
+width, sampling settings) are therefore at most ``len(row_buckets(P)) + 1``;
 ``Continuation.compile_buckets`` compiles them all at the first chunk so that no later
 chunk, nor a later step with the same shapes, compiles.
 

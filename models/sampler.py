@@ -66,9 +66,9 @@ class SamplingParams:
     shape (``models.continuation``). ``sub_batches``: a continuation runs its rows gathered
     out of the cache into a sub-batch of one of a few sizes (``models.continuation.
     row_buckets``; a read, groups of ``read_group`` rows), so a chunk costs about what its
-    rows cost; False: every row of the cache
-    runs, in place (rows not continued ride along, finished), so nothing but the cache is
-    held: the memory of a tight accelerator (``rl.plan``'s ``part`` program)."""
+    rows cost; False: every row of the cache runs, in place (rows not continued ride along,
+    finished), so nothing but the cache is held: the memory of a tight accelerator
+    (``rl.plan``'s ``part`` program)."""
 
     max_new_tokens: int = 128
     temperature: float = 1.0
