@@ -38,9 +38,11 @@ matmul parameters M = L (d hd (h + 2 kv) + h hd d + 3 d f):
 The update is forward + backward = 3 forwards (Kaplan et al. 2020, "6 N per token"), plus the
 recomputed attention (remat=false keeps only the weight matmuls' outputs) or the recomputed
 layer stack (remat=true). The time bound is max(FLOPs / (chips x peak FLOP/s),
-bytes / HBM bandwidth) with bytes per chip the program's arguments and outputs (read and
-written once) or, for the decode loop, its arguments read at every step; interconnect time
-is not counted.
+bytes / HBM bandwidth, gathered weights / ICI bandwidth) with bytes per chip the program's
+arguments and outputs (read and written once) or, for the decode loop, its arguments read at
+every step, and the gathered weights the rollout's split layer matrices each chip receives
+at every pass over them (a decode step, the prefill, a read's block of a group of rows);
+other collectives are not counted.
 """
 
 from __future__ import annotations
@@ -527,26 +529,33 @@ def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
     settings = DecodeSettings(chunk, run.trainer.temperature, run.trainer.top_p, mesh,
                               run.trainer.kv_cache_dtype, sampling.read_block)
     shards = batch_shards(mesh)
-    # every row reads: in groups gathered out of the cache (none without sub-batches)
-    groups = read_layout(np.zeros(0, np.int32), b, shards,
-                         run.trainer.rollout_sub_batches).index
-    readers = None if groups is None else _rows(groups.shape, jnp.int32, mesh)
-    lines, mask = _rows((b, obs), jnp.int32, mesh), _rows((b, obs), jnp.bool_, mesh)
+    # every row reads: in groups gathered out of the cache (none without sub-batches),
+    # which pad each shard's rows to a multiple of the group
+    groups = read_layout(np.zeros(0, np.int32), b, shards, run.trainer.rollout_sub_batches)
+    readers = None if groups.index is None else _rows(groups.index.shape, jnp.int32, mesh)
+    n = groups.size
+    lines, mask = _rows((n, obs), jnp.int32, mesh), _rows((n, obs), jnp.bool_, mesh)
     read = read_program(mesh).lower(cfg, dparams, state, readers, lines, mask,
                                     settings=settings)
-    programs = [compiled_program(
+    # the layer weights every pass over them gathers (a block of a group; a decode step)
+    gathered = gathered_per_step(dparams)
+    passes = (1 if groups.index is None else groups.index.shape[1]) \
+        * -(-obs // min(obs, sampling.read_block))
+    programs = [dataclasses.replace(compiled_program(
         "read", read, (dparams, state, readers, lines, mask), resident=resident,
         flops=sum(forward_flops(cfg, b * obs, b * obs * slots, b)),
-        min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes)]
+        min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes),
+        ici_bytes=gathered * passes)]
     resume = _rows((b,), jnp.bool_, mesh)
     key = _replicated(jax.eval_shape(lambda: jax.random.key(0)), mesh)
     stopping = _stopping(cfg, b, mesh)
     lowered = decode_in_place.lower(cfg, dparams, state, None, resume, key, stopping,
                                     settings=settings)
-    programs.append(compiled_program(
+    programs.append(dataclasses.replace(compiled_program(
         "continue", lowered, (dparams, state, resume, key, stopping), resident=resident,
         flops=chunk * sum(forward_flops(cfg, b, b * slots, b)),
-        min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes))
+        min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes),
+        ici_bytes=gathered * chunk))
     # the largest bucket that gathers its rows (none without trainer.rollout_sub_batches)
     part = row_buckets(b // shards, run.trainer.rollout_sub_batches)[-2:][0]
     if part < b // shards:
@@ -555,10 +564,11 @@ def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
         resume, stopping = _rows((n,), jnp.bool_, mesh), _stopping(cfg, n, mesh)
         lowered = decode_in_place.lower(cfg, dparams, state, index, resume, key, stopping,
                                         settings=settings)
-        programs.append(compiled_program(
+        programs.append(dataclasses.replace(compiled_program(
             "part", lowered, (dparams, state, index, resume, key, stopping),
             resident=resident, flops=chunk * sum(forward_flops(cfg, n, n * slots, n)),
-            min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes))
+            min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes),
+            ici_bytes=gathered * chunk))
     return programs
 
 
@@ -808,10 +818,11 @@ def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
                           USABLE_HBM.get(chip.name, chip.hbm_bytes), rollout) \
             if plan.rollout_fit else None
     gathered = gathered_per_step(dparams)
-    # every decode step gathers the split layer weights; the prefill once
+    # every decode step gathers the split layer weights; the prefill once (a continuation's
+    # programs count their own passes)
     steps = {"prefill": 1, "decode": lay.response}
-    rollout = [dataclasses.replace(p, ici_bytes=gathered * steps.get(p.name, 0))
-               for p in rollout]
+    rollout = [dataclasses.replace(p, ici_bytes=gathered * steps[p.name]) if p.name in steps
+               else p for p in rollout]
     with jax.set_mesh(mesh):
         programs = [*rollout, reference_program(run, cfg, lay, mesh, params, state_bytes),
                     update_program(run, cfg, lay, mesh, state, ref_bytes),

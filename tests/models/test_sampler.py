@@ -13,6 +13,7 @@ from models.continuation import (
     continue_generation,
     layout_rows,
     line_width,
+    read_layout,
     row_buckets,
 )
 from models.sampler import (
@@ -376,6 +377,25 @@ def test_continuation_where_nearly_every_row_reads(tiny):
         got = continue_generation(cfg, params, tok, first.state, Continuation(rows, obs), sp)
         ref = generate(cfg, params, tok, [context[r] + o for r, o in zip(rows, obs)], sp)
         _assert_same_generation(got, ref)
+
+
+def test_a_read_in_groups_that_pad_the_rows(tiny):
+    # 9 rows read in groups of ceil(9/8) = 2, the 9 padded to 10: 5 readers of different
+    # lengths in 3 groups read one after the other (the last with a padding slot), a row
+    # continued without reading beside them; equal to plain generate on the concatenations
+    cfg, params, tok = tiny
+    prompts = [tok.encode(f"prompt number {i}" + " x" * i) for i in range(9)]
+    sp = SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True)
+    first = generate(cfg, params, tok, prompts, sp)
+    rows = [8, 0, 4, 6, 2, 5]
+    assert read_layout(np.asarray(rows[:5]), 9, 1).index.tolist() == [[[8, 0], [4, 6],
+                                                                       [2, 9], [9, 9],
+                                                                       [9, 9]]]
+    context = [p + c for p, c in zip(prompts, first.token_lists())]
+    obs = [tok.encode(" doc" * (1 + r)) for r in rows[:5]] + [[]]
+    got = continue_generation(cfg, params, tok, first.state, Continuation(rows, obs), sp)
+    ref = generate(cfg, params, tok, [context[r] + o for r, o in zip(rows, obs)], sp)
+    _assert_same_generation(got, ref)
 
 
 def test_stop_string_straddling_two_continued_calls_is_caught(shipped):

@@ -557,7 +557,7 @@ def test_the_fit_refines_a_prediction_that_does_not_fit(monkeypatch):
                            f"{truth + 80} needs {up:.2f} GiB;"), text
 
 
-def test_a_multi_turn_continuation_reads_and_decodes_in_place():
+def test_a_multi_turn_continuation_reads_and_decodes_in_place(monkeypatch):
     """task.chunk_tokens (search_qa) plans the sampler's continuation as the search env runs
     it at its largest, every row at once, in the rollout's one cache of prompt + budget
     slots: ``read`` reads an observation line per row and ``continue`` decodes a chunk, each
@@ -573,9 +573,11 @@ def test_a_multi_turn_continuation_reads_and_decodes_in_place():
     )
 
     run, plan = _config("task=search_qa", "trainer.kv_cache_dtype=bfloat16",
-                        "plan.response_budget=200")
+                        "plan.response_budget=200", "task.chunk_tokens=24")
     cfg = tiny_config()
     mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    # one chip gathers nothing; say each pass over the layer weights gathered 1,000 bytes
+    monkeypatch.setattr("rl.plan.gathered_per_step", lambda dparams: 1000)
     lay = layout(run, plan, mesh)
     dparams = sampler_weights(run, abstract_params(cfg, mesh), mesh)
     with jax.set_mesh(mesh):
@@ -604,6 +606,9 @@ def test_a_multi_turn_continuation_reads_and_decodes_in_place():
     assert part.arguments == cont.arguments + 8 * 4 - 8 * 1 - 8 * 4, (part, cont)
     assert part.temporaries >= cache // 2 and part.aliased >= cache, part
     assert abs(cont.flops / part.flops - 16 / 8) < 0.06
+    # passes over the weights: the read's 8 groups x 2 blocks of 128 (256 tokens); a chunk's
+    # 24 decode steps
+    assert (read.ici_bytes, cont.ici_bytes, part.ici_bytes) == (16_000, 24_000, 24_000)
     # without sub-batches every continuation runs on the whole cache: no gathered program
     whole, _ = _config("task=search_qa", "trainer.kv_cache_dtype=bfloat16",
                        "plan.response_budget=200", "trainer.rollout_sub_batches=false")
