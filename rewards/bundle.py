@@ -288,23 +288,35 @@ def _scalar(text: str) -> Any:
         return text
 
 
+def split_prefixed(argv: Sequence[str], prefix: str) -> tuple[list[str], dict[str, Any]]:
+    """(the other arguments, ``{key: value}`` of the ``PREFIX.key=value`` ones, YAML scalars;
+    ``--PREFIX.key=value`` too)."""
+    rest, found = [], {}
+    for a in argv:
+        k, eq, v = a.lstrip("-").partition("=")
+        if eq and k.startswith(prefix + "."):
+            found[k[len(prefix) + 1:]] = _scalar(v)
+        else:
+            rest.append(a)
+    return rest, found
+
+
 def parse_cli(argv: Sequence[str], n_pos: int, usage: str, keys: Sequence[str]
               ) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
     """``n_pos`` positionals, then ``key=value`` (``keys`` only) and ``judge.key=value``.
 
     Returns (positionals, options, judge options).  ``--key=value`` is accepted too.
     """
-    pos, opts, jopts = [], {}, {}
-    for a in argv:
-        if a in ("-h", "--help"):
-            raise CliError(usage)
+    if any(a in ("-h", "--help") for a in argv):
+        raise CliError(usage)
+    rest, jopts = split_prefixed(argv, "judge")
+    pos, opts = [], {}
+    for a in rest:
         if "=" not in a:
             pos.append(a)
             continue
         k, v = a.lstrip("-").split("=", 1)
-        if k.startswith("judge."):
-            jopts[k[len("judge."):]] = _scalar(v)
-        elif k in keys:
+        if k in keys:
             opts[k] = v
         else:
             raise CliError(f"unknown option {k!r} (known: {', '.join(keys)}, judge.*)\n{usage}")

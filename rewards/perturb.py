@@ -681,20 +681,6 @@ def _options(opts: Mapping[str, Any]) -> dict[str, Any]:
     return o
 
 
-def _split_prefixed(argv: Sequence[str], prefix: str) -> tuple[list[str], dict[str, Any]]:
-    """(the other arguments, ``{key: value}`` of the ``PREFIX.key=value`` ones, YAML scalars)."""
-    from rewards.bundle import _scalar
-
-    rest, found = [], {}
-    for a in argv:
-        k, eq, v = a.lstrip("-").partition("=")
-        if eq and k.startswith(prefix + "."):
-            found[k[len(prefix) + 1:]] = _scalar(v)
-        else:
-            rest.append(a)
-    return rest, found
-
-
 def make_editor(name: str, overrides: Mapping[str, Any]) -> Any:
     """The edit writer (``rewards.audit_edits.ModelEditor``) over an OpenAI-compatible server:
     ``conf/judge/NAME.yaml`` (e.g. ``openai``) updated with ``edit.KEY=VALUE`` options."""
@@ -751,11 +737,11 @@ def _report(result: Mapping[str, Any], config: Mapping[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rewards.bundle import CliError, judge_from_args, parse_cli
+    from rewards.bundle import CliError, judge_from_args, parse_cli, split_prefixed
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        argv, eopts = _split_prefixed(argv, "edit")
+        argv, eopts = split_prefixed(argv, "edit")
         (src, out_dir), opts, jopts = parse_cli(argv, n_pos=2, usage=USAGE, keys=KEYS)
         o = _options(opts)
         if eopts and not o["edit"]:
