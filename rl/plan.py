@@ -523,53 +523,47 @@ def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
     is gathered out of the cache (half of each shard's rows: the cache and half of it in
     memory, see ``models.continuation.row_buckets``)."""
     b = state.logits.shape[0]
-    sampling = run.sampling()
+    sampling, slots, shards = run.sampling(), lay.cache_len, batch_shards(mesh)
+    per = b // shards
     obs = line_width(int(run.task.get("max_obs_tokens") or 1), sampling.read_block)
-    slots = lay.cache_len
     settings = DecodeSettings(chunk, run.trainer.temperature, run.trainer.top_p, mesh,
                               run.trainer.kv_cache_dtype, sampling.read_block)
-    shards = batch_shards(mesh)
+    gathered = gathered_per_step(dparams)  # the layer weights every pass over them gathers
     # every row reads: in groups gathered out of the cache (none without sub-batches),
-    # which pad each shard's rows to a multiple of the group
+    # which pad each shard's rows to a multiple of the group; a pass per block of a group
     groups = read_layout(np.zeros(0, np.int32), b, shards, run.trainer.rollout_sub_batches)
     readers = None if groups.index is None else _rows(groups.index.shape, jnp.int32, mesh)
-    n = groups.size
-    lines, mask = _rows((n, obs), jnp.int32, mesh), _rows((n, obs), jnp.bool_, mesh)
+    lines, mask = (_rows((groups.size, obs), dtype, mesh) for dtype in (jnp.int32, jnp.bool_))
+    passes = (1 if readers is None else readers.shape[1]) * -(-obs // min(obs, sampling.read_block))
     read = read_program(mesh).lower(cfg, dparams, state, readers, lines, mask,
                                     settings=settings)
-    # the layer weights every pass over them gathers (a block of a group; a decode step)
-    gathered = gathered_per_step(dparams)
-    passes = (1 if groups.index is None else groups.index.shape[1]) \
-        * -(-obs // min(obs, sampling.read_block))
     programs = [dataclasses.replace(compiled_program(
         "read", read, (dparams, state, readers, lines, mask), resident=resident,
-        flops=sum(forward_flops(cfg, b * obs, b * obs * slots, b)),
-        min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes),
+        flops=sum(forward_flops(cfg, b * obs, b * obs * slots, b)), min_bytes=_in_and_out),
         ici_bytes=gathered * passes)]
-    resume = _rows((b,), jnp.bool_, mesh)
     key = _replicated(jax.eval_shape(lambda: jax.random.key(0)), mesh)
-    stopping = _stopping(cfg, b, mesh)
-    lowered = decode_in_place.lower(cfg, dparams, state, None, resume, key, stopping,
-                                    settings=settings)
-    programs.append(dataclasses.replace(compiled_program(
-        "continue", lowered, (dparams, state, resume, key, stopping), resident=resident,
-        flops=chunk * sum(forward_flops(cfg, b, b * slots, b)),
-        min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes),
-        ici_bytes=gathered * chunk))
-    # the largest bucket that gathers its rows (none without trainer.rollout_sub_batches)
-    part = row_buckets(b // shards, run.trainer.rollout_sub_batches)[-2:][0]
-    if part < b // shards:
+
+    def chunk_program(name: str, part: int) -> Program:
+        """A chunk decoded by `part` rows of each shard (all of them: in place, no gather)."""
         n = shards * part
-        index = _rows((shards, part), jnp.int32, mesh)
+        index = None if part == per else _rows((shards, part), jnp.int32, mesh)
         resume, stopping = _rows((n,), jnp.bool_, mesh), _stopping(cfg, n, mesh)
         lowered = decode_in_place.lower(cfg, dparams, state, index, resume, key, stopping,
                                         settings=settings)
-        programs.append(dataclasses.replace(compiled_program(
-            "part", lowered, (dparams, state, index, resume, key, stopping),
-            resident=resident, flops=chunk * sum(forward_flops(cfg, n, n * slots, n)),
-            min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes),
-            ici_bytes=gathered * chunk))
-    return programs
+        return dataclasses.replace(compiled_program(
+            name, lowered, (dparams, state, index, resume, key, stopping), resident=resident,
+            flops=chunk * sum(forward_flops(cfg, n, n * slots, n)), min_bytes=_in_and_out),
+            ici_bytes=gathered * chunk)
+
+    programs.append(chunk_program("continue", per))
+    # the largest bucket that gathers its rows (none without trainer.rollout_sub_batches)
+    part = row_buckets(per, run.trainer.rollout_sub_batches)[-2:][0]
+    return programs + ([chunk_program("part", part)] if part < per else [])
+
+
+def _in_and_out(memory: Any) -> int:
+    """A program's bytes read and written at least once: its arguments and outputs."""
+    return memory.argument_size_in_bytes + memory.output_size_in_bytes
 
 
 def sampler_weights(run: RunConfig, params: Any, mesh: Mesh) -> Any:
