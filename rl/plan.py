@@ -482,7 +482,7 @@ def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, 
         pin_rows=pin)
     programs = [compiled_program(
         "prefill", pre, (dparams, prompts), resident=resident, flops=prefill_flops(cfg, lay),
-        min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes)]
+        min_bytes=_in_and_out)]
     front = jax.eval_shape(lambda p, b: prefill(cfg, p, b, lay.cache_len, mesh, cache_dtype,
                                                 pin), dparams, prompts)
     start = Frontier(_abstract(front.cache, cache_shardings(front.cache, mesh)),
@@ -724,7 +724,7 @@ def reference_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
     return compiled_program(
         "reference", lowered, (weights, batch), resident=resident,
         flops=sum(scoring_flops(cfg, n, g, p, r)),
-        min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes, runs=runs)
+        min_bytes=_in_and_out, runs=runs)
 
 
 def update_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, state: Any,
@@ -739,7 +739,7 @@ def update_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, st
                          run.trainer.remat)
     return compiled_program(
         "update", lowered, (state, batch), resident=resident, flops=flops,
-        min_bytes=lambda m: m.argument_size_in_bytes + m.output_size_in_bytes)
+        min_bytes=_in_and_out)
 
 
 # ------------------------------------------------------------------------------ report
