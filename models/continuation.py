@@ -85,8 +85,8 @@ class Continuation:
     place (donated) instead of copied first. ``read_width``: the width the appended lines are
     padded to (a longer line widens them, see :func:`line_width`); a rollout passes its
     longest possible observation so that every chunk reads through one program.
-    ``compile_buckets``: compile every row bucket's programs for this state's shapes now
-    (a rollout's first continuation)."""
+    ``compile_buckets``: compile the read and every row bucket's decode for this state's
+    shapes now (a rollout's first continuation)."""
 
     rows: Sequence[int]
     appended: Sequence[Sequence[int]]

@@ -216,7 +216,7 @@ class SearchEnv:
                       self.max_response_tokens - len(r.tokens)) for r in active]
         if state is not None and decoding.chunked:
             # each state is continued once, in place; the first continuation of a rollout
-            # compiles every row bucket's programs (no later chunk or step compiles)
+            # compiles the read and every row bucket's decode (no later chunk or step compiles)
             gen = policy.continue_from(state, [r.slot for r in active],
                                        [r.unread for r in active], sampling,
                                        seed=seed, max_new_per_row=limits, consume=True,
