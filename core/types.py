@@ -81,11 +81,10 @@ class RewardOutput:
 class Policy(Protocol):
     """What an environment may ask of the policy: tokenize and sample.
 
-    A policy may also offer ``continue_from(state, rows, appended, sampling, seed,
-    max_new_per_row, consume=False, read_width=0, compile_buckets=False)`` to extend rows of
-    an earlier ``Generation`` (its ``state``) after reading ``appended`` tokens (``consume``:
-    the caller will not use ``state`` again, so its memory may be reused; the other two, see
-    ``models.continuation.Continuation``); multi-turn environments use it when present
+    A policy may also offer ``continue_from(state, continuation, sampling, seed)`` to extend
+    rows of an earlier ``Generation`` (its ``state``) as a ``models.continuation.
+    Continuation`` says (which rows, the tokens each reads first, their budgets, whether the
+    caller is done with ``state``); multi-turn environments use it when present
     (``rl.envs.SamplerPolicy`` has it), with a first ``generate`` whose sampling sets the
     cache's ``capacity`` and ``prompt_bucket`` (``models.sampler.SamplingParams``), and
     re-send the whole context otherwise.

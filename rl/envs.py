@@ -50,18 +50,13 @@ class SamplerPolicy:
         return generate(self.cfg, self.params, self.tokenizer, prompts, self._own(sampling),
                         seed=seed, max_new_per_row=max_new_per_row, mesh=self.mesh)
 
-    def continue_from(self, state: DecodeState, rows: Sequence[int],
-                      appended: Sequence[Sequence[int]], sampling: SamplingParams, seed: int,
-                      max_new_per_row: Sequence[int] | None = None, consume: bool = False,
-                      read_width: int = 0, compile_buckets: bool = False) -> Generation:
-        """Continue rows of an earlier generation after reading `appended` tokens (multi-turn
-        environments: the observation), in its KV cache instead of re-reading the context.
-        ``consume``: the caller is done with ``state`` (its cache is updated in place);
-        ``read_width``, ``compile_buckets``: see models.continuation.Continuation."""
-        return continue_generation(
-            self.cfg, self.params, self.tokenizer, state,
-            Continuation(rows, appended, max_new_per_row, consume, read_width, compile_buckets),
-            self._own(sampling), seed=seed)
+    def continue_from(self, state: DecodeState, continuation: Continuation,
+                      sampling: SamplingParams, seed: int) -> Generation:
+        """Continue rows of an earlier generation after reading their appended tokens
+        (multi-turn environments: the observation), in its KV cache instead of re-reading the
+        context (models.continuation.continue_generation)."""
+        return continue_generation(self.cfg, self.params, self.tokenizer, state, continuation,
+                                   self._own(sampling), seed=seed)
 
     def _own(self, sampling: SamplingParams) -> SamplingParams:
         """`sampling` with this policy's settings where it has them (not None)."""

@@ -32,6 +32,7 @@ from typing import Any
 
 from core.search_r1 import INVALID_ACTION, parse_action
 from core.types import Group, Policy, Prompt, Trajectory
+from models.continuation import Continuation
 from models.sampler import Generation, SamplingParams, round_up
 from models.tokenizer import Tokenizer
 from rl.search.corpus import Doc, render_docs
@@ -217,11 +218,10 @@ class SearchEnv:
         if state is not None and decoding.chunked:
             # each state is continued once, in place; the first continuation of a rollout
             # compiles the read and every row bucket's decode (no later chunk or step compiles)
-            gen = policy.continue_from(state, [r.slot for r in active],
-                                       [r.unread for r in active], sampling,
-                                       seed=seed, max_new_per_row=limits, consume=True,
-                                       read_width=decoding.read_width,
-                                       compile_buckets=first_continuation)
+            continuation = Continuation([r.slot for r in active], [r.unread for r in active],
+                                        limits, consume=True, read_width=decoding.read_width,
+                                        compile_buckets=first_continuation)
+            gen = policy.continue_from(state, continuation, sampling, seed=seed)
         elif decoding.chunked:
             # one KV cache for the whole rollout: room for a whole trajectory after the
             # prompt (a row's tokens, generated and observed, stop at max_response_tokens)

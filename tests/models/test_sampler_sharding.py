@@ -116,17 +116,17 @@ SCRIPT = textwrap.dedent("""
     print("UNPINNED_PREFILL_OK")
 
     # multi-turn: rows continue (some after reading tokens), then again from that state
-    cont = ([8, 0, 3, 4, 1, 6], [[5, 6, 7], [9] * 20, [], [], [11], []])
-    c1, cm = one.continue_from(g1.state, *cont, sp, 1), many.continue_from(gm.state, *cont, sp, 1)
+    cont = C.Continuation([8, 0, 3, 4, 1, 6], [[5, 6, 7], [9] * 20, [], [], [11], []])
+    c1, cm = one.continue_from(g1.state, cont, sp, 1), many.continue_from(gm.state, cont, sp, 1)
     same(c1, cm)
     state_sharded(cm, cm.state.cache.k[0].shape[0])
-    again = ([1, 2, 5], [[3, 4], [], [7] * 3])
-    same(one.continue_from(c1.state, *again, sp, 2), many.continue_from(cm.state, *again, sp, 2))
+    again = C.Continuation([1, 2, 5], [[3, 4], [], [7] * 3])
+    same(one.continue_from(c1.state, again, sp, 2), many.continue_from(cm.state, again, sp, 2))
     print("CONTINUE_OK")
 
     # a consumed state: the same continuation, the state's cache freed on every device
     gc = many.generate(rows, sp, 0, limits)
-    same(many.continue_from(gc.state, *cont, sp, 1, consume=True), c1)
+    same(many.continue_from(gc.state, dataclasses.replace(cont, consume=True), sp, 1), c1)
     assert all(x.is_deleted() for x in gc.state.cache.k + gc.state.cache.v)
     print("CONSUME_OK")
 
@@ -166,13 +166,13 @@ SCRIPT = textwrap.dedent("""
     print("SEARCH_ENV_OK")
 
     # a state remembers its mesh: continued over it by any caller
-    cont_any = one.continue_from(gm.state, *again, sp, 2)
-    same(one.continue_from(g1.state, *again, sp, 2), cont_any)
+    cont_any = one.continue_from(gm.state, again, sp, 2)
+    same(one.continue_from(g1.state, again, sp, 2), cont_any)
     state_sharded(cont_any, cont_any.state.cache.k[0].shape[0])
     print("STATE_MESH_OK")
 
     try:  # the padding rows of a generation are no rows to continue
-        many.continue_from(gm.state, [9], [[]], sp, 0)
+        many.continue_from(gm.state, C.Continuation([9], [[]]), sp, 0)
     except ValueError as e:
         assert "9 rows" in str(e), e
         print("PADDING_ROWS_OK")

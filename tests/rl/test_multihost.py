@@ -466,6 +466,7 @@ import models.sampler as S
 from core.search_r1 import search_prompt
 from core.types import Prompt
 from models import load_params
+from models.continuation import Continuation
 from models.sharding import make_mesh, param_shardings, shard
 from rl.envs import SamplerPolicy
 from rl.multihost import Exchange, shared_env
@@ -488,8 +489,8 @@ g1, gm = one.generate(rows, sp, 0), many.generate(rows, sp, 0)
 same(g1, gm)
 k = gm.state.cache.k[0]
 assert not k.is_fully_addressable and len(k.addressable_shards) == 2  # rows stay spread
-cont = ([8, 0, 3, 4], [[5, 6, 7], [9] * 12, [], [11]])
-c1, cm = one.continue_from(g1.state, *cont, sp, 1), many.continue_from(gm.state, *cont, sp, 1)
+cont = Continuation([8, 0, 3, 4], [[5, 6, 7], [9] * 12, [], [11]])
+c1, cm = one.continue_from(g1.state, cont, sp, 1), many.continue_from(gm.state, cont, sp, 1)
 same(c1, cm)
 assert not cm.state.cache.k[0].is_fully_addressable
 print("SAMPLER_OK", flush=True)

@@ -53,13 +53,11 @@ class SamplerDriven(ChunkedScriptedPolicy):
                                      seed, list(scripted.lengths))
         return dataclasses.replace(scripted, state=(scripted.state, real.state))
 
-    def continue_from(self, state, slots, appended, sampling, seed, max_new_per_row=None,
-                      consume=False, read_width=0, compile_buckets=False):
-        scripted = super().continue_from(state[0], slots, appended, sampling, seed,
-                                         max_new_per_row)
+    def continue_from(self, state, continuation, sampling, seed):
+        scripted = super().continue_from(state[0], continuation, sampling, seed)
         real = self.sampler.continue_from(
-            state[1], slots, appended, dataclasses.replace(sampling, ignore_eos=True), seed,
-            list(scripted.lengths), consume, read_width, compile_buckets)
+            state[1], dataclasses.replace(continuation, max_new_per_row=list(scripted.lengths)),
+            dataclasses.replace(sampling, ignore_eos=True), seed)
         assert list(real.lengths) == list(scripted.lengths)  # the cache holds the script
         return dataclasses.replace(scripted, state=(scripted.state, real.state))
 

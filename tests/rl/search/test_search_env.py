@@ -163,10 +163,10 @@ class ChunkedScriptedPolicy(ScriptedPolicy):
         rows = [self._identify(p) for p in prompts]
         return self._serve(rows, [True] * len(rows), sampling, max_new_per_row)
 
-    def continue_from(self, state, slots, appended, sampling, seed, max_new_per_row=None,
-                      consume=False, read_width=0, compile_buckets=False):
-        rows = [state[s] for s in slots]
-        return self._serve(rows, [len(a) > 0 for a in appended], sampling, max_new_per_row)
+    def continue_from(self, state, continuation, sampling, seed):
+        rows = [state[s] for s in continuation.rows]
+        return self._serve(rows, [len(a) > 0 for a in continuation.appended], sampling,
+                           continuation.max_new_per_row)
 
     def _serve(self, rows, new_turn, sampling, limits):
         self.calls.append(rows)
