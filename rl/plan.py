@@ -400,10 +400,12 @@ def refused_sizes(message: str, arguments: int) -> Sizes | None:
 
 
 def compiled_program(name: str, lowered: Any, args: Any, *, resident: int, flops: float,
-                     min_bytes: Callable[[Any], float], runs: bool = True) -> Program:
+                     min_bytes: Callable[[Any], float], runs: bool = True,
+                     ici_bytes: float = 0.0) -> Program:
     """Compile `lowered` (its abstract arguments `args`) and read its memory analysis (per
     device); a program the TPU compiler refuses for lack of HBM is reported with the sizes
-    its message states.
+    its message states. ``ici_bytes``: the layer weights it gathers per chip (its passes
+    over them x :func:`gathered_per_step`).
 
     On TPU the temporaries are what the compiler's peak (``peak_memory_in_bytes``, the
     figure it fits a program to HBM by) holds beyond the arguments and outputs, so that the
@@ -430,7 +432,7 @@ def compiled_program(name: str, lowered: Any, args: Any, *, resident: int, flops
     if peak and _platform(args) == "tpu":
         temporaries = max(0, peak - (arguments + outputs - aliased))
     return Program(name, arguments, temporaries, outputs, aliased, resident, flops,
-                   min_bytes(mem), runs, refused)
+                   min_bytes(mem), runs, refused, ici_bytes)
 
 
 def _platform(args: Any) -> str:
@@ -480,9 +482,10 @@ def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, 
                                             "pin_rows")).lower(
         cfg, dparams, prompts, cache_len=lay.cache_len, mesh=mesh, cache_dtype=cache_dtype,
         pin_rows=pin)
+    gathered = gathered_per_step(dparams)  # per pass: the prefill one, each decode step one
     programs = [compiled_program(
         "prefill", pre, (dparams, prompts), resident=resident, flops=prefill_flops(cfg, lay),
-        min_bytes=_in_and_out)]
+        min_bytes=_in_and_out, ici_bytes=gathered)]
     front = jax.eval_shape(lambda p, b: prefill(cfg, p, b, lay.cache_len, mesh, cache_dtype,
                                                 pin), dparams, prompts)
     start = Frontier(_abstract(front.cache, cache_shardings(front.cache, mesh)),
@@ -502,7 +505,8 @@ def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, 
     programs.append(compiled_program(
         "decode", dec, (dparams, start, key, stopping), resident=resident,
         flops=decode_flops(cfg, lay),
-        min_bytes=lambda m: lay.response * m.argument_size_in_bytes))
+        min_bytes=lambda m: lay.response * m.argument_size_in_bytes,
+        ici_bytes=gathered * lay.response))
     if chunk := int(run.task.get("chunk_tokens") or 0):  # a multi-turn task's chunked decode
         programs += continue_programs(run, cfg, lay, mesh, dparams, start, resident, chunk)
     return programs
@@ -537,9 +541,9 @@ def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
     passes = (1 if readers is None else readers.shape[1]) * -(-obs // min(obs, sampling.read_block))
     read = read_program(mesh).lower(cfg, dparams, state, readers, lines, mask,
                                     settings=settings)
-    programs = [dataclasses.replace(compiled_program(
+    programs = [compiled_program(
         "read", read, (dparams, state, readers, lines, mask), resident=resident,
-        flops=sum(forward_flops(cfg, b * obs, b * obs * slots, b)), min_bytes=_in_and_out),
+        flops=sum(forward_flops(cfg, b * obs, b * obs * slots, b)), min_bytes=_in_and_out,
         ici_bytes=gathered * passes)]
     key = _replicated(jax.eval_shape(lambda: jax.random.key(0)), mesh)
 
@@ -550,9 +554,9 @@ def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
         resume, stopping = _rows((n,), jnp.bool_, mesh), _stopping(cfg, n, mesh)
         lowered = decode_in_place.lower(cfg, dparams, state, index, resume, key, stopping,
                                         settings=settings)
-        return dataclasses.replace(compiled_program(
+        return compiled_program(
             name, lowered, (dparams, state, index, resume, key, stopping), resident=resident,
-            flops=chunk * sum(forward_flops(cfg, n, n * slots, n)), min_bytes=_in_and_out),
+            flops=chunk * sum(forward_flops(cfg, n, n * slots, n)), min_bytes=_in_and_out,
             ici_bytes=gathered * chunk)
 
     programs.append(chunk_program("continue", per))
@@ -812,11 +816,6 @@ def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
                           USABLE_HBM.get(chip.name, chip.hbm_bytes), rollout) \
             if plan.rollout_fit else None
     gathered = gathered_per_step(dparams)
-    # every decode step gathers the split layer weights; the prefill once (a continuation's
-    # programs count their own passes)
-    steps = {"prefill": 1, "decode": lay.response}
-    rollout = [dataclasses.replace(p, ici_bytes=gathered * steps[p.name]) if p.name in steps
-               else p for p in rollout]
     with jax.set_mesh(mesh):
         programs = [*rollout, reference_program(run, cfg, lay, mesh, params, state_bytes),
                     update_program(run, cfg, lay, mesh, state, ref_bytes),
