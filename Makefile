@@ -5,6 +5,8 @@ BIN     := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 STAMP   := $(VENV)/.installed
 ARGS    ?=
+# make test's pytest workers: one per core of the 2-core machines CI and development run on.
+TEST_WORKERS ?= 2
 
 .PHONY: setup run demo test lint docs bench clean
 
@@ -41,8 +43,9 @@ run: $(RUN_STAMP)
 demo: $(RUN_STAMP)
 	$(BIN)/python -m models.demo $(ARGS)
 
+# Two workers (pytest-xdist); the 30 slowest tests are listed at the end, to keep an eye on them.
 test: $(STAMP)
-	$(BIN)/python -m pytest tests $(ARGS)
+	$(BIN)/python -m pytest tests -n $(TEST_WORKERS) --durations=30 $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -5,8 +5,23 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import json  # noqa: E402
+import shutil  # noqa: E402
 import string  # noqa: E402
+import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+# One persistent compilation cache per test run, shared by the run's workers and by the
+# subprocesses its tests start: the suite compiles the same tiny-model programs in many tests
+# and processes (and again after `jax.clear_caches()` below), and a program compiled once is
+# then read from disk. JAX reads these variables as its options' defaults, in every process
+# that inherits them; the run that made the folder (the xdist controller, or a plain pytest)
+# removes it at the end. Every program is stored, however fast it compiled.
+_CACHE_OWNER = "RUBRICRL_TEST_COMPILE_CACHE" not in os.environ
+if _CACHE_OWNER:
+    os.environ["RUBRICRL_TEST_COMPILE_CACHE"] = tempfile.mkdtemp(prefix="rubricrl-test-xla-")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["RUBRICRL_TEST_COMPILE_CACHE"]
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 import pytest  # noqa: E402
 
@@ -89,6 +104,11 @@ def _release_compiled_programs():
         import jax
         jax.clear_caches()
         gc.collect()
+
+
+def pytest_unconfigure(config):
+    if _CACHE_OWNER:
+        shutil.rmtree(os.environ["RUBRICRL_TEST_COMPILE_CACHE"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
