@@ -6,7 +6,7 @@ download), bfloat16 weights and KV cache for decoding and bfloat16 compute for t
 
 * decode: ``models.sampler.generate`` of ``--batch`` rows x ``--new-tokens`` greedy tokens
   after ``--prompt-len``-token prompts (EOS ignored); tokens/s = batch x new tokens / time;
-* update: ``rl.train_step.make_train_step`` (PPO-clip GRPO loss, AdamW) on ``--batch``
+* update: ``rl.grpo.train_step.make_train_step`` (PPO-clip GRPO loss, AdamW) on ``--batch``
   trajectories (``--group`` per prompt) of ``--new-tokens`` response tokens, the response
   logits ``--logits-chunk`` positions at a time; time per update;
 * MFU = derived FLOPs (``rl.plan``'s formulas: 2 M per token + attention + the output layer;
@@ -111,9 +111,9 @@ def update_figures(cfg: Any, params: Any, args: argparse.Namespace) -> tuple[flo
     import jax
     import jax.numpy as jnp
 
-    from rl.optim import OptimConfig, make_optimizer
+    from rl.grpo.optim import OptimConfig, make_optimizer
+    from rl.grpo.train_step import LossConfig, init_train_state, make_train_step
     from rl.plan import update_flops
-    from rl.train_step import LossConfig, init_train_state, make_train_step
 
     n, g, p, r = args.batch // args.group, args.group, args.prompt_len, args.new_tokens
     rng = np.random.default_rng(1)

@@ -208,7 +208,7 @@ def _scripted_task(steps: int) -> Any:
     import numpy as np
 
     from core.types import Group, Trajectory
-    from rl.search.task import SearchQATask
+    from rl.tasks.search.task import SearchQATask
 
     @dataclasses.dataclass(frozen=True)
     class Env:
@@ -260,8 +260,8 @@ def scripted(out: Path, arms: Sequence[str], seeds: Sequence[int], steps: int) -
     summarise the monitors and the listing premiums."""
     from hydra import compose, initialize_config_dir
 
+    from rl.run.wiring import TASKS
     from rl.train import run
-    from rl.wiring import TASKS
 
     if SCRIPTED_TASK not in TASKS:
         TASKS.register(SCRIPTED_TASK)(_scripted_task(steps))

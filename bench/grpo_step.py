@@ -115,7 +115,7 @@ class _FixedTask:
                 for i, t in enumerate(self.prompts_text)]
 
     def make_env(self, tokenizer, sampling):
-        from rl.envs import SingleTurnEnv
+        from rl.tasks.envs import SingleTurnEnv
 
         return SingleTurnEnv(tokenizer, sampling)
 
@@ -131,7 +131,7 @@ def ours_grpo(n_prompts: int, group: int, completion: int, steps: int,
     from omegaconf import OmegaConf
 
     from rl import trainer as tr
-    from rl.wiring import TASKS
+    from rl.run.wiring import TASKS
 
     if "bench" not in TASKS:
         TASKS.register("bench")(lambda **kw: _FixedTask(tuple(PROMPTS[:n_prompts])))

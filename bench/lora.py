@@ -1,6 +1,6 @@
 """Optimizer-state bytes and update time, full-weight training vs LoRA, on the shipped
-SmolLM2-135M (float32, CPU): the jitted ``rl.train_step`` update on one synthetic batch in
-``rl.batch``'s layout (each group's prompt once, its trajectories after it), AdamW.
+SmolLM2-135M (float32, CPU): the jitted ``rl.grpo.train_step`` update on one synthetic batch in
+``rl.grpo.batch``'s layout (each group's prompt once, its trajectories after it), AdamW.
 
     python -m bench.lora [--groups 2] [--group 4] [--prompt 64] [--response 128]
                          [--rank 16] [--alpha 32] [--targets wq,wk,wv,wo,w_gate,w_up,w_down]
@@ -44,8 +44,8 @@ def setups(args: argparse.Namespace):
 
     from models import load_params
     from models.lora import LoraConfig, init_adapters
-    from rl.optim import OptimConfig, make_optimizer
-    from rl.train_step import LossConfig, init_train_state, make_train_step
+    from rl.grpo.optim import OptimConfig, make_optimizer
+    from rl.grpo.train_step import LossConfig, init_train_state, make_train_step
 
     cfg, params, _ = load_params("smollm2_135m")
     optimizer = make_optimizer(OptimConfig(lr=1e-5))

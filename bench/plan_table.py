@@ -16,7 +16,7 @@ process stopped after ``--minutes`` (60): a slice not planned in time ends its w
 "not known" and is tried again by a rerun.
 
 Micro-batches are per slice: a setting's count is the most it uses; where that count x
-mini-batches x the slice's shards does not cut the batch evenly (``rl.batch`` would add filler
+mini-batches x the slice's shards does not cut the batch evenly (``rl.grpo.batch`` would add filler
 groups, computed for nothing), the row uses the largest smaller count that does
 (:func:`micro_batches`), and records it.
 
@@ -99,8 +99,8 @@ def plan_row(model: str, setting: str, topology: str, pin: bool = True) -> dict[
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from rl.config import parse_plan
     from rl.plan import USABLE_HBM, make_plan
+    from rl.run.config import parse_plan
 
     conf = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from rl.search.retriever import BM25Retriever
-from rl.search.world import build_world, make_questions
+from rl.tasks.search.retriever import BM25Retriever
+from rl.tasks.search.world import build_world, make_questions
 
 
 def _rate(retriever: BM25Retriever, queries: list[str], batch: int, topk: int) -> float:

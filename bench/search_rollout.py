@@ -45,8 +45,8 @@ def main() -> None:
 
     from models import load_params
     from models.sampler import SamplingParams, decode_params, generate
-    from rl.envs import SamplerPolicy
-    from rl.wiring import make_task
+    from rl.run.wiring import make_task
+    from rl.tasks.envs import SamplerPolicy
 
     cfg, params, tok = load_params("smollm2_135m")
     task = make_task({"name": "search_qa", "max_turns": a.max_turns,

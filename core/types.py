@@ -85,7 +85,7 @@ class Policy(Protocol):
     rows of an earlier ``Generation`` (its ``state``) as a ``models.continuation.
     Continuation`` says (which rows, the tokens each reads first, their budgets, whether the
     caller is done with ``state``); multi-turn environments use it when present
-    (``rl.envs.SamplerPolicy`` has it), with a first ``generate`` whose sampling sets the
+    (``rl.tasks.envs.SamplerPolicy`` has it), with a first ``generate`` whose sampling sets the
     cache's ``capacity`` and ``prompt_bucket`` (``models.sampler.SamplingParams``), and
     re-send the whole context otherwise.
     """

@@ -1,7 +1,7 @@
 """mkdocs hook: writes ``docs/reference/config.md``, every config key with its type, default and
 meaning, from the one place they are stated: the YAML under ``conf/`` (the default and, as a
 comment on the key's line or in the comment block right above it, the meaning) and the typed
-sections of ``rl/config.py`` (the type).
+sections of ``rl/run/config.py`` (the type).
 
 A key without a meaning in any file of its group fails the build, naming the file, line and key,
 so a new option cannot reach main undocumented. A key whose value is an interpolation of another
@@ -250,7 +250,7 @@ def config_reference(conf: Path = CONF) -> tuple[str, list[str]]:
         "",
         "Every key `python -m rl.train` reads, with its type, default and meaning. This page is "
         "generated from the YAML under `conf/` (defaults and meanings) and the typed sections "
-        "of `rl/config.py` (types) when the site is built, so it cannot drift from them.",
+        "of `rl/run/config.py` (types) when the site is built, so it cannot drift from them.",
         "",
         "Set a key on the command line (`trainer.max_steps=50`), pick a group's option "
         "(`algo=arbor`, `task=search_qa`), or sweep (`-m algo.beta=0,0.05`). A group's option "

@@ -1,7 +1,7 @@
 """A reward of your own: the task's outcome plus a small bonus for short answers.
 
 Shows the ``core.types.Rewarder`` protocol and how to plug a rewarder in without editing the
-library: register a factory under a name in ``rl.wiring.REWARDERS``, then select it with
+library: register a factory under a name in ``rl.run.wiring.REWARDERS``, then select it with
 ``algo.rewarder=<name>`` (its keyword options come from ``algo.rewarder_options``). Trains 2
 GRPO steps of the tiny random model on the arithmetic task (CPU, under a minute):
 
@@ -28,10 +28,10 @@ import numpy as np
 from hydra import compose, initialize_config_dir
 
 from core.types import Group, RewardOutput, Task
-from rl.compile_cache import use_compile_cache
-from rl.rewarders import outcome_matrix
+from rl.rewarders.outcome import outcome_matrix
+from rl.run.compile_cache import use_compile_cache
+from rl.run.wiring import REWARDERS
 from rl.train import run
-from rl.wiring import REWARDERS
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -64,7 +64,7 @@ class ShortAnswerRewarder:
 
 @REWARDERS.register("short_answers")
 def short_answers(task: Task, judge: Any = None, **options: Any) -> ShortAnswerRewarder:
-    """The factory ``rl.wiring.make_rewarder`` calls: the task, the judge (unused here) and
+    """The factory ``rl.run.wiring.make_rewarder`` calls: the task, the judge (unused here) and
     ``algo.rewarder_options``."""
     return ShortAnswerRewarder(task, **options)
 

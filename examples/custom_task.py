@@ -2,7 +2,7 @@
 
 Shows the ``core.types.Task`` protocol (prompts per split, an environment to roll them out, an
 outcome score per trajectory) and how to plug a task in without editing the library: register
-its factory under a name in ``rl.wiring.TASKS`` and select it with ``~task +task.name=<name>``
+its factory under a name in ``rl.run.wiring.TASKS`` and select it with ``~task +task.name=<name>``
 (``~task`` drops the default task's keys; the other ``task.*`` keys are the factory's keyword
 arguments). Trains 2 GRPO steps of the tiny random model (CPU, under a minute; the random
 model knows no capital, so its outcome is 0):
@@ -25,10 +25,10 @@ from hydra import compose, initialize_config_dir
 from core.types import Prompt, Trajectory
 from models.sampler import SamplingParams
 from models.tokenizer import Tokenizer
-from rl.compile_cache import use_compile_cache
-from rl.envs import SingleTurnEnv
+from rl.run.compile_cache import use_compile_cache
+from rl.run.wiring import TASKS
+from rl.tasks.envs import SingleTurnEnv
 from rl.train import run
-from rl.wiring import TASKS
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Egypt": "Cairo",

@@ -1,6 +1,6 @@
 """Activation sharding constraints for the mesh in context (``jax.set_mesh``).
 
-Model code stays device-free: :func:`shard_rows` is a no-op unless the caller (``rl.loop``,
+Model code stays device-free: :func:`shard_rows` is a no-op unless the caller (``rl.run.loop``,
 ``rl.plan``) runs it under ``jax.set_mesh(mesh)``. There it pins an activation's batch axis to
 the data-parallel mesh axes, which GSPMD's propagation alone does not keep: with FSDP the
 weights' ``embed`` axis is sharded over ``fsdp`` too, and measured on an 8-device CPU mesh

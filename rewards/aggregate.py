@@ -158,7 +158,7 @@ def rating_reward(rating: Array) -> Array:
     response against the whole checklist on 1..10 (``judges.base.Judge.rate``);
     ``R = (rating - 1) / 9``.  Ratings are clipped to [1, 10] first (out-of-range judge
     output maps to 0 or 1).  Not an aggregator over checks: ``algo=implicit`` calls the judge
-    (``rewards.rubric_rewarder``)."""
+    (``rewards.rubric_scoring``)."""
     r = jnp.asarray(rating)
     r = r.astype(_float(r))
     return (jnp.clip(r, 1.0, 10.0) - 1.0) / 9.0

@@ -4,7 +4,7 @@ No training: take rubrics with answers to edit (their reference answers, or ``an
 answers, e.g. the untrained policy's from ``rl.eval``), apply each edit operator to each answer,
 judge every criterion on the original and on each edited answer (``judge.check``), score each
 reward (an aggregator, or any rubric reward a training arm uses:
-``rewards.rubric_rewarder.reward_names``, e.g. ``rubric_rl_official``, ``prorubric_official``)
+``rewards.rubric_scoring.reward_names``, e.g. ``rubric_rl_official``, ``prorubric_official``)
 and tabulate the mean reward change ``mean_b [R(edit(x_b)) - R(x_b)]`` per operator x reward.
 With held-out fitness criteria (``rubric.meta["fitness"]``) the table also has a ``fitness``
 column (the held-out pass rate ``c``), and always a ``words`` column.
@@ -228,7 +228,7 @@ def check_request(operators: Sequence[str], aggregators: Sequence[str], editor: 
     """A ``ValueError`` before any judging for an unknown operator or reward, or for an edit
     family that needs a writer model when none is configured."""
     from rewards.audit_edits import FAMILIES, RULE_FAMILIES
-    from rewards.rubric_rewarder import check_reward_name
+    from rewards.rubric_scoring import check_reward_name
 
     for a in aggregators:
         check_reward_name(a, "aggregators")
@@ -258,7 +258,7 @@ def perturbation_analysis(
 
     The answers are the rubrics' reference answers, or ``audit.answers``.  ``table[op][col]`` =
     mean change, over answers, of column ``col`` (each aggregator or rubric reward of
-    ``rewards.rubric_rewarder.reward_names``, then ``fitness`` when the rubrics carry held-out
+    ``rewards.rubric_scoring.reward_names``, then ``fitness`` when the rubrics carry held-out
     criteria, then ``words``) when ``op`` is applied; each row also carries its percentile
     bootstrap interval over answers (``ci_lo``, ``ci_hi``; ``rewards.bootstrap``), the
     column's paraphrase ``floor`` and ``exceeds_floor`` (``noise_floor_row``, ``exceeds``).
@@ -362,8 +362,8 @@ def _score_columns(variants: Sequence[tuple[Rubric, str, str]], judge: Any,
     carries fitness criteria) and ``words``, and the judge's checks.  The check aggregators
     share one batched check call; a reward judged otherwise (an official dimension arm,
     ``implicit``) makes its own calls (``dimension_rewards``, ``rated_rewards`` of
-    ``rewards.rubric_rewarder``)."""
-    from rewards.rubric_rewarder import (
+    ``rewards.rubric_scoring``)."""
+    from rewards.rubric_scoring import (
         ScoreItem,
         fitness_criteria,
         fitness_rate,

@@ -7,7 +7,7 @@
   to its items, ``W_d |w_i| / sum_{j in I_d} |w_j|`` with the sign of ``w_i`` (with the default
   ``W_d = sum |w|`` this is ``w_i``: it differs only for weighted dimensions).
 
-Both then take the clipped additive sum: over per-item checks (``rewards.rubric_rewarder``,
+Both then take the clipped additive sum: over per-item checks (``rewards.rubric_scoring``,
 aggregators ``weighted_atomic`` / ``grouped_mean``) or, as the authors judge them, the items
 in one call (``rewards.dimension_judging``, arms ``weighted_atomic_official`` /
 ``grouped_mean_official``).

@@ -8,7 +8,7 @@
 The run's parameters are restored as ``rl.eval`` does (the base model named in the run's
 config.yaml, then its checkpoint with checksums verified) and written by
 ``models.export.export_hf``; a LoRA run's adapters are merged into its base first
-(W + alpha/rank A @ B, ``rl.lora.restore_merged``; refused, naming ``model.path``, when the
+(W + alpha/rank A @ B, ``rl.run.lora.restore_merged``; refused, naming ``model.path``, when the
 base weights are not the ones the adapters were trained on).
 ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` loads the folder with our
 logits. The dtype defaults to the source config.json's (float32 for a GGUF or a preset).
@@ -27,8 +27,8 @@ from pathlib import Path
 from models.config import ModelLoadError
 from models.export import DTYPES, ExportError, ExportOptions, check_out_dir, export_hf
 from models.presets import PRESETS
-from rl.checkpoint import CheckpointError
-from rl.config import ConfigError
+from rl.run.checkpoint import CheckpointError
+from rl.run.config import ConfigError
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
          "GIB": 2**30}
@@ -61,8 +61,8 @@ def _parser() -> argparse.ArgumentParser:
 def checked_step(run_dir: Path, step: int | None) -> int:
     """The checkpoint step to export, or FileNotFoundError / ExportError naming what is
     missing (nothing is created in the run folder)."""
-    from rl.checkpoint import Checkpointer
-    from rl.eval import run_config
+    from rl.run.checkpoint import Checkpointer
+    from rl.run.evaluation import run_config
 
     run_config(run_dir)  # FileNotFoundError: not a run folder
     folder = run_dir / "checkpoints"
@@ -87,7 +87,7 @@ def _source(model_path: str) -> Path | None:
 def export(args: argparse.Namespace) -> str:
     """Do the export; the line to print."""
     from models import load_params
-    from rl.eval import restore_run_params, run_config
+    from rl.run.evaluation import restore_run_params, run_config
 
     run_dir = None if args.model else Path(args.paths[0])
     out_dir = Path(args.paths[-1])

@@ -11,8 +11,8 @@ nothing downloaded or allocated), the programs of one RL step as ``rl.train`` wo
     continue   that task's decoding of a chunk by every row, in place
                (``models.continuation.decode_in_place``, the cache donated)
     part       the same for half the rows, gathered out of the cache and put back
-    reference  the reference / old-policy log-prob pass (``rl.train_step.batch_logprobs``)
-    update     one optimizer update (``rl.train_step.make_train_step``) on a mini-batch
+    reference  the reference / old-policy log-prob pass (``rl.grpo.train_step.batch_logprobs``)
+    update     one optimizer update (``rl.grpo.train_step.make_train_step``) on a mini-batch
     start-up   not a compiled program: what the chips hold when loading ends, before step 0
                (:func:`startup_row`), so "fits" also means the run starts
 
@@ -92,16 +92,16 @@ from models.sharding import (
     param_shardings,
 )
 from models.transformer import init_params
-from rl.batch import split_groups
-from rl.config import ConfigError, PlanConfig, RunConfig, parse_plan
-from rl.optim import lr_schedule, make_optimizer
-from rl.train_step import (
+from rl.grpo.batch import split_groups
+from rl.grpo.optim import lr_schedule, make_optimizer
+from rl.grpo.train_step import (
     batch_logprobs,
     in_compute_dtype,
     init_train_state,
     make_train_step,
     train_state_shardings,
 )
+from rl.run.config import ConfigError, PlanConfig, RunConfig, parse_plan
 
 log = logging.getLogger("rl.plan")  # one line per compile: a large slice takes minutes to hours
 
@@ -179,11 +179,11 @@ def topology_devices(name: str) -> list:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """The step's shapes as ``rl.batch`` lays them out: `groups` (sub-)groups of `size`
+    """The step's shapes as ``rl.grpo.batch`` lays them out: `groups` (sub-)groups of `size`
     trajectories after a prompt of `prompt` tokens (rounded up to 32), `response` tokens
     each (rounded up to 16), cut into `mini_batches` updates; the rollout samples `rows`
     trajectories from `prompts` distinct prompts. `filler`: copies of a group with loss mask
-    0 that ``rl.batch.build_batch`` adds when the trajectories do not cut into equal slices
+    0 that ``rl.grpo.batch.build_batch`` adds when the trajectories do not cut into equal slices
     (counted in `groups` after the split)."""
 
     prompts: int
@@ -206,7 +206,7 @@ class Layout:
 
 def batch_groups(prompts: int, size: int, slices: int) -> tuple[int, int, int]:
     """(groups, trajectories per group, filler groups) of the update batch of `prompts`
-    groups of `size` cut into `slices` equal parts, as ``rl.batch.build_batch`` lays it out:
+    groups of `size` cut into `slices` equal parts, as ``rl.grpo.batch.build_batch`` lays it out:
     filler copies of a group first when the trajectories do not divide, then sub-groups."""
     filler = -prompts % slices if (prompts * size) % slices else 0
     groups = split_groups([[0] * size] * (prompts + filler), slices)
@@ -224,7 +224,7 @@ def even_micro_batches(prompts: int, size: int, mini: int, shards: int, most: in
 
 
 def layout(run: RunConfig, plan: PlanConfig, mesh: Mesh) -> Layout:
-    """The layout of the configured batch (``rl.batch``: mini-batches x micro-batches x the
+    """The layout of the configured batch (``rl.grpo.batch``: mini-batches x micro-batches x the
     mesh's data-parallel shards equal slices)."""
     t, g = run.trainer, run.algo.group_size
     slices = t.mini_batches * t.micro_batches * batch_shards(mesh)
@@ -258,7 +258,7 @@ def abstract_params(cfg: ModelConfig, mesh: Mesh) -> Any:
 
 def abstract_state(params: Any, optimizer: optax.GradientTransformation, mesh: Mesh) -> Any:
     """The train state (step, weights, optimizer state) as sharded shapes
-    (``rl.train_step.train_state_shardings``: Adam's moments sharded like their parameters,
+    (``rl.grpo.train_step.train_state_shardings``: Adam's moments sharded like their parameters,
     the rest replicated)."""
     state = jax.eval_shape(lambda p: init_train_state(p, optimizer), params)
     state = state._replace(params=params)
@@ -279,7 +279,7 @@ def _itemsize(dtype: Any) -> int:
 
 
 def update_batch(run: RunConfig, lay: Layout, mesh: Mesh) -> dict[str, Any]:
-    """One mini-batch of the update (``rl.batch``'s arrays), as sharded shapes."""
+    """One mini-batch of the update (``rl.grpo.batch``'s arrays), as sharded shapes."""
     n, g, p, r = lay.update_groups, lay.size, lay.prompt, lay.response
     batch = {"prefix": _rows((n, p), jnp.int32, mesh),
              "prefix_mask": _rows((n, p), jnp.bool_, mesh),
@@ -711,7 +711,7 @@ def _measured(known: Mapping[int, tuple[float, ...]]) -> tuple[tuple[int, *tuple
 
 def reference_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, params: Any,
                       resident: int) -> Program:
-    """The reference / old-policy pass as ``rl.loop.logprobs_with`` runs it: the whole
+    """The reference / old-policy pass as ``rl.run.loop.logprobs_with`` runs it: the whole
     rollout batch in mini-batches x micro-batches strided parts (``batch_logprobs``) on the
     weights in the compute dtype."""
     shapes = jax.eval_shape(lambda p: in_compute_dtype(p, run.model.dtype), params)
@@ -755,7 +755,7 @@ def startup_row(params: Any, state_bytes: int, ref_bytes: int) -> Program:
     a chip receives its shards of the float32 weights (the arguments column) and nothing
     else; start-up then creates the optimizer's state, sharded like the weights, and with
     algo.beta > 0 the reference weights in the compute dtype
-    (``rl.trainer.reference_weights``; the outputs column). A resume restores the same
+    (``rl.run.trainer.reference_weights``; the outputs column). A resume restores the same
     train state from the checkpoint, each chip its shards. No temporaries: the step's
     programs, below, are where the temporaries are."""
     loaded = bytes_per_chip(params)
@@ -810,7 +810,7 @@ def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
         if run.algo.beta > 0 else 0
     chip = chip or host_chip(len(devices))
     dparams = sampler_weights(run, params, rmesh)
-    with jax.set_mesh(rmesh):  # the activation constraints (models.constraints), as rl.loop
+    with jax.set_mesh(rmesh):  # the activation constraints (models.constraints), as rl.run.loop
         rollout = rollout_programs(run, cfg, lay, rmesh, dparams, state_bytes + ref_bytes)
         fit = rollout_fit(run, cfg, lay, rmesh, dparams, state_bytes + ref_bytes,
                           USABLE_HBM.get(chip.name, chip.hbm_bytes), rollout) \
@@ -922,7 +922,7 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
         f"{t.micro_batches} micro-batches, remat {str(t.remat).lower()}, compute "
         f"{run.model.dtype}; rollout {t.rollout_dtype} weights, {t.kv_cache_dtype} KV cache, "
         f"prefill rows {'pinned' if t.prefill_pin_rows else 'left to the compiler'}",
-        *([f"  filler: rl.batch adds {lay.filler} filler group(s) (loss mask 0) so that "
+        *([f"  filler: rl.grpo.batch adds {lay.filler} filler group(s) (loss mask 0) so that "
            f"{lay.rows} trajectories cut into {t.mini_batches} x {t.micro_batches} x "
            f"{plan.mesh['data'] * plan.mesh['fsdp']} equal slices: the update computes "
            f"{lay.filler * run.algo.group_size} trajectories for nothing{_even(run, plan)}"]

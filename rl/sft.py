@@ -3,7 +3,7 @@
 A policy too small to follow a task's protocol (SmolLM2-135M never writes a well-formed
 Search-R1 trajectory) gives GRPO only all-wrong groups, with zero advantages. A short SFT on
 demonstrations (``task.demonstrations``: for ``search_qa``, oracle trajectories through the
-real environment, rl/search/demos.py) teaches the format; RL then starts from it with
+real environment, rl/tasks/search/demos.py) teaches the format; RL then starts from it with
 ``trainer.init_from=<this run folder>``.
 
 Loss over action tokens only (observations are context, not targets):
@@ -38,11 +38,11 @@ from core.types import Group, Trajectory
 from models.config import ModelConfig
 from models.scoring import Scoring, group_logprobs
 from models.transformer import Params
-from rl.batch import trajectory_arrays
-from rl.compile_cache import use_compile_cache
-from rl.optim import lr_schedule, make_optimizer
-from rl.quiet import quiet_library_logs
-from rl.train_step import Batch, TrainState, in_compute_dtype, init_train_state
+from rl.grpo.batch import trajectory_arrays
+from rl.grpo.optim import lr_schedule, make_optimizer
+from rl.grpo.train_step import Batch, TrainState, in_compute_dtype, init_train_state
+from rl.run.compile_cache import use_compile_cache
+from rl.run.quiet import quiet_library_logs
 
 log = logging.getLogger("rl.sft")
 
@@ -51,10 +51,10 @@ def sft_loss(cfg: ModelConfig, params: Params, batch: Batch, remat: bool = False
              compute_dtype: str = "float32") -> tuple[jax.Array, jax.Array]:
     """(mean NLL over masked response tokens, number of those tokens).
 
-    batch: prefix, prefix_mask [N,P]; tokens, attn_mask, loss_mask [N,G,R] (``rl.batch``).
+    batch: prefix, prefix_mask [N,P]; tokens, attn_mask, loss_mask [N,G,R] (``rl.grpo.batch``).
     """
     mask = batch["loss_mask"].astype(jnp.float32)
-    params = in_compute_dtype(params, compute_dtype)  # float32 masters (see rl.train_step)
+    params = in_compute_dtype(params, compute_dtype)  # float32 masters (see rl.grpo.train_step)
     logp = group_logprobs(cfg, params, batch["prefix"], batch["prefix_mask"], batch["tokens"],
                           batch["attn_mask"], scoring=Scoring(remat=remat))
     n = jnp.sum(mask)
@@ -82,7 +82,7 @@ def make_sft_step(cfg: ModelConfig, optimizer: optax.GradientTransformation,
 
 
 def demo_batch(trajs: Sequence[Trajectory], pad_id: int, resp_len: int) -> dict[str, Any]:
-    """The training arrays of ``rl.batch``, one demonstration per group."""
+    """The training arrays of ``rl.grpo.batch``, one demonstration per group."""
     return trajectory_arrays([[t] for t in trajs], pad_id, resp_len)
 
 
@@ -134,7 +134,7 @@ def demonstrations(task: Any, tok: Any, s: SftConfig, max_new_tokens: int) -> De
 
 def _checked(cfg: Mapping[str, Any]) -> tuple[Any, SftConfig, Any]:
     """(trainer section, sft section, model section) of an ``rl.sft`` config, checked."""
-    from rl.config import ConfigError, ModelSection, TrainerConfig, section
+    from rl.run.config import ConfigError, ModelSection, TrainerConfig, section
 
     t = section(TrainerConfig, cfg["trainer"], "trainer")
     s = section(SftConfig, cfg["sft"], "sft")
@@ -177,10 +177,10 @@ def _train(step_fn: Any, state: Any, demos: Demonstrations, s: SftConfig, pad_id
 def run(cfg: Mapping[str, Any], config_text: str = "") -> dict[str, Any]:
     """Train on demonstrations; returns the last metrics record."""
     from models import load_params
-    from rl.checkpoint import Checkpointer
-    from rl.config import ConfigError, optim_config
-    from rl.runlog import RunLog
-    from rl.wiring import make_task
+    from rl.run.checkpoint import Checkpointer
+    from rl.run.config import ConfigError, optim_config
+    from rl.run.runlog import RunLog
+    from rl.run.wiring import make_task
 
     t, s, model = _checked(cfg)
     run_dir = Path(t.run_dir)

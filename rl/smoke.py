@@ -31,9 +31,9 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from rl.compile_cache import use_compile_cache
-from rl.quiet import quiet_library_logs
-from rl.run_folder import run_path
+from rl.run.compile_cache import use_compile_cache
+from rl.run.folder import run_path
+from rl.run.quiet import quiet_library_logs
 
 log = logging.getLogger("rl.smoke")
 
@@ -45,7 +45,7 @@ GiB = 1024**3
 
 def _build(resolved: dict, run_dir: Any, **trainer: Any) -> tuple[Any, float]:
     """A trainer for `run_dir` with `trainer` settings over the config's; its build time."""
-    from rl.trainer import build_trainer
+    from rl.run.trainer import build_trainer
 
     cfg = json.loads(json.dumps(resolved))
     cfg["trainer"] |= {"run_dir": str(run_dir), "max_steps": STEPS, "eval_at_ends": False,

@@ -23,9 +23,9 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from rl.compile_cache import use_compile_cache
-from rl.quiet import quiet_library_logs
-from rl.run_folder import is_url
+from rl.run.compile_cache import use_compile_cache
+from rl.run.folder import is_url
+from rl.run.quiet import quiet_library_logs
 
 log = logging.getLogger("rl.train")
 
@@ -61,7 +61,7 @@ def _remove(paths: list[Path], folders: Sequence[Path]) -> None:
 def run(cfg: DictConfig) -> tuple[list[dict], dict[str, float]]:
     """Build and run the trainer: the step records, and the last logged value of every
     metric (evaluations included)."""
-    from rl.trainer import build_trainer
+    from rl.run.trainer import build_trainer
 
     quiet_library_logs()
 
@@ -107,7 +107,7 @@ def start_lines(trainer: Any) -> list[str]:
 
 def end_lines(trainer: Any, history: list[dict]) -> list[str]:
     """What a run says last: how it ended, its evaluations, and where its results are."""
-    from rl.config import eval_splits
+    from rl.run.config import eval_splits
 
     folder = trainer.runlog.dir
     lines = [f"done: {len(history)} steps, last reward "

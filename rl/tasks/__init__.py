@@ -1,2 +1,2 @@
 """Built-in tasks: ``arith`` (verifiable arithmetic) and ``rubric_chat`` (rubric-graded chat).
-Config names select them through ``rl.wiring``."""
+Config names select them through ``rl.run.wiring``."""

@@ -16,7 +16,7 @@ import numpy as np
 from core.types import Prompt, Trajectory
 from models.sampler import SamplingParams
 from models.tokenizer import Tokenizer
-from rl.envs import SingleTurnEnv
+from rl.tasks.envs import SingleTurnEnv
 
 INSTRUCTION = "Answer with the number inside <answer> and </answer>."
 # A short system turn (instead of the template's default) and one worked exchange in front of

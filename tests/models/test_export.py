@@ -108,13 +108,13 @@ def test_llama3_rope_scaling_rebuilt_from_divisors(tmp_path_factory, tmp_path, c
 
 
 def _train_one_step(run_dir, char_model):
-    """One GRPO step on the char model (tests/rl/test_trainer.py's tiny arithmetic task)."""
+    """One GRPO step on the char model (tests/rl/run/test_trainer.py's tiny arithmetic task)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from rl.trainer import build_trainer
+    from rl.run.trainer import build_trainer
     from tests.paths import CONF
-    from tests.rl.test_trainer import LEARN
+    from tests.rl.run.test_trainer import LEARN
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[

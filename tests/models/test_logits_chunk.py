@@ -56,7 +56,7 @@ def test_chunked_scoring_equals_one_pass_with_gradients(tiny, chunk):
 
 
 def test_micro_slices_take_every_shards_groups():
-    from rl.train_step import micro_slices
+    from rl.grpo.train_step import micro_slices
 
     x = jnp.arange(8)
     # 2 micro-batches of 8 groups: groups 0, 2, 4, 6 and 1, 3, 5, 7 (each from all shards)
@@ -135,7 +135,7 @@ def test_the_scoring_on_8_fsdp_tpu_chips_gathers_the_unembedding_and_compiles():
         cfg = tiny_config()
         devices = get_topology_desc(platform="tpu", topology_name="v5p:2x2x2").devices
         mesh = make_mesh({"data": 1, "fsdp": -1, "tensor": 1}, devices=devices)
-        # bfloat16 weights, as the reference pass scores (rl.train_step.in_compute_dtype)
+        # bfloat16 weights, as the reference pass scores (rl.grpo.train_step.in_compute_dtype)
         w, args = abstract_scoring(cfg, mesh, 16, 5, 32, 256, dtype=jnp.bfloat16)
         with jax.set_mesh(mesh):
             hlo = group_logprobs.lower(cfg, w, *args, scoring=Scoring(logits_chunk=64)
@@ -156,7 +156,7 @@ def test_the_scoring_on_8_fsdp_tpu_chips_gathers_the_unembedding_and_compiles():
 def test_reference_pass_in_parts_equals_one_pass(tiny):
     """``batch_logprobs`` in strided parts (as the reference pass runs with micro-batches)
     gives every group its own log-probs back in order."""
-    from rl.train_step import batch_logprobs, micro_joined, micro_slices
+    from rl.grpo.train_step import batch_logprobs, micro_joined, micro_slices
 
     cfg, params, tok = tiny
     pre, pre_mask, toks, mask = _batch(tok)

@@ -107,7 +107,7 @@ def test_model_gradients_only_on_adapters(base):
 
     g_base, g_ad = jax.grad(loss, argnums=(0, 1))(base, adapters)
     # the targeted weights are frozen (stop_gradient); the update differentiates the adapters
-    # alone, so the norms' gradients here never reach an optimizer (tests/rl/test_lora.py)
+    # alone, so the norms' gradients here never reach an optimizer (tests/rl/run/test_lora.py)
     assert all(float(jnp.abs(g_base["layers"][t]).max()) == 0 for t in LORA.targets)
     assert all(float(jnp.abs(x).max()) > 0 for x in jax.tree.leaves(g_ad))
 

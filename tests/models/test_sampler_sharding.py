@@ -25,9 +25,9 @@ SCRIPT = textwrap.dedent("""
     from core.types import Prompt
     from models import load_params
     from models.sharding import batch_shards, make_mesh, param_shardings, shard
-    from rl.envs import SamplerPolicy
-    from rl.search.corpus import Doc
-    from rl.search.env import SearchEnv
+    from rl.tasks.envs import SamplerPolicy
+    from rl.tasks.search.corpus import Doc
+    from rl.tasks.search.env import SearchEnv
 
     assert len(jax.devices()) == 8
     mesh = make_mesh(eval(sys.argv[1]))

@@ -19,15 +19,15 @@ import numpy as np
 import pytest
 import yaml
 from nbclient import NotebookClient
-from tests.rl.test_arbor_e2e import hand_prompts, scripted_groups
+from tests.rl.rewarders.test_arbor_e2e import hand_prompts, scripted_groups
 
 from judges import RuleJudge
-from rl.group_stats import all_wrong_frac, converted_frac, homogeneous_frac
+from rl.grpo.group_stats import all_wrong_frac, converted_frac, homogeneous_frac
 from rewards.gaming import alerts
-from rl.loop import Collected, gaming_record
-from rl.runlog import RunLog
-from rl.search.task import SearchQATask
-from rl.wiring import make_rewarder
+from rl.run.loop import Collected, gaming_record
+from rl.run.runlog import RunLog
+from rl.tasks.search.task import SearchQATask
+from rl.run.wiring import make_rewarder
 from tests.paths import ROOT
 
 NOTEBOOK = ROOT / "notebooks" / "arbor.ipynb"

@@ -12,7 +12,7 @@ def _short_run(run_dir: Path, model: Path) -> None:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from rl.trainer import build_trainer
+    from rl.run.trainer import build_trainer
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[

@@ -28,16 +28,16 @@ from rewards.dimension_judging import (
     verbatim_conjunction,
 )
 from rewards.rubric import Criterion, Dimension, Rubric
-from rewards.rubric_rewarder import (
+from rewards.rubric_scoring import (
     Checks,
-    RubricRewarder,
     ScoreItem,
     aggregate_checks,
     reweighted,
     score_items,
 )
-from rl.config import OverlongConfig, overlong_buffer, overlong_max_len
-from rl.loop import shaped_rewards
+from rl.rewarders.rubric import RubricRewarder
+from rl.run.config import OverlongConfig, overlong_buffer, overlong_max_len
+from rl.run.loop import shaped_rewards
 
 CONF = str(Path(__file__).resolve().parents[2] / "conf")
 OFFICIAL = DIMENSION_ARMS["prorubric_official"]

@@ -254,7 +254,7 @@ def _outcome(task, answer: str, golds) -> float:
 
 
 def test_reward_metrics_default_is_ours_and_official_sets_follow_their_scripts():
-    from rl.search.task import SearchQATask
+    from rl.tasks.search.task import SearchQATask
 
     ours = SearchQATask()
     hotpot = SearchQATask(reward_metrics="hotpotqa")
@@ -271,7 +271,7 @@ def test_reward_metrics_default_is_ours_and_official_sets_follow_their_scripts()
 
 
 def test_searchr1_em_under_search_r1_metrics_is_em_check():
-    from rl.search.task import SearchQATask
+    from rl.tasks.search.task import SearchQATask
 
     task = SearchQATask(reward="searchr1_em", reward_metrics="search_r1")
     assert _outcome(task, "the Eiffel Tower!", ["Eiffel tower"]) == 1.0
@@ -280,7 +280,7 @@ def test_searchr1_em_under_search_r1_metrics_is_em_check():
 
 
 def test_reward_metrics_bad_values_name_the_key():
-    from rl.search.task import SearchQATask
+    from rl.tasks.search.task import SearchQATask
 
     with pytest.raises(ValueError, match="task.reward_metrics: unknown 'sqad'"):
         SearchQATask(reward_metrics="sqad")
@@ -291,8 +291,8 @@ def test_reward_metrics_bad_values_name_the_key():
 def test_arbor_gate_f1_follows_reward_metrics():
     from types import SimpleNamespace
 
-    from memory.rewarder import group_inputs
-    from rl.search.task import SearchQATask
+    from rl.rewarders.arbor import group_inputs
+    from rl.tasks.search.task import SearchQATask
 
     prompt = SimpleNamespace(id="q", question="?", answer=("yes",))
     traj = SimpleNamespace(text="no tags: yes sir", num_action_tokens=3)

@@ -5,7 +5,7 @@ algorithms keep the library's defaults, and the command line still wins."""
 
 import pytest
 
-from tests.rl.test_arbor_e2e import compose_cfg
+from tests.rl.rewarders.test_arbor_e2e import compose_cfg
 
 AUTHORS = {"algo.group_size": 8, "algo.eps_low": 0.2, "algo.eps_high": 0.28,
            "algo.loss_agg": "token-mean", "algo.beta": 0.0, "trainer.mini_batches": 2,
@@ -37,7 +37,7 @@ def test_other_algorithms_keep_the_librarys_defaults(algo):
 
 
 def test_the_command_line_overrides_an_arms_settings():
-    from rl.config import check, parse
+    from rl.run.config import check, parse
 
     cfg = compose_cfg("algo=prorubric_official", "optim.grad_clip=0.5",
                       "trainer.mini_batches=1", "trainer.run_dir=x")

@@ -12,7 +12,7 @@ import pytest
 from core.types import Group, Prompt, Trajectory
 from judges import make_judge
 from rewards.qa_metrics import MetricChoice
-from rl.eval import EvalOptions, evaluate, format_table, greedy_rollouts, search_metrics
+from rl.run.evaluation import EvalOptions, evaluate, format_table, greedy_rollouts, search_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -151,7 +151,7 @@ def _eval_section(**changes):
 
 
 def test_eval_config_reads_the_yaml_and_refuses_bad_values():
-    from rl.config import ConfigError, eval_config
+    from rl.run.config import ConfigError, eval_config
 
     e = eval_config(_eval_section())
     assert (e.metrics, e.metrics_by_split, e.normalize, e.splits) == ("auto", {}, None, ("test",))
@@ -192,11 +192,11 @@ def test_evaluate_keeps_every_tasks_answers_for_pairwise_comparison():
     assert rec["response"].endswith("<answer> yes sir </answer>")
 
 
-# --- sampled evaluation and intervals (rl.eval_stats) ------------------------------------------
+# --- sampled evaluation and intervals (rl.run.eval_stats) -------------------------------------
 
 
 def test_mean_and_pass_at_k_by_hand():
-    from rl.eval_stats import prompt_values
+    from rl.run.eval_stats import prompt_values
 
     rows = [[{"em": 1.0, "turns": 2.0}, {"em": 0.0, "turns": 4.0}, {"em": 0.0, "turns": 3.0}],
             [{"em": 0.0, "turns": 1.0}, {"em": 0.0, "turns": 1.0}, {"em": 0.0, "turns": 1.0}]]
@@ -208,7 +208,7 @@ def test_mean_and_pass_at_k_by_hand():
 
 
 def test_intervals_are_the_documented_percentile_bootstrap():
-    from rl.eval_stats import intervals
+    from rl.run.eval_stats import intervals
 
     a, b = np.array([0.0, 1.0, 1.0, 0.0, 1.0]), np.array([0.2, 0.4, 0.9])
     got = intervals({"x": {"em": a}, "y": {"em": b}}, n_boot=500, level=0.9, seed=3)
@@ -259,7 +259,7 @@ def test_sampled_evaluation_reports_mean_and_pass_at_k_with_intervals():
 
 
 def test_eval_config_refuses_bad_sampling_and_interval_settings():
-    from rl.config import ConfigError, eval_config
+    from rl.run.config import ConfigError, eval_config
 
     e = eval_config(_eval_section())
     assert (e.samples, e.temperature, e.confidence, e.bootstrap) == (1, 1.0, 0.95, 2000)

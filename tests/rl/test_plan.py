@@ -21,8 +21,7 @@ from core.types import Group, Trajectory
 from models.presets import tiny_config
 from models.shapes import SHAPE_PRESETS, model_shapes
 from models.transformer import forward, init_params
-from rl.batch import build_batch
-from rl.config import ConfigError, parse_plan
+from rl.grpo.batch import build_batch
 from rl.plan import (
     CHIPS,
     Affine,
@@ -58,6 +57,7 @@ from rl.plan import (
     update_flops,
     verdict,
 )
+from rl.run.config import ConfigError, parse_plan
 from tests.paths import CONF, ROOT
 
 PROGRAMS = ("prefill", "decode", "reference", "update")
@@ -99,7 +99,7 @@ def test_plan_of_the_tiny_model_on_an_8_device_cpu_mesh():
     assert "on cpu: 8 chips" in out and "mesh data=8 fsdp=1 tensor=1" in out, out
     # 4 prompts x 4 = 16 trajectories cut into 8 data-parallel slices: 8 groups of 2
     assert "4 prompts x 4 = 16 trajectories" in out and "8 groups x 2" in out, out
-    assert "prompt 32 tokens, response budget 32" in out, out  # rounded as rl.batch pads
+    assert "prompt 32 tokens, response budget 32" in out, out  # rounded as rl.grpo.batch pads
     _check_table(out)
     assert re.search(r"^  start-up\s+[\d.]+\s+0\.000\s", out, re.M), out
     assert "verdict: fits" in out, out
@@ -184,7 +184,7 @@ def test_plan_keys_are_checked():
 
 def test_the_layout_is_rl_batchs_filler_groups_included():
     """64 x 5 trajectories, 8 micro-batches, 16 data-parallel shards: 128 slices. 320 is not
-    a multiple of 128, so rl.batch.build_batch adds -64 % 128 = 64 filler groups of 5, and 128
+    a multiple of 128, so rl.grpo.batch.build_batch adds -64 % 128 = 64 filler groups of 5, and 128
     groups of 5 cut into 128 slices (a test of the real build_batch checks the same)."""
     assert batch_groups(64, 5, 128) == (128, 5, 64)
     # 4 micro-batches: 64 slices of 64 groups of 5, no filler; 8 prompts x 4 over 32 slices:
@@ -474,7 +474,7 @@ def test_the_header_says_how_many_filler_trajectories_the_update_computes():
     plan = dataclasses.replace(plan, lay=dataclasses.replace(plan.lay, filler=1, groups=4,
                                                              rows=6, prompts=3, size=2))
     text = "\n".join(header(run, plan))
-    assert "filler: rl.batch adds 1 filler group(s) (loss mask 0) so that 6 trajectories " \
+    assert "filler: rl.grpo.batch adds 1 filler group(s) (loss mask 0) so that 6 trajectories " \
            "cut into 1 x 1 x 4 equal slices: the update computes 2 trajectories for " \
            "nothing" in text, text
     assert "filler" not in "\n".join(header(run, _fake_plan(run, 1.0)))

@@ -13,11 +13,11 @@ from core.types import Prompt
 from models import load_params
 from models.transformer import forward
 from rewards.qa import f1_score, is_valid_format
-from rl.optim import OptimConfig, make_optimizer
-from rl.search.demos import oracle_turns
+from rl.grpo.optim import OptimConfig, make_optimizer
+from rl.grpo.train_step import init_train_state
+from rl.run.wiring import make_task
 from rl.sft import demo_batch, make_sft_step, sft_loss
-from rl.train_step import init_train_state
-from rl.wiring import make_task
+from rl.tasks.search.demos import oracle_turns
 from tests.paths import ROOT
 
 SMALL_WORLD = {"name": "search_qa", "n_entities": 200, "n_train": 40, "n_dev": 4, "n_test": 8,
@@ -125,8 +125,8 @@ def test_sft_cli_then_rl_starts_from_it(tmp_path):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from rl.eval import load_run_params
-    from rl.trainer import ConfigError, build_trainer
+    from rl.run.evaluation import load_run_params
+    from rl.run.trainer import ConfigError, build_trainer
 
     _, sft_params, _, step = load_run_params(sft_dir)
     assert step == 2

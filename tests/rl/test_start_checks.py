@@ -9,9 +9,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import rl.trainer
+import rl.run.trainer
+from rl.run.trainer import ConfigError, build_trainer
 from rl.train import secret_overrides
-from rl.trainer import ConfigError, build_trainer
 from tests.paths import CONF, FIXTURES
 
 QA = FIXTURES / "qa" / "flashrag.jsonl"
@@ -30,7 +30,7 @@ def no_model(monkeypatch):
     def load(*a, **k):
         raise AssertionError("the model was loaded before the inputs were checked")
 
-    monkeypatch.setattr(rl.trainer, "load_params", load)
+    monkeypatch.setattr(rl.run.trainer, "load_params", load)
 
 
 def test_missing_eval_split_is_named_before_the_model_loads(tmp_path, no_model):

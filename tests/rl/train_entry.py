@@ -3,15 +3,15 @@
 
 import sys
 
-import tests.rl.test_trainer  # noqa: F401  (registers low_tokens)
+import tests.rl.run.test_trainer  # noqa: F401  (registers low_tokens)
+from rl.run.wiring import TASKS
 from rl.train import main
-from rl.wiring import TASKS
 from tests.paths import CONF
 
 
 def _scripted_search_qa(**kw):
     # imported when the task is built, after the job is joined: importing bm25s runs JAX
-    from tests.rl.test_arbor_e2e import ScriptedSearchQATask
+    from tests.rl.rewarders.test_arbor_e2e import ScriptedSearchQATask
 
     return ScriptedSearchQATask(**kw)
 
