@@ -130,7 +130,7 @@ def ours_grpo(n_prompts: int, group: int, completion: int, steps: int,
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from rl import trainer as tr
+    from rl.run import trainer as tr
     from rl.run.wiring import TASKS
 
     if "bench" not in TASKS:

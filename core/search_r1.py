@@ -2,9 +2,9 @@
 the instruction prompt, the tags, a turn's action, the invalid-action message, the parse of a
 response into tagged segments, answer extraction, the format rule, answer normalisation and
 the per-step behaviour metrics.
-The environment (rl/tasks/search), the QA rewards (rewards/qa.py) and the rule judge
-(judges/rule.py) all read trajectories through this module, so they cannot disagree about what
-one says.
+The environment (rl/tasks/search), the QA rewards (rewards/qa.py) and the rule judge's
+process features (judges/search_features.py) all read trajectories through this module, so they
+cannot disagree about what one says.
 
 Contract for every function taking ``response_text``: it is the RESPONSE part of a trajectory
 only (everything the policy generated plus the ``<information>`` blocks and invalid-action

@@ -77,6 +77,19 @@ class RewardOutput:
     per_traj: tuple[tuple[Mapping[str, Any], ...], ...] = ()
     counts: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
+    def rubric_term(self) -> np.ndarray | None:
+        """The [N, G] rubric term of each trajectory, from the ``per_traj`` records'
+        ``rubric_score`` (ARBOR's ``s~``, RaR's ``s - mean_G s``; NaN where a record has none),
+        or None when the rewarder reports none. The reward-gaming monitors and PROF's
+        consistency filter read it."""
+        if not self.per_traj or not any("rubric_score" in r for g in self.per_traj for r in g):
+            return None
+        term = np.full(np.shape(self.rewards), np.nan)
+        for n, g in enumerate(self.per_traj):
+            for i, r in enumerate(g):
+                term[n, i] = float(r.get("rubric_score", np.nan))
+        return term
+
 
 class Policy(Protocol):
     """What an environment may ask of the policy: tokenize and sample.

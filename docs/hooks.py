@@ -173,7 +173,7 @@ def _yaml_type(value: str) -> str:
 
 
 def _sections() -> dict[str, type]:
-    from rl import config
+    from rl.run import config
 
     return {"trainer": config.TrainerConfig, "algo": config.AlgoConfig,
             "model": config.ModelSection, "mesh": config.MeshConfig,

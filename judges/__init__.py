@@ -3,21 +3,16 @@ induction / consolidation, ProRubric bundling and answer equivalence, with rule,
 OpenAI-compatible HTTP and (added by the models package) in-process backends. See
 ``judges.base`` for the protocol."""
 
+from core.search_r1 import normalize_answer, parse_trajectory
 from judges.base import BACKEND_STAT_KEYS, JUDGE_STAT_KEYS, OPS, Backend, Counters, Judge
 from judges.llm import LLM_OPTIONS, LLMJudge, split_llm_options
 from judges.openai import DiskCache, OpenAIBackend, OpenAIConfig
 from judges.parsing import ParseError
 from judges.prompts import PROMPT_VERSIONS, TEMPLATES, PromptTemplate
 from judges.registry import JUDGES, make_judge
-from judges.rule import (
-    FEATURE_LIBRARY_VERSION,
-    FEATURES,
-    RuleJudge,
-    compile_rule,
-    cover_match,
-    normalize_answer,
-    parse_trajectory,
-)
+from judges.rule import RuleJudge
+from judges.rule_language import compile_rule
+from judges.search_features import FEATURE_LIBRARY_VERSION, FEATURES, cover_match
 from judges.types import (
     TIE,
     Bundle,

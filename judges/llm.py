@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import judges.prompts as P
+from core.search_r1 import normalize_answer
 from judges.base import (
     JUDGE_STAT_KEYS,
     Backend,
@@ -46,7 +47,7 @@ from judges.parsing import (
     parse_rating,
     read_bundle,
 )
-from judges.rule import cover_match, normalize_answer
+from judges.search_features import cover_match
 from judges.types import (
     GRADE_MAX,
     RATING_MIN,

@@ -38,7 +38,8 @@ from judges.llm import LLMJudge, as_type, split_llm_options
 from judges.types import Completion, Messages
 from models import load_params
 from models.config import ModelConfig
-from models.sampler import SamplingParams, generate, left_pad
+from models.padding import left_pad
+from models.sampler import SamplingParams, generate
 from models.tokenizer import Tokenizer
 from models.transformer import Params, forward, unembed
 

@@ -234,8 +234,8 @@ class DimensionCriterion:
     ``text`` is what an LLM judge reads; ``weight < 0`` marks a criterion that describes
     undesirable behaviour (its verdict is "the behaviour is present").  ``rules`` are the
     executable sub-rules the rule judge evaluates instead of reading ``text`` (rule language of
-    ``judges.rule``; its verdict is their conjunction).  Empty ``rules``: the rule judge compiles
-    ``text`` itself.
+    ``judges.rule_language``; its verdict is their conjunction).  Empty ``rules``: the rule judge
+    compiles ``text`` itself.
     """
 
     text: str

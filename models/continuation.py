@@ -44,6 +44,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from models.config import ModelConfig
+from models.padding import round_up
 from models.sampler import (
     Decoded,
     DecodeSettings,
@@ -58,7 +59,6 @@ from models.sampler import (
     _stopping,
     _take_rows,
     decode_loop,
-    round_up,
     row_logits,
 )
 from models.sharding import batch_shards, constrain_rows, row_shardings

@@ -24,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig
 from models.constraints import dividing_axes
+from models.padding import left_pad, prompt_count_bucket, round_up
 from models.sharding import (
     batch_shards,
     constrain_rows,
@@ -114,37 +115,6 @@ class Generation:
 
     def token_lists(self) -> list[list[int]]:
         return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
-
-
-def round_up(n: int, size: int) -> int:
-    """n rounded up to a multiple of `size`, at least `size`: padded shapes come in few sizes,
-    so jitted functions compile few times."""
-    return max(size, -(-n // size) * size)
-
-
-def prompt_count_bucket(n: int) -> int:
-    """How many distinct prompts a prefill holds for `n`: the next power of two up to 8, then
-    a multiple of 1/8 of the next power of two (10, 12, 14, 16, 20, 24, ...: at most 1/4 of
-    filler rows). A GRPO batch's distinct prompts drop below its prompt count whenever two
-    prompts coincide; without a bucket each such step compiled a new rollout program (15 s
-    for Qwen3-0.6B on an H200)."""
-    if n <= 8:
-        return 1 << max(0, (n - 1).bit_length())
-    return round_up(n, 1 << ((n - 1).bit_length() - 3))
-
-
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
-             bucket: int = 16) -> tuple[np.ndarray, np.ndarray]:
-    """Left-pad token lists to a common length rounded up to `bucket` (fewer recompiles)."""
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
-    width = round_up(max(len(p) for p in prompts), bucket)
-    tokens = np.full((len(prompts), width), pad_id, np.int32)
-    mask = np.zeros((len(prompts), width), bool)
-    for i, p in enumerate(prompts):
-        tokens[i, width - len(p):] = p
-        mask[i, width - len(p):] = True
-    return tokens, mask
 
 
 def first_argmax(logits: jax.Array) -> jax.Array:
@@ -645,9 +615,9 @@ def _sharded_prompts(prompts: Sequence[Sequence[int]], limits: np.ndarray, shard
     """The rows laid out for `shards` data-parallel shards: rows cut in order into shards
     blocks of ceil(B/shards) (padding rows at the end: token budget 0, so done before they
     start, copying their shard's first prompt; they never reach the output). Each shard
-    prefills its own distinct prompts (all shards as many, :func:`prompt_count_bucket` of
-    the longest list: a shorter list repeats its first),
-    so prompts [shards*P, T] and ``rows`` [shards, B/shards] index within the shard. Returns
+    prefills its own distinct prompts (all shards as many,
+    ``models.padding.prompt_count_bucket`` of the longest list: a shorter list repeats its
+    first), so prompts [shards*P, T] and ``rows`` [shards, B/shards] index within the shard. Returns
     the batch (host arrays) and the padded token budgets."""
     per = -(-len(prompts) // shards)
     rows = np.zeros((shards, per), np.int32)

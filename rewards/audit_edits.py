@@ -101,7 +101,7 @@ class EditCase:
 
 
 def _is_rule(text: str) -> bool:
-    from judges.rule import compile_rule
+    from judges.rule_language import compile_rule
 
     return compile_rule(text) is not None
 

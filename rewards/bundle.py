@@ -5,7 +5,7 @@ Command line::
     python -m rewards.bundle IN OUT judge=rule|openai|... [k_min=2] [k_max=5] [batch=16]
         [regenerate=2] [fmt=healthbench|rar|rubrichub|native] [judge.<option>=value ...]
 
-``IN`` is any rubric file ``rewards.rubric.load_rubrics`` reads (format detected unless ``fmt``
+``IN`` is any rubric file ``rewards.rubric_io.load_rubrics`` reads (format detected unless ``fmt``
 is given).  For each prompt the judge is asked (``judge.bundle``, ``batch`` prompts per call) to
 group its checklist into ``k_min <= K <= k_max`` dimensions (the ProRubric authors' 2..5;
 ``k_min=k_max=1`` is their K = 1 arm) and to write each dimension as one criterion: a paragraph
@@ -29,7 +29,7 @@ rubric is flagged: ``meta["repaired"] = True`` with ``meta["bundle_problem"]`` (
 down, output unparseable every time) or fewer than ``k_min`` criteria is reported as failed and
 *not* written, so a rerun tries it again.
 
-``OUT`` is written in the ``native`` format (``rewards.rubric.save_rubrics``), in input order,
+``OUT`` is written in the ``native`` format (``rewards.rubric_io.save_rubrics``), in input order,
 after every batch (atomically: a temporary file, then a rename), so an interrupted run keeps
 its progress.  Caching / resuming: a prompt already in ``OUT`` with described dimensions and the
 same criteria (texts and weights) is skipped; one whose criteria changed, or with a dimension
@@ -43,9 +43,9 @@ Judge configuration: ``judge=NAME`` starts from ``conf/judge/NAME.yaml`` when th
 (else ``{name: NAME}``); ``judge.KEY=VALUE`` overrides a key.  ``k_min``/``k_max`` are passed to
 the judge too.  Values are parsed as YAML scalars (``judge.max_reasks=2`` is an int).
 
-The rule judge bundles deterministically (``judges.rule.rule_bundle``: pitfalls together,
-positives by rule family, the count forced into range; descriptions composed from the items'
-texts, no failure clauses).
+The rule judge bundles deterministically (``judges.rule_language.rule_bundle``: pitfalls
+together, positives by rule family, the count forced into range; descriptions composed from the
+items' texts, no failure clauses).
 """
 
 from __future__ import annotations
@@ -62,15 +62,8 @@ from judges.bundling import bundle_problems
 from judges.types import Bundle, BundleRequest
 from judges.types import Dimension as JudgeDimension
 from rewards.bundle_repair import RepairError, repair_bundle
-from rewards.rubric import (
-    MAX_DIMS,
-    MIN_DIMS,
-    Dimension,
-    Rubric,
-    RubricError,
-    load_rubrics,
-    save_rubrics,
-)
+from rewards.rubric import MAX_DIMS, MIN_DIMS, Dimension, Rubric, RubricError
+from rewards.rubric_io import load_rubrics, save_rubrics
 
 #: Fewest dimensions the bundler asks for by default (the authors' 2..5; ``k_min=1`` is their
 #: K = 1 ablation).

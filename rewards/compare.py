@@ -375,7 +375,7 @@ def check_rule_criterion(o: CompareOptions) -> None:
     from rewards.bundle import CliError
 
     if o.judge == "rule":
-        from judges.rule import compile_rule
+        from judges.rule_language import compile_rule
 
         if compile_rule(o.criterion) is None:
             raise CliError(f"judge=rule: criterion {o.criterion[:80]!r} is not a rule it can "

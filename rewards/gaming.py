@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from core.search_r1 import copied_titles
+from core.types import Group, RewardOutput
 
 #: metric -> (direction, threshold): an alert when the value is beyond it
 THRESHOLDS: dict[str, tuple[str, float]] = {
@@ -64,17 +65,6 @@ def pooled_corr(x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None) 
         return None
     a, b = np.concatenate(xs), np.concatenate(ys)
     return float(np.dot(a, b) / np.sqrt(np.dot(a, a) * np.dot(b, b)))
-
-
-def rubric_term(per_traj: Sequence[Sequence[Any]], shape: tuple[int, int]) -> np.ndarray | None:
-    """[N, G] rubric term from a rewarder's ``per_traj`` records (None: it reports none)."""
-    if not per_traj or not any("rubric_score" in r for g in per_traj for r in g):
-        return None
-    term = np.full(shape, np.nan)
-    for n, g in enumerate(per_traj):
-        for i, r in enumerate(g):
-            term[n, i] = float(r.get("rubric_score", np.nan))
-    return term
 
 
 def gaming_metrics(term: np.ndarray, outcome: np.ndarray, lengths: np.ndarray,
@@ -114,3 +104,22 @@ def alerts(metrics: dict[str, float]) -> list[dict[str, Any]]:
             found.append({"kind": "gaming_alert", "metric": key, "value": value,
                           "threshold": limit, "direction": direction})
     return found
+
+
+def step_monitors(groups: Sequence[Group], out: RewardOutput
+                  ) -> tuple[dict[str, float], tuple[dict[str, Any], ...]]:
+    """A step's ``gaming/*`` metrics and the alerts past their thresholds, from every group the
+    rewarder scored and its output (({}, ()) when it reports no rubric term per trajectory).
+    The copied-titles monitors run when the trajectories are search rollouts (their ``info``
+    counts ``searches``)."""
+    shape = np.shape(out.rewards)
+    term = out.rubric_term()
+    if term is None:
+        return {}, ()
+    lengths = np.full(shape, np.nan)
+    for n, g in enumerate(groups):
+        lengths[n, :len(g.trajectories)] = [tr.num_action_tokens for tr in g.trajectories]
+    texts = [[tr.text for tr in g.trajectories] for g in groups]
+    search = any("searches" in tr.info for g in groups for tr in g.trajectories)
+    metrics = gaming_metrics(term, np.asarray(out.outcome, np.float64), lengths, texts, search)
+    return metrics, tuple(alerts(metrics))

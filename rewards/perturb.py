@@ -88,7 +88,8 @@ import numpy as np
 
 from core.files import write_atomic
 from rewards.bootstrap import LEVEL, N_BOOT, bootstrap_ci
-from rewards.rubric import Rubric, load_rubrics
+from rewards.rubric import Rubric
+from rewards.rubric_io import load_rubrics
 from rewards.text_edits import (
     append_sentence,
     delete_sentence_overlapping,

@@ -1,5 +1,6 @@
 """The ProRubric authors' row formats (GitHub ``Estrellajer/ProRubric``, ``data/``), read into
-``Rubric`` and written back (``load_rubrics(path, fmt)``, ``save_rubrics(rubrics, path, fmt)``).
+``Rubric`` and written back (``rewards.rubric_io``: ``load_rubrics(path, fmt)``,
+``save_rubrics(rubrics, path, fmt)``, whose format tables name the functions below).
 
 ``prorubric_train``: the training rows their verl trainer reads (Parquet, or the same rows as
 JSON Lines)::
@@ -49,19 +50,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rewards.rubric import (
-    PARQUET_TABLES,
-    RUBRIC_FORMATS,
-    RUBRIC_WRITERS,
-    Criterion,
-    Dimension,
-    Message,
-    Rubric,
-    RubricError,
-    _messages,
-    _number,
-    _req,
-)
+from rewards.rubric import Criterion, Dimension, Message, Rubric, RubricError
+from rewards.rubric_parsers import finite_number, message_list, required_field
 
 TRAIN_FORMAT = "prorubric_train"
 PUBLIC_FORMAT = "prorubric_public"
@@ -91,7 +81,7 @@ def _criterion(item: Any, pid: str, fld: str) -> Criterion:
     text = item.get("criterion")
     if not isinstance(text, str) or not text.strip():
         raise RubricError(pid, f"{fld}.criterion", "missing, empty or not a string")
-    return Criterion(text=text, weight=_number(item.get("weight"), pid, f"{fld}.weight"))
+    return Criterion(text=text, weight=finite_number(item.get("weight"), pid, f"{fld}.weight"))
 
 
 def _json_value(val: Any, pid: str, fld: str) -> Any:
@@ -166,12 +156,12 @@ def _extra(extra: Mapping[str, Any], key: str, pid: str, typ: tuple[type, ...]) 
 
 
 def _prompt(row: Mapping[str, Any], pid: str) -> str | tuple[Message, ...]:
-    raw = _req(row, "prompt", pid, (str, list))
+    raw = required_field(row, "prompt", pid, (str, list))
     if isinstance(raw, str):
         if not raw.strip():
             raise RubricError(pid, "prompt", "empty")
         return raw
-    return _messages(raw, pid, "prompt")
+    return message_list(raw, pid, "prompt")
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,10 +169,9 @@ def _prompt(row: Mapping[str, Any], pid: str) -> str | tuple[Message, ...]:
 # --------------------------------------------------------------------------------------------
 
 
-@RUBRIC_FORMATS.register(TRAIN_FORMAT)
 def parse_prorubric_train(row: Mapping[str, Any]) -> Rubric:
     """A training row (ProRubric or atomic) -> ``Rubric`` (module docstring)."""
-    extra = _req(row, "extra_info", None, Mapping)
+    extra = required_field(row, "extra_info", None, Mapping)
     pid = extra.get("id")
     if not isinstance(pid, str) or not pid:
         raise RubricError(None, "extra_info.id", "missing, empty or not a string")
@@ -309,7 +298,6 @@ def _one_based(d: Dimension) -> list[int]:
     return [int(i) + 1 for i in d.criteria]
 
 
-@RUBRIC_WRITERS.register(TRAIN_FORMAT)
 def prorubric_train_row(r: Rubric) -> dict[str, Any]:
     """``Rubric`` -> a training row (the inverse of ``parse_prorubric_train``)."""
     meta = r.meta
@@ -372,13 +360,13 @@ def _reference_out(extra: dict[str, Any], reference: str | None) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-@RUBRIC_FORMATS.register(PUBLIC_FORMAT)
 def parse_prorubric_public(row: Mapping[str, Any]) -> Rubric:
     """A public export row (protocol or atomic) -> ``Rubric`` (module docstring)."""
-    pid = _req(row, "id", None, str)
+    pid = required_field(row, "id", None, str)
     if not pid:
         raise RubricError(None, "id", "empty")
-    criteria = _checklist(_req(row, "atomic_rubric", pid, (list, str)), pid, "atomic_rubric")
+    criteria = _checklist(required_field(row, "atomic_rubric", pid, (list, str)), pid,
+                          "atomic_rubric")
     raw_dims = _json_value(row.get("dimensions"), pid, "dimensions") or []
     if not isinstance(raw_dims, list):
         raise RubricError(pid, "dimensions", "expected a list of dimensions")
@@ -405,7 +393,6 @@ def _public_dimensions(raw: list[Any], n: int, pid: str) -> tuple[Dimension, ...
                             f"dimensions[{k}].name") for k, d in enumerate(raw))
 
 
-@RUBRIC_WRITERS.register(PUBLIC_FORMAT)
 def prorubric_public_row(r: Rubric) -> dict[str, Any]:
     """``Rubric`` -> a public export row (the inverse of ``parse_prorubric_public``).
 
@@ -437,7 +424,6 @@ def prorubric_public_row(r: Rubric) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-@PARQUET_TABLES.register(TRAIN_FORMAT)
 def train_table(rows: list[dict[str, Any]]) -> Any:
     """Training rows -> a pyarrow Table (types inferred, as the authors' builders do)."""
     import pyarrow as pa
@@ -445,7 +431,6 @@ def train_table(rows: list[dict[str, Any]]) -> Any:
     return pa.Table.from_pylist(rows)
 
 
-@PARQUET_TABLES.register(PUBLIC_FORMAT)
 def public_table(rows: list[dict[str, Any]]) -> Any:
     """Public rows -> a pyarrow Table with the export's column types (weights float64,
     indices int32); the atomic layout (four columns) when no row has dimensions."""

@@ -50,16 +50,8 @@ from judges.types import CheckRequest, CheckResult, RateRequest
 from rewards.aggregate import AGGREGATORS, get_aggregator, rating_reward
 from rewards.dimension_judging import DIMENSION_ARMS, DimensionItem, judge_groups
 from rewards.reweight import REWEIGHTED, WEIGHT_LABEL_MULTIPLIERS, reweighted  # noqa: F401
-from rewards.rubric import (
-    MAX_DIMS,
-    Criterion,
-    Rubric,
-    RubricError,
-    _number,
-    _tags,
-    rubric_from_dict,
-    to_arrays,
-)
+from rewards.rubric import MAX_DIMS, Criterion, Rubric, RubricError, to_arrays
+from rewards.rubric_parsers import finite_number, rubric_from_dict, tag_list
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +121,9 @@ def fitness_criteria(rubric: Rubric) -> tuple[Criterion, ...]:
         text = c.get("text")
         if not isinstance(text, str) or not text.strip():
             raise RubricError(pid, f"{fld}.text", "missing, empty or not a string")
-        out.append(Criterion(text=text, weight=_number(c.get("weight", 1.0), pid, f"{fld}.weight"),
-                             tags=_tags(c.get("tags"), pid, f"{fld}.tags"),
+        weight = finite_number(c.get("weight", 1.0), pid, f"{fld}.weight")
+        out.append(Criterion(text=text, weight=weight,
+                             tags=tag_list(c.get("tags"), pid, f"{fld}.tags"),
                              title=str(c.get("title") or "")))
     return tuple(out)
 

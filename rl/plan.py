@@ -72,6 +72,7 @@ from models.continuation import (
     read_program,
     row_buckets,
 )
+from models.padding import round_up
 from models.sampler import (
     DecodeSettings,
     Frontier,
@@ -80,7 +81,6 @@ from models.sampler import (
     decode_loop,
     decode_params,
     prefill,
-    round_up,
 )
 from models.shapes import model_shapes
 from models.sharding import (

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from core.types import Group, Trajectory
-from models.sampler import round_up
+from models.padding import round_up
 
 
 def split_groups(groups: Sequence[Sequence[Trajectory]],

@@ -14,7 +14,8 @@ weights, the overlong settings) is a field of the frozen :class:`RewardStageConf
 under ``jax.jit``: :func:`compiled_reward_stage` builds one program per config, which XLA
 compiles once per array shape. The host half of the step (texts, judge and retriever calls,
 the rubric memory) computes the inputs; :func:`run_reward_stage` dispatches the program once
-and brings its outputs back with one ``jax.device_get``.
+and brings its outputs back with one ``jax.device_get``. The stage takes its settings as a
+value: the run's config builds one (``rl.run.config.reward_stage_config``).
 """
 
 from __future__ import annotations
@@ -28,10 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl.grpo.advantages import ADVANTAGE_EPS, algo_advantages
+from rl.grpo.advantages import algo_advantages
 from rl.grpo.dapo import overlong_penalty
 from rl.grpo.group_stats import group_fractions
-from rl.run.config import overlong_buffer, overlong_max_len
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,26 +65,6 @@ class RewardStageOutput(NamedTuple):
     rewards: Any
     advantages: Any
     stats: dict[str, Any]
-
-
-def overlong_shaping(run: Any, budget: int) -> OverlongShaping | None:
-    """algo.overlong as the stage reads it (L_max: algo.overlong.max_len, null = the response
-    `budget`; B: ``rl.run.config.overlong_buffer``), or None when it is off."""
-    ov = run.algo.overlong
-    if not ov.enabled:
-        return None
-    return OverlongShaping(overlong_max_len(run, budget), overlong_buffer(run, budget),
-                           float(ov.penalty))
-
-
-def reward_stage_config(run: Any, budget: int) -> RewardStageConfig:
-    """The stage's settings from the RunConfig and the response budget (tokens after the
-    prompt)."""
-    a = run.algo
-    return RewardStageConfig(advantage=a.advantage, eps=ADVANTAGE_EPS, std_ddof=a.std_ddof,
-                             whiten=a.whiten, reward_components=a.reward_components,
-                             component_weights=tuple(float(w) for w in a.component_weights),
-                             overlong=overlong_shaping(run, budget))
 
 
 def overlong_shaped(overlong: OverlongShaping | None, rewards: jax.Array, lengths: jax.Array,

@@ -27,6 +27,7 @@ from memory.embed import check_embedder
 from memory.lineage import retired_at
 from memory.reward import GroupInput, arbor_reward_step, step_counts
 from memory.state import MemoryConfig, RubricMemory, check_basis
+from rewards.gaming import step_monitors
 from rewards.qa import answer_f1
 
 #: Friendly aliases of ``memory.embed.EMBEDDERS`` names accepted in configs.
@@ -148,6 +149,11 @@ class ArborRewarder:
             per_traj=per_traj_scores(sc.combined, inputs, sc.rubric_ids),
             counts=step_counts(out.metrics),
         )
+
+    def monitors(self, groups: Sequence[Group], out: RewardOutput
+                 ) -> tuple[dict[str, float], tuple[dict[str, Any], ...]]:
+        """The step's reward-gaming monitors and alerts (``rewards.gaming.step_monitors``)."""
+        return step_monitors(groups, out)
 
     def state_to_json(self, state: RubricMemory | None) -> dict[str, Any] | None:
         return None if state is None else state.to_dict()

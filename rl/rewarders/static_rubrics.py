@@ -16,6 +16,7 @@ import numpy as np
 from core.types import Group, RewardOutput, Task
 from memory.gating import check_gate
 from memory.static import StaticRubric, load_static_rubrics, static_rubric_step
+from rewards.gaming import step_monitors
 from rl.rewarders.arbor import base_matrix, group_inputs, per_traj_scores, require_judge
 
 #: The repository root (``conf/`` lives there); relative rubric paths fall back to it so a run
@@ -57,6 +58,11 @@ class StaticRubricRewarder:
         return RewardOutput(rewards=np.asarray(out.total_rewards, np.float64),
                             outcome=base_matrix(inputs), metrics=dict(out.metrics),
                             state=None, per_traj=per_traj_scores(out.centred, inputs))
+
+    def monitors(self, groups: Sequence[Group], out: RewardOutput
+                 ) -> tuple[dict[str, float], tuple[dict[str, Any], ...]]:
+        """The step's reward-gaming monitors and alerts (``rewards.gaming.step_monitors``)."""
+        return step_monitors(groups, out)
 
     def state_to_json(self, state: Any) -> None:
         return None

@@ -25,11 +25,12 @@ from judges.cost import prices
 from models.lora import LoraConfig, lora_problem
 from models.sampler import SamplingParams
 from rewards.qa_metrics import METRIC_SETS, NORMALIZERS
-from rl.grpo.advantages import ADVANTAGES
+from rl.grpo.advantages import ADVANTAGE_EPS, ADVANTAGES
 from rl.grpo.consistency import CONSISTENCY_FILTERS, PROCESS_SCORED
 from rl.grpo.kl import KL_ESTIMATORS
 from rl.grpo.losses import LOSS_AGG, POLICY_LOSSES
 from rl.grpo.optim import OptimConfig
+from rl.grpo.reward_stage import OverlongShaping, RewardStageConfig
 from rl.grpo.train_step import LossConfig
 from rl.run.loggers import LOGGERS, WandbOptions, wandb_problem
 
@@ -601,3 +602,23 @@ def parse_plan(cfg: Mapping[str, Any]) -> tuple[RunConfig, PlanConfig]:
              "updates; a LoRA run's plan is not computed yet (model.lora.rank=0 plans an upper "
              "bound)")
     return run, plan
+
+
+def overlong_shaping(run: RunConfig, budget: int) -> OverlongShaping | None:
+    """algo.overlong as the stage reads it (L_max: algo.overlong.max_len, null = the response
+    `budget`; B: ``overlong_buffer``), or None when it is off."""
+    ov = run.algo.overlong
+    if not ov.enabled:
+        return None
+    return OverlongShaping(overlong_max_len(run, budget), overlong_buffer(run, budget),
+                           float(ov.penalty))
+
+
+def reward_stage_config(run: RunConfig, budget: int) -> RewardStageConfig:
+    """The stage's settings from the RunConfig and the response budget (tokens after the
+    prompt)."""
+    a = run.algo
+    return RewardStageConfig(advantage=a.advantage, eps=ADVANTAGE_EPS, std_ddof=a.std_ddof,
+                             whiten=a.whiten, reward_components=a.reward_components,
+                             component_weights=tuple(float(w) for w in a.component_weights),
+                             overlong=overlong_shaping(run, budget))

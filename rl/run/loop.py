@@ -27,11 +27,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from core.search_r1 import agent_metrics
 from core.types import Environment, Group, Prompt, Rewarder, RewardOutput, Task
 from judges.cost import prices, step_usage
 from models.sharding import batch_sharding, batch_shards
-from rewards.gaming import alerts, gaming_metrics, rubric_term
 from rl.grpo.advantages import batch_advantages
 from rl.grpo.batch import build_batch
 from rl.grpo.consistency import prof_keep, prof_metrics
@@ -40,12 +38,10 @@ from rl.grpo.off_policy import Behaviour, mismatch_stats, snapshot, staleness
 from rl.grpo.reward_stage import (
     RewardStageOutput,
     overlong_shaped,
-    overlong_shaping,
-    reward_stage_config,
     run_reward_stage,
 )
 from rl.grpo.train_step import LossConfig, TrainState, batch_logprobs, in_compute_dtype
-from rl.run.config import RunConfig
+from rl.run.config import RunConfig, overlong_shaping, reward_stage_config
 from rl.run.data import PromptStream
 from rl.tasks.envs import SamplerPolicy
 
@@ -133,7 +129,7 @@ class StepResult:
     record: dict[str, Any]
     events: tuple[Mapping[str, Any], ...]
     samples: list[dict[str, Any]]
-    alerts: tuple[Mapping[str, Any], ...] = ()  # gaming monitors past their thresholds
+    alerts: tuple[Mapping[str, Any], ...] = ()  # the rewarder's monitors past their thresholds
 
 
 def consistency_filtered(c: Components, col: Collected) -> tuple[Collected, dict[str, float]]:
@@ -144,7 +140,7 @@ def consistency_filtered(c: Components, col: Collected) -> tuple[Collected, dict
     if a.consistency_filter == "none":
         return col, {}
     out = col.out
-    process = rubric_term(out.per_traj, np.shape(out.rewards))
+    process = out.rubric_term()
     correct = np.asarray(out.outcome, np.float64) >= a.consistency_correct
     keep = prof_keep(process, correct, a.consistency_remove)
     rows = [np.flatnonzero(k) for k in keep]
@@ -391,7 +387,7 @@ def _step(c: Components, loop: LoopState, collected: Collect | None,
     upcoming = next_rollout_state(loop)
     if prefetch is not None and upcoming is not None:
         prefetch(upcoming)
-    gaming = gaming_record(col)  # the monitors see every trajectory, filtered or not
+    monitored, alerts = monitor_record(c, col)  # they see every trajectory, filtered or not
     trained_on, consistency = consistency_filtered(c, col)
     stage = reward_stage(c, trained_on)  # one jitted program: shaping, advantages, group stats
     batch = batch_layout(c, trained_on.groups, stage.advantages)
@@ -409,13 +405,14 @@ def _step(c: Components, loop: LoopState, collected: Collect | None,
     times = {"time/reference_s": t1 - t0, "time/train_s": t2 - t1, "time/step_s": t2 - t_start}
     if upcoming is not None:
         off["time/rollout_wait_s"] = t_collected - t_start
-    record = step_record(c, col, stage.stats, train_metrics, times) | off | gaming | consistency
+    record = (step_record(c, col, stage.stats, train_metrics, times) | off | monitored
+              | consistency)
     every = c.run.trainer.sample_every
     samples = (sample_records(trained_on, stage.rewards, n=4)
                if every and loop.step % every == 0 else [])
     loop = dataclasses.replace(loop, step=loop.step + 1,
                                behaviour=upcoming.behaviour if upcoming is not None else None)
-    return loop, StepResult(record, col.out.events, samples, tuple(alerts(gaming)))
+    return loop, StepResult(record, col.out.events, samples, alerts)
 
 
 # ------------------------------------------------------------------------------ records
@@ -441,27 +438,27 @@ def step_record(c: Components, col: Collected, stats: Mapping[str, float],
         **times, "tokens_per_s": tokens / times["time/step_s"],
         **info, **dict(out.metrics),
     }
-    record |= agent_metrics([tr for g in groups for tr in g.trajectories])  # search tasks
     record |= col.services  # cumulative judge/* and retrieval/* counters (service_counters)
     record["rollout/tokens_per_s"] = record["rollout/generated_tokens"] / max(
         record["time/rollout_s"], 1e-9)
     return record
 
 
-def gaming_record(col: Collected) -> dict[str, float]:
-    """The step's ``gaming/*`` monitors (``rewards.gaming``) when the rewarder reports a
-    rubric term per trajectory (ARBOR, RaR); {} otherwise."""
-    groups, out = col.groups, col.out
-    shape = np.shape(out.rewards)
-    term = rubric_term(out.per_traj, shape)
-    if term is None:
-        return {}
-    lengths = np.full(shape, np.nan)
-    for n, g in enumerate(groups):
-        lengths[n, :len(g.trajectories)] = [tr.num_action_tokens for tr in g.trajectories]
-    texts = [[tr.text for tr in g.trajectories] for g in groups]
-    search = any("searches" in tr.info for g in groups for tr in g.trajectories)
-    return gaming_metrics(term, np.asarray(out.outcome, np.float64), lengths, texts, search)
+def monitor_record(c: Components, col: Collected
+                   ) -> tuple[dict[str, float], tuple[Mapping[str, Any], ...]]:
+    """What the task and the rewarder add to a step's record, and the rewarder's alerts: a
+    task's ``step_metrics(groups)`` (a search task's ``agent/*``) and a rewarder's
+    ``monitors(groups, output)`` (ARBOR's and RaR's ``gaming/*`` monitors), each when it has
+    one. The loop knows neither: it asks for what they offer."""
+    record: dict[str, float] = {}
+    task_metrics = getattr(c.task, "step_metrics", None)
+    if task_metrics is not None:
+        record |= task_metrics(col.groups)
+    monitors = getattr(c.rewarder, "monitors", None)
+    if monitors is None:
+        return record, ()
+    metrics, alerts = monitors(col.groups, col.out)
+    return record | dict(metrics), tuple(alerts)
 
 
 def sample_records(col: Collected, rewards: np.ndarray, n: int) -> list[dict]:

@@ -6,7 +6,7 @@ comes from a bank of ``TOPICS``; each topic has six expected items, each with a 
 a reference sentence that names the item and then explains it.  Per prompt (seeded): the
 question phrasing, the item order, the weights and the number of dimensions ``K``.
 
-Training rubric (rule-language criteria, ``judges.rule``; titles say what they mean):
+Training rubric (rule-language criteria, ``judges.rule_language``; titles say what they mean):
 
 * per item ``i``: *mentions* ``i`` (a keyword; weight 3..5) and *explains* ``i`` (a keyword and
   a reason connective such as "because", "so", "which" in the same sentence; weight 1..2);
@@ -56,7 +56,8 @@ from core.types import Group, Prompt, Trajectory
 from models.sampler import SamplingParams
 from rewards.healthbench import healthbench_scores
 from rewards.perturb import REASON_PATTERN
-from rewards.rubric import Criterion, Dimension, Rubric, save_rubrics
+from rewards.rubric import Criterion, Dimension, Rubric
+from rewards.rubric_io import save_rubrics
 from rl.tasks.envs import SingleTurnEnv
 
 SPLIT_SEEDS = {"train": 0, "dev": 1, "test": 2}

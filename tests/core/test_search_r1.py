@@ -16,7 +16,7 @@ from core.search_r1 import (
     strip_prompt,
 )
 from core.types import Trajectory
-from judges.rule import feature_predicate
+from judges.search_features import feature_predicate
 
 PIECES = ["<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>",
           "<information>", "</information>", "x", " ", "\n", "<|im_end|>", INVALID_ACTION,

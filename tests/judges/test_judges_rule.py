@@ -26,7 +26,7 @@ from judges import (
     normalize_answer,
     parse_trajectory,
 )
-from judges.rule import feature_predicate, question_entities
+from judges.search_features import feature_predicate, question_entities
 
 Q = "Which country is the birthplace of the director of Inception?"
 

@@ -115,7 +115,7 @@ class Recorder:
 
 
 def _drafts(feats: list[str], start: int = 0) -> tuple[DraftRubric, ...]:
-    from judges.rule import FEATURES, parse_feature_id
+    from judges.search_features import FEATURES, parse_feature_id
 
     out = []
     for k, fid in enumerate(feats):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from models import load_params
-from models.sampler import left_pad
+from models.padding import left_pad
 from models.scoring import Scoring, group_logprobs
 
 

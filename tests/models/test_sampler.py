@@ -16,13 +16,13 @@ from models.continuation import (
     read_layout,
     row_buckets,
 )
+from models.padding import left_pad
 from models.sampler import (
     PromptBatch,
     SamplingParams,
     decode_params,
     first_argmax,
     generate,
-    left_pad,
     prefill,
     sample_categorical,
 )
@@ -84,7 +84,8 @@ def test_same_seed_same_samples_and_seed_matters(tiny):
 def test_a_repeated_prompt_compiles_no_new_rollout_program(tiny):
     # a GRPO batch of 16 prompts x 2 where two prompts coincide has 15 distinct prompts: the
     # prefill holds 16 either way (one filler row), so one program serves both steps
-    from models.sampler import _generate, prompt_count_bucket
+    from models.padding import prompt_count_bucket
+    from models.sampler import _generate
 
     cfg, params, tok = tiny
     texts = [f"question {i} asks" for i in range(16)]

@@ -23,8 +23,7 @@ from tests.rl.rewarders.test_arbor_e2e import hand_prompts, scripted_groups
 
 from judges import RuleJudge
 from rl.grpo.group_stats import all_wrong_frac, converted_frac, homogeneous_frac
-from rewards.gaming import alerts
-from rl.run.loop import Collected, gaming_record
+from rewards.gaming import step_monitors
 from rl.run.runlog import RunLog
 from rl.tasks.search.task import SearchQATask
 from rl.run.wiring import make_rewarder
@@ -60,9 +59,9 @@ def fake_run(run_dir: Path, algo: str, rewarder: str, options: dict) -> None:
         o, r = jnp.asarray(out.outcome), jnp.asarray(out.rewards)
         if step in (0, STEPS - 1):
             log.metrics(step, {"eval/outcome_mean": float(np.mean(out.outcome)), "eval/n": 4})
-        gaming = gaming_record(Collected(groups, out, {}))
+        gaming, found = step_monitors(groups, out)
         if gaming:
-            log.alerts(step, alerts(gaming))
+            log.alerts(step, list(found))
         log.metrics(step, {**gaming,
                            "reward/mean": float(r.mean()), "outcome/mean": float(o.mean()),
                            "groups/homogeneous_frac": float(homogeneous_frac(o)),

@@ -30,7 +30,8 @@ from rewards.incentives import (
     expected_reward_grad,
     incentive_report,
 )
-from rewards.rubric import RubricError, load_rubrics, to_arrays
+from rewards.rubric import RubricError, to_arrays
+from rewards.rubric_io import load_rubrics
 from tests.paths import FIXTURES
 
 FIX = FIXTURES / "rubrics"

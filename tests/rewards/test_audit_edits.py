@@ -28,7 +28,8 @@ from rewards.audit_edits import (
     word_budget,
 )
 from rewards.perturb import AuditOptions, load_answers, main, perturbation_analysis
-from rewards.rubric import Criterion, Dimension, Rubric, save_rubrics
+from rewards.rubric import Criterion, Dimension, Rubric
+from rewards.rubric_io import save_rubrics
 
 ANSWER = "Keep a fixed schedule every day. Try reading before bed."
 REFERENCE = ("Keep a fixed schedule, because your body clock adapts. Keep the room dark, "

@@ -23,8 +23,9 @@ from rewards.bundle import (
     validate_bundle,
 )
 from rewards.bundle_repair import repair_bundle
-from rewards.rubric import Criterion, Rubric, load_rubrics, save_rubrics
+from rewards.rubric import Criterion, Rubric
 from rewards.rubric import Dimension as RubricDimension
+from rewards.rubric_io import load_rubrics, save_rubrics
 from tests.paths import FIXTURES
 
 FIX = FIXTURES / "rubrics"

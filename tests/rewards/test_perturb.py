@@ -20,7 +20,8 @@ from rewards.perturb import (
     padding,
     perturbation_analysis,
 )
-from rewards.rubric import Criterion, Rubric, load_rubrics
+from rewards.rubric import Criterion, Rubric
+from rewards.rubric_io import load_rubrics
 from rewards.text_edits import delete_sentence_overlapping, reword, swap_adjacent_sentences
 from tests.paths import FIXTURES
 
@@ -119,7 +120,7 @@ def test_cli_writes_table(tmp_path, capsys):
 
 def test_cli_bundles_unbundled_rubrics_first(tmp_path, capsys):
     from rewards.rubric import Rubric as R
-    from rewards.rubric import save_rubrics
+    from rewards.rubric_io import save_rubrics
 
     plain = [R(r.prompt_id, r.prompt, r.criteria, (), r.reference_answer, r.meta)
              for r in load_rubrics(FIXTURE)[:3]]
@@ -130,7 +131,8 @@ def test_cli_bundles_unbundled_rubrics_first(tmp_path, capsys):
 
 
 def test_cli_keeps_bundled_rubrics_and_reports_bundling_failures(tmp_path, capsys):
-    from rewards.rubric import Dimension, save_rubrics
+    from rewards.rubric import Dimension
+    from rewards.rubric_io import save_rubrics
 
     first, *rest = load_rubrics(FIXTURE)[:3]
     # an already-bundled rubric whose first failure clause fires on every high-risk sentence
@@ -243,7 +245,7 @@ def test_exceeds_needs_the_whole_interval_beyond_the_floor():
 
 
 def test_cli_paraphrase_file_and_its_bad_rows(tmp_path, capsys):
-    from rewards.rubric import save_rubrics
+    from rewards.rubric_io import save_rubrics
 
     save_rubrics([_surface_rubric("r1")], tmp_path / "r.jsonl")
     para = tmp_path / "p.jsonl"

@@ -1,4 +1,5 @@
-"""Rubric data model, loaders and padding (rewards/rubric.py)."""
+"""Rubric data model and padding (rewards/rubric.py), row parsers (rewards/rubric_parsers.py)
+and loaders (rewards/rubric_io.py)."""
 
 from __future__ import annotations
 
@@ -10,20 +11,15 @@ import pytest
 
 from rewards.rubric import (
     RAR_WEIGHT_LABELS,
-    RUBRIC_FORMATS,
     Criterion,
     Dimension,
     Message,
     Rubric,
     RubricError,
-    detect_format,
-    load_rubrics,
-    parse_rows,
-    rar_weight,
-    rubric_to_dict,
-    save_rubrics,
     to_arrays,
 )
+from rewards.rubric_io import RUBRIC_FORMATS, detect_format, load_rubrics, parse_rows, save_rubrics
+from rewards.rubric_parsers import rar_weight, rubric_to_dict
 from tests.paths import FIXTURES
 
 FIX = FIXTURES / "rubrics"

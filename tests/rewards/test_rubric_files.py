@@ -7,7 +7,8 @@ import json
 import pytest
 
 from rewards.bundle import main as bundle_main
-from rewards.rubric import RubricError, load_rubrics
+from rewards.rubric import RubricError
+from rewards.rubric_io import load_rubrics
 
 
 def _row(*criteria):

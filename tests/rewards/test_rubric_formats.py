@@ -14,16 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rewards.rubric import (
-    Criterion,
-    Dimension,
-    Message,
-    Rubric,
-    RubricError,
-    load_rubrics,
-    save_rubrics,
-)
+from rewards.rubric import Criterion, Dimension, Message, Rubric, RubricError
 from rewards.rubric_formats import render_checklist
+from rewards.rubric_io import load_rubrics, save_rubrics
 from tests.paths import FIXTURES
 
 TRAIN = FIXTURES / "rubrics" / "prorubric_train.jsonl"

@@ -33,7 +33,8 @@ from typing import Any
 from core.search_r1 import INVALID_ACTION, parse_action
 from core.types import Group, Policy, Prompt, Trajectory
 from models.continuation import Continuation
-from models.sampler import Generation, SamplingParams, round_up
+from models.padding import round_up
+from models.sampler import Generation, SamplingParams
 from models.tokenizer import Tokenizer
 from rl.tasks.search.corpus import Doc, render_docs
 from rl.tasks.search.faults import SEARCH_FAILED, RetrievalGuard

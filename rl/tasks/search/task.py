@@ -16,11 +16,11 @@ import functools
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from core.search_r1 import search_prompt
+from core.search_r1 import agent_metrics, search_prompt
 from core.types import Group, Prompt, Trajectory
 from models.sampler import SamplingParams
 from models.tokenizer import Tokenizer
@@ -199,6 +199,11 @@ class SearchQATask:
         if self.reward_metrics == "reward":
             return reward_score
         return METRIC_SETS.get(self.reward_metrics).score
+
+    def step_metrics(self, groups: Sequence[Group]) -> dict[str, float]:
+        """The rollout's ``agent/*`` behaviour in the step record, as Search-R1 logs it
+        (``core.search_r1.agent_metrics``)."""
+        return agent_metrics([t for g in groups for t in g.trajectories])
 
     def outcome(self, prompt: Prompt, traj: Trajectory) -> float:
         return float(QA_REWARDS.get(self.reward)(traj.text, list(prompt.answer),

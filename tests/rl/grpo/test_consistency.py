@@ -94,7 +94,7 @@ def test_prof_step_updates_on_the_kept_trajectories(tmp_path, world_dir):  # noq
     good searcher, a lazy guesser, a question copier and a broken format): the update's batch
     holds G - r trajectories per group, the kept ones are the authors' choice from the step's
     own rubric scores, and the records say what was removed."""
-    from rl import loop as L
+    from rl.run import loop as L
     from rl.run.trainer import build_trainer
 
     over = [o.replace("algo=arbor", "algo=rar") for o in tiny_overrides(

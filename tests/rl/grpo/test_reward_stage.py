@@ -15,6 +15,7 @@ from core.types import Group, Prompt, RewardOutput, Trajectory
 from rl.grpo.advantages import ADVANTAGES, gdpo_advantages
 from rl.grpo.dapo import overlong_penalty
 from rl.grpo.group_stats import all_wrong_frac, converted_frac, homogeneous_frac
+from rl.run.config import reward_stage_config
 from tests.rl.references import ref_advantages
 
 SQRT3_2 = np.sqrt(3) / 2  # GRPO on [1, 0, 0, 1]: +-0.5 / sqrt(1/3) (sample std)
@@ -168,7 +169,7 @@ def _traj(n_tokens):
 def test_loop_feeds_the_stage_host_inputs():
     """rl.run.loop.reward_stage: lengths from the trajectories, judge-failed rows from per_traj,
     the config from the RunConfig (overlong on, L_max = the 16-token budget, B = 4)."""
-    from rl import loop as L
+    from rl.run import loop as L
 
     ov = SimpleNamespace(enabled=True, max_len=None, buffer_len=4, buffer_frac=0.25,
                          penalty=1.0)
@@ -185,9 +186,9 @@ def test_loop_feeds_the_stage_host_inputs():
     # L_exp 12: 8 -> 0, 14 -> -.5; row 1 failed closed stays [0, 0]
     np.testing.assert_allclose(stage.rewards, [[1.0, 0.5], [0.0, 0.0]])
     np.testing.assert_allclose(stage.advantages, [[0.25, -0.25], [0.0, 0.0]])
-    cfg = RS.reward_stage_config(c.run, 16)
+    cfg = reward_stage_config(c.run, 16)
     assert cfg.overlong == RS.OverlongShaping(16, 4, 1.0) and cfg.component_weights == (1.0, 1.0)
     off = SimpleNamespace(**{**vars(algo), "overlong": SimpleNamespace(**{**vars(ov),
                                                                            "enabled": False})})
-    assert RS.reward_stage_config(SimpleNamespace(algo=off), 16) == dataclasses.replace(
+    assert reward_stage_config(SimpleNamespace(algo=off), 16) == dataclasses.replace(
         cfg, overlong=None)

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from core.types import Group, Prompt, Trajectory
 from judges import RuleJudge
-from judges.rule import question_entities
+from judges.search_features import question_entities
 from memory.events import REJECT_REASONS, event_from_dict
 from memory.state import RubricMemory
 from rl.rewarders.arbor import ArborRewarder

@@ -389,7 +389,7 @@ def test_update_log_probs_are_the_sampled_policys_at_its_temperature(tmp_path):
     """At trainer.temperature=0.7 the update, old-policy and reference passes score the policy
     that sampled (logits / 0.7, as verl and TRL): their log-probs of the sampled tokens equal
     the sampler's own, and differ from the temperature-1 log-probs."""
-    from rl import loop as L
+    from rl.run import loop as L
 
     t = build_trainer(make_cfg(tmp_path / "t", *LEARN, "trainer.batch_prompts=2",
                                "algo.group_size=4", "trainer.max_new_tokens=8",

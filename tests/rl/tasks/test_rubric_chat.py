@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 
 from core.types import Group, Prompt, Trajectory
-from judges.rule import RuleJudge, compile_rule
+from judges.rule import RuleJudge
+from judges.rule_language import compile_rule
 from rewards.aggregate import AGGREGATORS
 from rewards.perturb import name_only
-from rewards.rubric import Criterion, Rubric, RubricError, load_rubrics
+from rewards.rubric import Criterion, Rubric, RubricError
+from rewards.rubric_io import load_rubrics
 from rewards.rubric_scoring import (
     ScoreItem,
     fitness_criteria,
