@@ -1,4 +1,4 @@
-"""GRPO vs ARBOR vs ARBOR w/o memory on the shipped multi-hop benchmark (SPEC 3, ablations).
+"""GRPO vs ARBOR vs ARBOR w/o memory on the shipped multi-hop benchmark (ARBOR's ablations).
 
 Every algorithm gets the same budget (steps, prompts per step, group size, token limits, learning
 rate) and the same seeds; the only difference is ``algo=``. Each run trains with

@@ -1,4 +1,4 @@
-"""Additive Rubric-RL vs ProRubric vs raw-AND on ``task=rubric_chat`` (SPEC 4, the experiment).
+"""Additive Rubric-RL vs ProRubric vs raw-AND on ``task=rubric_chat`` (ProRubric's experiment).
 
 A coverage warm-up comes first, as the ProRubric authors start RL from an SFT model: ``rl.sft``
 for ``--warmup-steps`` steps on the reference answers of the first ``steps * 8`` train prompts

@@ -79,7 +79,7 @@ def strip_prompt(text: str) -> str:
 # --- the environment's side: actions and the invalid-action message --------------------------
 
 # The environment's message after a turn without a valid action (Search-R1's wording,
-# ``execute_predictions`` in search_r1/llm_agent/generation.py; SPEC 2).
+# ``execute_predictions`` in search_r1/llm_agent/generation.py).
 INVALID_ACTION = (
     "\nMy previous action is invalid. If I want to search, I should put the query between "
     "<search> and </search>. If I want to give the final answer, I should put the answer "
@@ -198,9 +198,10 @@ def _policy_format_valid(policy_text: str, eos_texts: Sequence[str]) -> bool:
 
 
 def is_valid_format(response_text: str, eos_texts: Sequence[str] = DEFAULT_EOS_TEXTS) -> bool:
-    """Our format rule (SPEC 2): the tags think/search/answer/information are balanced and never
-    nested; there is exactly one ``<answer>`` and only whitespace or end-of-sequence texts
-    follow its ``</answer>``; every ``<search>`` is closed (implied by balance).
+    """Our format rule (docs/guides/search-agents.md): the tags think/search/answer/information are
+    balanced and never nested; there is exactly one ``<answer>`` and only whitespace or
+    end-of-sequence texts follow its ``</answer>``; every ``<search>`` is closed (implied by
+    balance).
 
     The content of an ``<information>`` block is retrieved text, so tags inside it are not the
     policy's and are skipped until the block's ``</information>``; the environment's

@@ -1,5 +1,5 @@
-"""ARBOR's rubric memory ``M = (D, P)`` (SPEC section 3): an immutable host-side value and
-pure operations on it, one concept per module.
+"""ARBOR's rubric memory ``M = (D, P)`` (ARBOR, arXiv:2606.03239; docs/guides/arbor.md): an
+immutable host-side value and pure operations on it, one concept per module.
 
 * ``state``: ``RubricMemory``, ``DraftRubric``, ``CommonRubric``, ``MemoryConfig`` (+ JSON).
 * ``events``: what each operation did (admitted / rejected / consolidated / merged /

@@ -1,4 +1,4 @@
-"""Admission of query-local drafts into ``D`` (SPEC 3.2).
+"""Admission of query-local drafts into ``D`` (ARBOR, arXiv:2606.03239: admission).
 
 A draft scored on its group's trajectories (scores ``s_i``, outcomes ``y_i``) is admitted
 iff (ARBOR: ``Var_i(s_i) >= delta_v`` and ``Pearson({s_i}, {F1(tau_i)}) >= rho_min``)::

@@ -1,4 +1,4 @@
-"""Consolidation of drafts into common rubrics, with near-duplicate merging (SPEC 3.3).
+"""Consolidation of drafts into common rubrics, merging near-duplicates (ARBOR, arXiv:2606.03239).
 
 When ``|D| >= K`` (``MemoryConfig.k_consol``), the oldest drafts are cut into chunks of exactly
 ``K`` (a remainder smaller than ``K`` stays in ``D``); each chunk is one ``ConsolidateRequest``

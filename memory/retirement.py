@@ -1,4 +1,4 @@
-"""Retirement statistics of common rubrics (SPEC 3.4).
+"""Retirement statistics of common rubrics (ARBOR, arXiv:2606.03239: retirement).
 
 One *activation* of a common rubric ``r`` is one batch in which it is active; it scores every
 group of the batch (scores ``s`` in [0, 1], outcomes ``y``: ``MemoryConfig.rubric_outcome``,

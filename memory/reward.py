@@ -1,4 +1,4 @@
-"""The per-batch ARBOR step: rubric rewards from memory, and the memory update (SPEC 3).
+"""The per-batch ARBOR step (arXiv:2606.03239): rubric rewards from memory, the memory update.
 
 ``arbor_reward_step(memory, groups, judge, cfg, step=, seed=)`` is ONE pure host function (the
 judge is the only effectful collaborator, and only through its batched calls). The memory is an
@@ -42,8 +42,9 @@ which ``induce_fallbacks`` were judge failures); drafts with blank text (rejecte
 passes equal sizes).
 
 Judge fallbacks (the judge failed and returned its defined fallback: a tie, P(met) = 0.5, no
-drafts) are not evidence. A fallback tie keeps its defined score in the reward (SPEC 5), but
-every statistic reads evidence scores from real verdicts only (``pairwise.evidence_scores``; a
+drafts) are not evidence. A fallback tie keeps its defined score in the reward
+(docs/guides/judges.md), but every statistic reads evidence scores from real verdicts only
+(``pairwise.evidence_scores``; a
 fallback check has none): a rubric's activation statistics skip a group with a member that has
 no real verdict (``fallback_groups_excluded``), a draft with such a member is rejected
 ``judge_fallback``, and drafts whose consolidation failed stay in ``D`` (``consolidation``).

@@ -1,4 +1,4 @@
-"""Active selection: exactly two common rubrics per batch (SPEC 3.5).
+"""Active selection: exactly two common rubrics per batch (ARBOR, arXiv:2606.03239).
 
     r1 = argmax_{r in P} rho_r                                  ("top_rho")
     r2 = argmin_{r in P, r != r1} last_used_clock(r)            ("lru")

@@ -1,4 +1,4 @@
-"""ARBOR rubric memory ``M = (D, P)`` as an immutable host-side value (SPEC section 3).
+"""ARBOR's rubric memory ``M = (D, P)`` (arXiv:2606.03239) as an immutable host-side value.
 
 * ``D`` (``RubricMemory.drafts``): admitted query-local draft rubrics, waiting for consolidation.
 * ``P`` (``RubricMemory.commons``): cross-query common rubrics, activated two per batch.
@@ -43,7 +43,7 @@ MEMORY_FORMAT_VERSION = 2
 #: What format version 1 computed: admission, triplets and rho_r on R_base, rho_r centred.
 V1_BASIS = "r_base/centred"
 
-#: Number of rubrics activated per batch (SPEC 3.5: "exactly two": top-rho plus LRU rotation).
+#: Rubrics activated per batch (ARBOR's active selection: "exactly two", top-rho plus LRU).
 N_ACTIVE = 2
 #: Groups smaller than this cannot be compared pairwise, nor correlated: no rubric term.
 MIN_GROUP_SIZE = 2

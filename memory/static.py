@@ -1,4 +1,4 @@
-"""RaR-style ablation: a fixed rubric list, scored additively per trajectory (SPEC 3, ablations).
+"""RaR-style ablation: a fixed rubric list, scored additively per trajectory (ARBOR's RaR ablation).
 
 A static rubric ``k`` has a title, a description and a weight ``w_k`` (negative = pitfall: "met"
 means the undesirable behaviour is present). Each trajectory ``i`` of a group is checked

@@ -1,4 +1,4 @@
-"""Contrastive triplet of a query group (SPEC 3.1).
+"""Contrastive triplet of a query group (ARBOR, arXiv:2606.03239: contrastive induction).
 
 For outcomes ``y`` (``MemoryConfig.rubric_outcome``: by default the answer's token F1, as the
 paper ranks the triplet; or ``R_base``, F1 if the format is valid else -1)::

@@ -241,8 +241,6 @@ class DecodeSettings:
     cache_dtype: str = "float32"
     read_block: int = 128
     prefill_pin_rows: bool = True
-    capacity: int = 0
-    prompt_bucket: int = 16
 
     @staticmethod
     def of(sampling: SamplingParams, mesh: Mesh | None = None) -> DecodeSettings:

@@ -246,7 +246,7 @@ def bundle_missing(rubrics: Sequence[Rubric], judge: Any, k_min: int = BUNDLE_MI
                    k_max: int = MAX_DIMS, regenerate: int = BUNDLE_REGENERATE,
                    bundler: str | None = None) -> BundleResult:
     """Bundle only the rubrics that have no dimensions (``bundle_rubrics``); a rubric that
-    already has dimensions is returned as it is and never sent to the judge (SPEC 4: dimensions
+    already has dimensions is returned as it is and never sent to the judge (ProRubric: dimensions
     and failure clauses are generated once per prompt, offline, and cached).
 
     ``rubrics`` of the result: every already-bundled rubric plus every newly bundled one, in

@@ -1,4 +1,4 @@
-"""Perturbation incentive analysis (SPEC 4): edit answers, read how each reward moves.
+"""Perturbation incentive analysis (ProRubric's audit): edit answers, read how each reward moves.
 
 No training: take rubrics with answers to edit (their reference answers, or ``answers=``: any
 answers, e.g. the untrained policy's from ``rl.eval``), apply each edit operator to each answer,
@@ -51,8 +51,8 @@ nested ``{operator: {column: mean change}}``, ``rows`` as in the CSV, ``config``
 ``OUT_DIR/perturb_cases.jsonl`` (every edited answer with its scores).  When an AND-product
 aggregator is asked for, the rubrics without dimensions (and only those) are bundled in memory
 with the judge first (``rewards.bundle.bundle_missing``); rubrics that already have dimensions
-keep them, failure clauses included (SPEC 4: generated once, offline, cached).  A rubric the
-judge cannot bundle is left out of the whole table (every column covers the same references),
+keep them, failure clauses included (as ProRubric does: generated once, offline, cached).  A rubric
+the judge cannot bundle is left out of the whole table (every column covers the same references),
 with a warning naming it and its reason, a printed count, and ``config.not_bundled``
 (``[{prompt_id, reason}]``) in ``perturb_table.json``.  Rows without an answer to edit are
 skipped and counted; ``config.no_edit`` counts, per family, the answers it could not edit.

@@ -1,6 +1,6 @@
 """Outcome rewards for QA search agents: EM / F1 and the ARBOR / Search-R1 outcome rewards
-(SPEC section 2), built on the Search-R1 protocol of ``core.search_r1`` (answer extraction,
-format validity, answer normalisation).
+(Search-R1's and ARBOR's outcome rewards; docs/guides/search-agents.md), built on the Search-R1
+protocol of ``core.search_r1`` (answer extraction, format validity, answer normalisation).
 
 Every function taking ``response_text`` follows that module's contract: the text is the
 RESPONSE part of a trajectory only, never the prompt, so the last ``<answer>`` of the response

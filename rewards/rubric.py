@@ -1,4 +1,4 @@
-"""Rubric data model and padding to arrays (SPEC section 4).
+"""Rubric data model and padding to arrays (ProRubric; docs/guides/prorubric.md).
 
 A rubric is a checklist of criteria ``i`` with weights ``w_i``.  A negative weight marks a
 *pitfall*: the criterion text describes an undesirable behaviour, and a judge saying "met" means

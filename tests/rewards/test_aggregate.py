@@ -1,6 +1,6 @@
 """Aggregators (rewards/aggregate.py) and incentive gradients (rewards/incentives.py).
 
-Expected values are written out as arithmetic from the SPEC formulas; gradients are checked
+Expected values are written out as arithmetic from the papers' formulas; gradients are checked
 against the closed forms, central finite differences, and exact enumeration over 2^C outcomes.
 """
 
