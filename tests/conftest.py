@@ -4,6 +4,15 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# XLA compiles the tests' programs without LLVM's optimisations, in this process and the ones
+# its tests start: the suite's time goes mostly to compiling small programs, which this
+# shortens far more than it slows running them, and its checks hold at either level
+# (tolerances, or one program run twice). RUBRICRL_TEST_XLA_OPT=1 keeps XLA's default level.
+if os.environ.get("RUBRICRL_TEST_XLA_OPT") != "1" and \
+        "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_backend_optimization_level=0").strip()
+
 import json  # noqa: E402
 import shutil  # noqa: E402
 import string  # noqa: E402
@@ -15,13 +24,14 @@ from pathlib import Path  # noqa: E402
 # and processes (and again after `jax.clear_caches()` below), and a program compiled once is
 # then read from disk. JAX reads these variables as its options' defaults, in every process
 # that inherits them; the run that made the folder (the xdist controller, or a plain pytest)
-# removes it at the end. Every program is stored, however fast it compiled.
+# removes it at the end. RUBRICRL_TEST_COMPILE_CACHE=off runs without it.
 _CACHE_OWNER = "RUBRICRL_TEST_COMPILE_CACHE" not in os.environ
 if _CACHE_OWNER:
     os.environ["RUBRICRL_TEST_COMPILE_CACHE"] = tempfile.mkdtemp(prefix="rubricrl-test-xla-")
-os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["RUBRICRL_TEST_COMPILE_CACHE"]
-os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+if os.environ["RUBRICRL_TEST_COMPILE_CACHE"] != "off":
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["RUBRICRL_TEST_COMPILE_CACHE"]
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest  # noqa: E402
 
@@ -107,7 +117,7 @@ def _release_compiled_programs():
 
 
 def pytest_unconfigure(config):
-    if _CACHE_OWNER:
+    if _CACHE_OWNER and os.environ["RUBRICRL_TEST_COMPILE_CACHE"] != "off":
         shutil.rmtree(os.environ["RUBRICRL_TEST_COMPILE_CACHE"], ignore_errors=True)
 
 

@@ -106,7 +106,8 @@ def test_the_tpu_layout_generates_what_the_cpu_layout_does(tiny, cpu_rollout,
 
 SHARDED = textwrap.dedent("""
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=4")
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
     from models.sharding import make_mesh

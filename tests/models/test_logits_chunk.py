@@ -89,7 +89,8 @@ def test_constraints_keep_the_batch_split_under_a_mesh():
     temporaries are about the whole batch's logits / 8, not the whole batch's."""
     code = textwrap.dedent("""
         import os
-        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + " --xla_force_host_platform_device_count=8")
         os.environ["JAX_PLATFORMS"] = "cpu"
     """) + _ABSTRACT_SCORING + textwrap.dedent("""
         from models.presets import tiny_config

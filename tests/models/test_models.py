@@ -261,7 +261,8 @@ def test_corrupt_gguf(tmp_path):
 def test_sharded_forward_matches_single_device():
     code = textwrap.dedent("""
         import os
-        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + " --xla_force_host_platform_device_count=8")
         os.environ["JAX_PLATFORMS"] = "cpu"
         import jax, jax.numpy as jnp, numpy as np
         from models.presets import tiny_config
@@ -307,7 +308,8 @@ def test_load_params_onto_a_mesh_places_every_array_on_its_shards(tmp_path):
 
     script = textwrap.dedent("""
         import os
-        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + " --xla_force_host_platform_device_count=4")
         os.environ["JAX_PLATFORMS"] = "cpu"
         import jax, numpy as np
         from models import load_params

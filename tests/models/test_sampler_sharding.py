@@ -17,7 +17,8 @@ from models.sampler import _sharded_prompts
 
 SCRIPT = textwrap.dedent("""
     import os, re, sys
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=8")
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax, numpy as np
     import models.sampler as S
@@ -272,7 +273,8 @@ def test_continue_layout_keeps_rows_on_their_shard():
 
 TRAIN_SCRIPT = textwrap.dedent("""
     import os, runpy, sys
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=8")
     os.environ["JAX_PLATFORMS"] = "cpu"
     import models.sampler as S
     seen = []  # the data-parallel shards of every rollout's KV cache

@@ -208,7 +208,8 @@ def test_sharded_lora_step_matches_single_device():
 
     code = textwrap.dedent("""
         import os
-        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + " --xla_force_host_platform_device_count=8")
         os.environ["JAX_PLATFORMS"] = "cpu"
         import functools
         import jax, numpy as np, optax

@@ -198,6 +198,12 @@ def test_inconsistent_job_settings_are_refused_by_key_before_connecting(
     assert not (tmp_path / "run").exists()
 
 
+def device_flags(devices: int) -> str:
+    """XLA_FLAGS for a process of `devices` CPU devices, keeping the test run's other flags."""
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -210,7 +216,7 @@ def _train(run_dir: Path, devices: int, overrides: list[str], job: tuple[int, in
     """``python -m rl.train`` on `devices` CPU devices; `job` = (port, processes, rank) as
     ``mesh.*`` keys, or `cluster`: environment variables of a cluster JAX detects."""
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **(cluster or {}))
+               XLA_FLAGS=device_flags(devices), **(cluster or {}))
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     rank = job[2] if job else (cluster or {}).get("SLURM_PROCID", "")
     args = [f"trainer.run_dir={run_dir}", f"hydra.run.dir={run_dir}_hydra{rank}",
@@ -457,7 +463,8 @@ def test_an_unreachable_coordinator_is_named_within_the_connect_timeout(tmp_path
 
 SAMPLER_SCRIPT = """
 import os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=2")
 os.environ["JAX_PLATFORMS"] = "cpu"
 from core.cluster import join_cluster
 join_cluster(f"127.0.0.1:{sys.argv[1]}", 2, int(sys.argv[2]), 60, 10)
@@ -537,7 +544,8 @@ def test_sampler_and_search_env_over_two_processes_equal_one_device(tmp_path):
 
 LOAD_SCRIPT = """
 import logging, os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=2")
 os.environ["JAX_PLATFORMS"] = "cpu"
 from core.cluster import join_cluster
 join_cluster(f"127.0.0.1:{sys.argv[1]}", 2, int(sys.argv[2]), 60, 10)
@@ -612,7 +620,7 @@ def test_the_smoke_command_passes_over_two_processes_with_fsdp_across_them(tmp_p
     the job's final weights equal those of the same smoke in 1 process on 4 devices."""
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+               XLA_FLAGS=device_flags(2))
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     run, logs = tmp_path / "smoke", [tmp_path / f"smoke{r}.log" for r in range(2)]
     args = ["model=hf", f"model.path={char_model}", "task=arith", "task.size=16",
@@ -638,7 +646,7 @@ def test_the_smoke_command_passes_over_two_processes_with_fsdp_across_them(tmp_p
     one, log = tmp_path / "smoke_one", tmp_path / "smoke_one.log"
     single = [a for a in args if not a.startswith(("mesh.coordinator", "mesh.num_processes",
                                                    "trainer.run_dir"))]
-    env_one = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env_one = dict(env, XLA_FLAGS=device_flags(4))
     proc = subprocess.Popen([sys.executable, "-m", "rl.smoke", *single, f"trainer.run_dir={one}",
                              f"hydra.run.dir={one}_hydra"], cwd=ROOT, env=env_one,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115

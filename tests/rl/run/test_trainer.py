@@ -306,7 +306,8 @@ def test_cli_runs_and_writes_run_folder(tmp_path):
 def test_sharded_train_step_matches_single_device():
     code = textwrap.dedent("""
         import os
-        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + " --xla_force_host_platform_device_count=8")
         os.environ["JAX_PLATFORMS"] = "cpu"
         import jax, jax.numpy as jnp, numpy as np
         from models.presets import tiny_config
