@@ -422,18 +422,16 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
     decode loop starts from (the first half of a fresh generation; ``rl.plan`` compiles the
     two halves apart). The distinct prompts' cache holds only their own slots: at
     `cache_len` slots it would be a fifth of the rows' cache again (groups of 5) while both
-    are live (Qwen3-4B, Search-R1's 3,756 slots on 16 v5p chips: 16.5 GiB more per chip).
+    are live (for a large model on a pod slice, gigabytes per chip: the benchmarks page).
     With ``prompts.rows`` [S,B/S] (a mesh's S shards, see :func:`_take_rows`) every shard's
     rows copy from the shard's own prompts.
 
     ``pin_rows``: the prompts' activations pinned to the mesh's batch axes after every layer
     (each device computes its own prompts, gathering each layer's FSDP-sharded weights), or
     left to GSPMD, which tends to keep the weights sharded and replicate the activations.
-    Neither is smaller everywhere (libtpu 0.0.42, peaks per chip with the train state): pinned,
-    Qwen3-4B at Search-R1's 512 prompts on 128 v5e chips needs 2.2 GiB of prefill temporaries
-    instead of 19.5 (a float32 [512, 256, 9728] MLP activation on every chip otherwise);
-    unpinned, Qwen3-14B at 64 prompts on 64 v5e chips needs 4.9 instead of 12.9. A config
-    picks it (``trainer.prefill_pin_rows``) and ``rl.plan`` compiles the config's choice."""
+    Neither is smaller for every model and slice (the planned peaks are on the benchmarks
+    page), so a config picks it (``trainer.prefill_pin_rows``) and ``rl.plan`` compiles the
+    config's choice."""
     params = unstack_layers(params)
     rows, width = prompts.rows, prompts.tokens.shape[1]
     layout = kv_layout(mesh)

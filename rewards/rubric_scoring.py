@@ -49,7 +49,7 @@ from judges.base import Judge
 from judges.types import CheckRequest, CheckResult, RateRequest
 from rewards.aggregate import AGGREGATORS, get_aggregator, rating_reward
 from rewards.dimension_judging import DIMENSION_ARMS, DimensionItem, judge_groups
-from rewards.reweight import REWEIGHTED, WEIGHT_LABEL_MULTIPLIERS, reweighted  # noqa: F401
+from rewards.reweight import REWEIGHTED, reweighted
 from rewards.rubric import MAX_DIMS, Criterion, Rubric, RubricError, to_arrays
 from rewards.rubric_parsers import finite_number, rubric_from_dict, tag_list
 

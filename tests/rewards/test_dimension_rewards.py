@@ -27,12 +27,12 @@ from rewards.dimension_judging import (
     strip_failure_clauses,
     verbatim_conjunction,
 )
+from rewards.reweight import reweighted
 from rewards.rubric import Criterion, Dimension, Rubric
 from rewards.rubric_scoring import (
     Checks,
     ScoreItem,
     aggregate_checks,
-    reweighted,
     score_items,
 )
 from rl.rewarders.rubric import RubricRewarder
