@@ -24,8 +24,8 @@ def prompt_count_bucket(n: int) -> int:
     """How many distinct prompts a prefill holds for `n`: the next power of two up to 8, then
     a multiple of 1/8 of the next power of two (10, 12, 14, 16, 20, 24, ...: at most 1/4 of
     filler rows). A GRPO batch's distinct prompts drop below its prompt count whenever two
-    prompts coincide; without a bucket each such step compiled a new rollout program (15 s
-    for Qwen3-0.6B on an H200)."""
+    prompts coincide; without a bucket each such step compiled a new rollout program
+    (seconds on a real model: the benchmarks page)."""
     if n <= 8:
         return 1 << max(0, (n - 1).bit_length())
     return round_up(n, 1 << ((n - 1).bit_length() - 3))

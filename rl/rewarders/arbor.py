@@ -86,7 +86,8 @@ def base_matrix(inputs: Sequence[GroupInput]) -> np.ndarray:
 
 
 def per_traj_scores(combined: np.ndarray, inputs: Sequence[GroupInput],
-              ids: Sequence[Sequence[str]] = ()) -> tuple[tuple[Mapping[str, Any], ...], ...]:
+                    ids: Sequence[Sequence[str]] = ()
+                    ) -> tuple[tuple[Mapping[str, Any], ...], ...]:
     """Per-trajectory rubric details (for sample logs): the centred score s~ and the rubric
     ids that scored the group."""
     out = []

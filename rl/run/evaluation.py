@@ -3,7 +3,6 @@ trajectories split by split, score them with the task (and, for search tasks, EM
 judge), and format the tables. ``python -m rl.eval`` is the command over these; the trainer
 calls them for its evaluation at the run's ends."""
 
-
 from __future__ import annotations
 
 import dataclasses
