@@ -51,17 +51,19 @@ from models.sampler import (
     DecodeState,
     Frontier,
     Generation,
+    Kernel,
     SamplingParams,
     _canonical,
     _key,
     _limits,
     _result,
-    _stopping,
     _take_rows,
     decode_loop,
+    placed_stopping,
     row_logits,
+    stopping_tables,
 )
-from models.sharding import batch_shards, constrain_rows, row_shardings
+from models.sharding import batch_shards, constrain_rows, place_replicated, place_rows
 from models.tokenizer import Tokenizer
 from models.transformer import (
     KVCache,
@@ -395,12 +397,12 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     settings = DecodeSettings.of(sampling, mesh)
     width = line_width(max(continuation.read_width, *map(len, appended)), sampling.read_block)
     if continuation.compile_buckets:
-        compile_buckets(cfg, params, front, width, shards, settings, tokenizer, sampling)
+        compile_buckets(cfg, params, front, width, sampling, mesh, tokenizer)
     readers = np.asarray([i for i, a in enumerate(appended) if a], np.int32)
     if len(readers):
         layout = read_layout(device_rows[readers], n_device, shards, sampling.sub_batches)
         lines, mask = _lines([appended[i] for i in readers], layout, width, tokenizer.pad_id)
-        front = read_program(mesh)(cfg, params, front, *_on_rows(
+        front = read_program(mesh)(cfg, params, front, *place_rows(
             (layout.index, lines, mask), mesh), settings=settings)
     layout = layout_rows(device_rows, n_device, shards, sampling.sub_batches)
     budgets = np.zeros(layout.size, np.int32)
@@ -408,9 +410,9 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     resume = np.zeros(layout.size, bool)
     if state.stop_state is not None and state.stops == _canonical(sampling.stop):
         resume[layout.sub] = [not a for a in appended]
-    index, resume = _on_rows((layout.index, resume), mesh)
-    decoded = decode_in_place(cfg, params, front, index, resume, _key(seed),
-                              _stopping(cfg, tokenizer, sampling, budgets, mesh),
+    index, resume = place_rows((layout.index, resume), mesh)
+    stopping = placed_stopping(stopping_tables(cfg, tokenizer, sampling, budgets), mesh)
+    decoded = decode_in_place(cfg, params, front, index, resume, _key(seed), stopping,
                               settings=settings)
     if continuation.consume:
         _delete(state)  # donated above; freed here where a backend could not reuse them
@@ -444,41 +446,58 @@ def _lines(appended: list[list[int]], layout: Layout, width: int,
     return lines, mask
 
 
-def _on_rows(host: tuple[Any, ...], mesh: Mesh | None) -> tuple[Any, ...]:
-    """Host arrays on the devices, sharded along their rows under a mesh (None stays
-    None)."""
-    if mesh is None:
-        return tuple(None if a is None else jnp.asarray(a) for a in host)
-    return tuple(None if a is None else jax.device_put(a, row_shardings(a, mesh))
-                 for a in host)
+def bucket_kernel(cfg: ModelConfig, params: Params, front: Frontier, size: int,
+                  sampling: SamplingParams, mesh: Mesh | None,
+                  tokenizer: Tokenizer | None = None, abstract: bool = False) -> Kernel:
+    """The decode program of a chunk run by `size` rows of each shard of ``front``'s rows
+    (:func:`row_buckets`): "continue" when that is all of them (in place), else "part" (the
+    rows gathered out of the cache). ``abstract``: on abstract arguments (``rl.plan``;
+    `front` and `params` as given); without a tokenizer the stopping tables are shapes only
+    (``models.sampler.stopping_tables``)."""
+    shards = 1 if mesh is None else batch_shards(mesh)
+    per = front.n_tokens.shape[0] // shards
+    index = None if size == per else np.full((shards, size), per, np.int32)
+    index, resume = place_rows((index, np.zeros(shards * size, bool)), mesh, abstract)
+    stopping = placed_stopping(stopping_tables(cfg, tokenizer, sampling,
+                                               np.zeros(shards * size, np.int32)),
+                               mesh, abstract)
+    key = (place_replicated(jax.eval_shape(lambda: jax.random.key(0)), mesh, True)
+           if abstract else _key(0))
+    return Kernel("continue" if size == per else "part", decode_in_place, cfg,
+                  (params, front, index, resume, key, stopping),
+                  {"settings": DecodeSettings.of(sampling, mesh)})
+
+
+def read_kernel(cfg: ModelConfig, params: Params, front: Frontier, width: int,
+                sampling: SamplingParams, mesh: Mesh | None, pad_id: int = 0,
+                abstract: bool = False) -> Kernel:
+    """The read program of ``front``'s rows for appended lines of `width` tokens, laid out as
+    :func:`read_layout` lays out a read (every row's group, whoever reads)."""
+    shards = 1 if mesh is None else batch_shards(mesh)
+    layout = read_layout(np.zeros(0, np.int32), int(front.n_tokens.shape[0]), shards,
+                         sampling.sub_batches)
+    lines, mask = _lines([], layout, width, pad_id)
+    return Kernel("read", read_program(mesh), cfg,
+                  (params, front, *place_rows((layout.index, lines, mask), mesh, abstract)),
+                  {"settings": DecodeSettings.of(sampling, mesh)})
 
 
 def compile_buckets(cfg: ModelConfig, params: Params, front: Frontier, width: int,
-                    shards: int, settings: DecodeSettings, tokenizer: Tokenizer,
-                    sampling: SamplingParams) -> None:
+                    sampling: SamplingParams, mesh: Mesh | None, tokenizer: Tokenizer) -> None:
     """Compile the read (for lines of `width`) and the decode program of every row bucket
     for ``front``'s shapes (ahead of time: nothing runs; jit keeps the executables).
 
     The programs are lowered here and compiled concurrently, one thread per host core at
     most: the compiler releases the GIL, and a program's compile uses about one core
     (measured: docs/benchmarks.md, search rollouts)."""
-    n_device = int(front.n_tokens.shape[0])
-    per, mesh = n_device // shards, settings.mesh
-    key = _key(0)
-    lowered = []
-    for size in row_buckets(per, sampling.sub_batches):
-        index = None if size == per else np.full((shards, size), per, np.int32)
-        resume = np.zeros(shards * size, bool)
-        index, resume = _on_rows((index, resume), mesh)
-        stopping = _stopping(cfg, tokenizer, sampling, np.zeros(shards * size, np.int32), mesh)
-        lowered.append(decode_in_place.lower(cfg, params, front, index, resume, key,
-                                             stopping, settings=settings))
+    shards = 1 if mesh is None else batch_shards(mesh)
+    per = int(front.n_tokens.shape[0]) // shards
+    kernels = [bucket_kernel(cfg, params, front, size, sampling, mesh, tokenizer)
+               for size in row_buckets(per, sampling.sub_batches)]
     if width:
-        layout = read_layout(np.zeros(0, np.int32), n_device, shards, sampling.sub_batches)
-        lines, mask = _lines([], layout, width, tokenizer.pad_id)
-        lowered.append(read_program(mesh).lower(
-            cfg, params, front, *_on_rows((layout.index, lines, mask), mesh),
-            settings=settings))
+        kernels.append(read_kernel(cfg, params, front, width, sampling, mesh,
+                                   tokenizer.pad_id))
+    lowered = [k.lower() for k in kernels]
     workers = max(1, min(len(lowered), os.cpu_count() or 1))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         list(pool.map(lambda program: program.compile(), lowered))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -29,7 +29,8 @@ from models.sharding import (
     batch_shards,
     constrain_rows,
     host_copy,
-    row_shardings,
+    place_replicated,
+    place_rows,
     vocab_sharding,
 )
 from models.stops import stop_tables
@@ -413,6 +414,65 @@ def _generate(cfg: ModelConfig, params: Params, prompts: PromptBatch, key: jax.A
     return decode_loop(cfg, params, start, prompts.tokens.shape[1], key, stopping, settings)
 
 
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """One of the sampler's jitted programs with what it is called on:
+    ``fn(cfg, *args, **static)``, the arrays ``args`` on the devices or, for a plan, as
+    ``jax.ShapeDtypeStruct`` laid out over a mesh. ``rl.plan`` compiles these to read their
+    memory on a slice it does not hold; a continuation compiles its own ahead of time."""
+
+    name: str
+    fn: Any
+    cfg: ModelConfig
+    args: tuple[Any, ...]
+    static: Mapping[str, Any]
+
+    def lower(self) -> Any:
+        """The program lowered for its arguments (``.compile()`` compiles it)."""
+        return self.fn.lower(self.cfg, *self.args, **self.static)
+
+
+@functools.partial(jax.jit, static_argnames=(*_STATIC, "cache_len"))
+def _prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, *, cache_len: int,
+             settings: DecodeSettings) -> Frontier:
+    """:func:`prefill` as a program of its own, with ``settings``' cache dtype and layout."""
+    return prefill(cfg, params, prompts, cache_len, settings.mesh, settings.cache_dtype,
+                   settings.prefill_pin_rows)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "first_slot", "settings"),
+                   donate_argnames="start")
+def _decode(cfg: ModelConfig, params: Params, start: Frontier, key: jax.Array,
+            stopping: Stopping, *, first_slot: int, settings: DecodeSettings) -> Decoded:
+    """The decode loop as a program of its own, the prefilled frontier donated (in
+    ``_generate``'s one program the loop takes over the prefilled cache: one copy)."""
+    return decode_loop(cfg, params, start, first_slot, key, stopping, settings)
+
+
+def generation_kernels(cfg: ModelConfig, params: Params, prompts: Sequence[Sequence[int]],
+                       sampling: SamplingParams, mesh: Mesh | None = None,
+                       tokenizer: Tokenizer | None = None) -> tuple[Kernel, Kernel]:
+    """The prefill and the decode loop of :func:`generate` on these `prompts` (which runs the
+    two as one program), apart and on abstract arguments: the prompts laid out as
+    ``generate`` lays them out (:func:`prompt_batch`), the frontier the prefill leaves on
+    the rows' shardings, `params` as given (e.g. abstract sharded weights). Without a
+    tokenizer the stopping tables are :func:`stopping_tables`' shapes-only ones."""
+    batch, limits = prompt_batch(prompts, sampling, 0 if tokenizer is None
+                                 else tokenizer.pad_id, mesh)
+    batch = place_rows(batch, mesh, abstract=True)
+    settings = DecodeSettings.of(sampling, mesh)
+    width = batch.tokens.shape[1]
+    pre = Kernel("prefill", _prefill, cfg, (params, batch),
+                 {"cache_len": cache_length(width, sampling), "settings": settings})
+    front = jax.eval_shape(lambda p, b: _prefill(cfg, p, b, **pre.static), params, batch)
+    key = place_replicated(jax.eval_shape(lambda: jax.random.key(0)), mesh, abstract=True)
+    stopping = placed_stopping(stopping_tables(cfg, tokenizer, sampling, limits), mesh,
+                               abstract=True)
+    dec = Kernel("decode", _decode, cfg, (params, place_rows(front, mesh, abstract=True), key,
+                                          stopping), {"first_slot": width, "settings": settings})
+    return pre, dec
+
+
 def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: int,
             mesh: Mesh | None = None, cache_dtype: str = "float32",
             pin_rows: bool = True) -> Frontier:
@@ -502,27 +562,33 @@ class DecodeState:
                       else self.stop_state)
         host = (np.asarray(self.n_tokens, np.int32), np.asarray(stop_state, np.int32),
                 np.asarray(self.next_slot, np.int32))
-        n_tokens, stop_state, next_slot = (
-            jax.tree.map(jnp.asarray, host) if self.mesh is None
-            else jax.device_put(host, row_shardings(host, self.mesh)))
+        n_tokens, stop_state, next_slot = place_rows(host, self.mesh)
         return Frontier(self.cache, self.logits, n_tokens, stop_state, next_slot)
 
 
-def _stopping(cfg: ModelConfig, tokenizer: Tokenizer, sampling: SamplingParams,
-              max_new_per_row: np.ndarray, mesh: Mesh | None = None) -> Stopping:
-    """The rows' token budgets (sharded along the rows under a mesh), EOS ids and
-    stop-string automaton tables as device arrays."""
-    if sampling.stop:
+def stopping_tables(cfg: ModelConfig, tokenizer: Tokenizer | None, sampling: SamplingParams,
+                    max_new_per_row: np.ndarray) -> Stopping:
+    """What ends each row, as host arrays: the rows' token budgets, the EOS ids and the
+    stop-string automaton's tables. Without a tokenizer (a plan, shapes only): no EOS, no
+    stop strings, padding id 0."""
+    if sampling.stop and tokenizer is not None:
         stop_next, stop_hit = stop_tables(tokenizer.token_bytes, sampling.stop)
     else:
         stop_next = np.zeros((1, cfg.vocab_size), np.int32)
         stop_hit = np.zeros((1, cfg.vocab_size), bool)
-    eos_ids = () if sampling.ignore_eos else (tokenizer.eos_ids or cfg.eos_token_ids)
-    eos = np.asarray(tuple(eos_ids) or (-1,), np.int32)
-    budgets = (jnp.asarray(max_new_per_row) if mesh is None else
-               jax.device_put(max_new_per_row, row_shardings(max_new_per_row, mesh)))
-    return Stopping(budgets, jnp.asarray(eos), jnp.asarray(stop_next),
-                    jnp.asarray(stop_hit), jnp.asarray(tokenizer.pad_id, jnp.int32))
+    eos_ids = () if sampling.ignore_eos or tokenizer is None else (tokenizer.eos_ids
+                                                                  or cfg.eos_token_ids)
+    return Stopping(np.asarray(max_new_per_row, np.int32),
+                    np.asarray(tuple(eos_ids) or (-1,), np.int32), stop_next, stop_hit,
+                    np.asarray(0 if tokenizer is None else tokenizer.pad_id, np.int32))
+
+
+def placed_stopping(stopping: Stopping, mesh: Mesh | None,
+                    abstract: bool = False) -> Stopping:
+    """Host stopping tables on the devices (or abstract): the budgets along the rows, the
+    tables whole on every device."""
+    return Stopping(place_rows(stopping.max_new_per_row, mesh, abstract),
+                    *place_replicated(tuple(stopping[1:]), mesh, abstract))
 
 
 def _canonical(stops: Sequence[str]) -> tuple[str, ...]:
@@ -583,27 +649,40 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     and outputs sharded along the rows over the mesh's data axes, the weights as they come
     (``models.sharding.decode_param_shardings``); greedy results equal the mesh-less ones.
     """
-    limits = _limits(len(prompts), sampling, max_new_per_row)
-    if mesh is None:
-        distinct: dict[tuple[int, ...], int] = {}
-        rows = np.asarray([distinct.setdefault(tuple(p), len(distinct)) for p in prompts],
-                          np.int32)
-        firsts = [list(p) for p in distinct]
-        # filler rows repeat the first prompt; no row reads them
-        firsts += [firsts[0]] * (prompt_count_bucket(len(firsts)) - len(firsts))
-        tokens, mask = left_pad(firsts, tokenizer.pad_id, sampling.prompt_bucket)
-        batch = PromptBatch(jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(rows))
-    else:
-        host, limits = _sharded_prompts(prompts, limits, batch_shards(mesh), tokenizer.pad_id,
-                                        sampling.prompt_bucket)
-        batch = jax.device_put(host, row_shardings(host, mesh))
-    stopping = _stopping(cfg, tokenizer, sampling, limits, mesh)
-    slots = max(round_up(sampling.max_new_tokens, 16), sampling.capacity)
+    batch, limits = prompt_batch(prompts, sampling, tokenizer.pad_id, mesh, max_new_per_row)
+    batch = place_rows(batch, mesh)
+    stopping = placed_stopping(stopping_tables(cfg, tokenizer, sampling, limits), mesh)
     decoded = _generate(
         cfg, params, batch, _key(seed), stopping, settings=DecodeSettings.of(sampling, mesh),
-        cache_len=batch.tokens.shape[1] + slots)
+        cache_len=cache_length(batch.tokens.shape[1], sampling))
     order = None if mesh is None else np.arange(len(prompts))  # the padding rows: not rows
     return _result(tokenizer, decoded, len(prompts), decode_text, sampling.stop, order, mesh)
+
+
+def cache_length(width: int, sampling: SamplingParams) -> int:
+    """A fresh generation's KV cache slots: its prompts' `width`, then ``sampling.capacity``
+    slots, at least the new tokens rounded up to 16."""
+    return width + max(round_up(sampling.max_new_tokens, 16), sampling.capacity)
+
+
+def prompt_batch(prompts: Sequence[Sequence[int]], sampling: SamplingParams, pad_id: int,
+                 mesh: Mesh | None = None, max_new_per_row: Sequence[int] | None = None
+                 ) -> tuple[PromptBatch, np.ndarray]:
+    """The rows' distinct prompts as a prefill takes them (host arrays) and the rows' token
+    budgets. Without a mesh each distinct prompt once (``models.padding.
+    prompt_count_bucket`` of them: filler rows repeat the first, no row reads them); over a
+    mesh each data-parallel shard its own (:func:`_sharded_prompts`)."""
+    limits = _limits(len(prompts), sampling, max_new_per_row)
+    if mesh is not None:
+        return _sharded_prompts(prompts, limits, batch_shards(mesh), pad_id,
+                                sampling.prompt_bucket)
+    distinct: dict[tuple[int, ...], int] = {}
+    rows = np.asarray([distinct.setdefault(tuple(p), len(distinct)) for p in prompts],
+                      np.int32)
+    firsts = [list(p) for p in distinct]
+    firsts += [firsts[0]] * (prompt_count_bucket(len(firsts)) - len(firsts))
+    tokens, mask = left_pad(firsts, pad_id, sampling.prompt_bucket)
+    return PromptBatch(tokens, mask, rows), limits
 
 
 def _sharded_prompts(prompts: Sequence[Sequence[int]], limits: np.ndarray, shards: int,

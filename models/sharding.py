@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -207,6 +208,32 @@ def row_shardings(tree: Any, mesh: Mesh, rules: Mapping[str, Any] = DEFAULT_RULE
         return batch_sharding(mesh, x.ndim, x.shape[0], rules)
 
     return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, KVCache))
+
+
+def place_rows(tree: Any, mesh: Mesh | None, abstract: bool = False) -> Any:
+    """`tree`'s host arrays laid out as the sampler keeps its rows (:func:`row_shardings`;
+    the default device without a mesh; None stays None): on the devices, or with
+    ``abstract`` as ``jax.ShapeDtypeStruct`` carrying those shardings, which is what
+    ``rl.plan`` compiles for devices it does not hold."""
+    return _placed(tree, None if mesh is None else row_shardings(tree, mesh), abstract)
+
+
+def place_replicated(tree: Any, mesh: Mesh | None, abstract: bool = False) -> Any:
+    """`tree`'s host arrays as :func:`place_rows` places them, but whole on every device."""
+    return _placed(tree, None if mesh is None else jax.tree.map(
+        lambda _: NamedSharding(mesh, PartitionSpec()), tree), abstract)
+
+
+def _placed(tree: Any, shardings: Any, abstract: bool) -> Any:
+    """`tree` on `shardings` (None: unplaced, the default device), or as abstract arrays."""
+    if shardings is None:
+        one = ((lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)) if abstract
+               else jnp.asarray)
+        return jax.tree.map(one, tree)
+    if abstract:
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            tree, shardings)
+    return jax.device_put(tree, shardings)
 
 
 def constrain_rows(tree: Any, mesh: Mesh | None) -> Any:

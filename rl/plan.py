@@ -60,33 +60,17 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from models.config import ModelConfig, ModelLoadError
-from models.continuation import (
-    decode_in_place,
-    line_width,
-    read_layout,
-    read_program,
-    row_buckets,
-)
+from models.continuation import bucket_kernel, line_width, read_kernel, row_buckets
 from models.padding import round_up
-from models.sampler import (
-    DecodeSettings,
-    Frontier,
-    PromptBatch,
-    Stopping,
-    decode_loop,
-    decode_params,
-    prefill,
-)
+from models.sampler import Frontier, SamplingParams, decode_params, generation_kernels
 from models.shapes import model_shapes
 from models.sharding import (
     batch_sharding,
     batch_shards,
-    cache_shardings,
     decode_param_shardings,
     make_mesh,
     param_shardings,
@@ -238,10 +222,6 @@ def layout(run: RunConfig, plan: PlanConfig, mesh: Mesh) -> Layout:
 def _abstract(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         tree, shardings)
-
-
-def _replicated(tree: Any, mesh: Mesh) -> Any:
-    return _abstract(tree, jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), tree))
 
 
 def _rows(shape: tuple[int, ...], dtype: Any, mesh: Mesh) -> jax.ShapeDtypeStruct:
@@ -444,70 +424,44 @@ def _platform(args: Any) -> str:
     return jax.default_backend()
 
 
-def _stopping(cfg: ModelConfig, rows: int, mesh: Mesh) -> Stopping:
-    """The decode loop's stopping tables for no stop strings (one automaton state)."""
-    return Stopping(_rows((rows,), jnp.int32, mesh),
-                    *_replicated((jax.ShapeDtypeStruct((1,), jnp.int32),
-                                  jax.ShapeDtypeStruct((1, cfg.vocab_size), jnp.int32),
-                                  jax.ShapeDtypeStruct((1, cfg.vocab_size), jnp.bool_),
-                                  jax.ShapeDtypeStruct((), jnp.int32)), mesh))
+def rollout_sampling(run: RunConfig, lay: Layout) -> SamplingParams:
+    """The sampling a rollout of `lay` runs: the trainer's, for the planned response budget,
+    with its KV cache dtype, prefill layout and sub-batches (as ``rl.tasks.envs.
+    SamplerPolicy`` sets them)."""
+    t = run.trainer
+    return dataclasses.replace(run.sampling(), max_new_tokens=lay.response,
+                               kv_cache_dtype=t.kv_cache_dtype,
+                               prefill_pin_rows=t.prefill_pin_rows,
+                               sub_batches=t.rollout_sub_batches)
 
 
-def sampler_rows(prompts: int, size: int, shards: int) -> tuple[int, int]:
-    """(distinct prompts per shard, rows per shard) of `prompts` groups of `size` rows laid
-    out as ``models.sampler._sharded_prompts`` lays them out for `shards` data-parallel
-    shards: the rows cut in order into blocks of ceil(rows / shards) (padding rows at the
-    end), each shard prefilling the distinct prompts of its block (all as many as the
-    busiest)."""
-    rows = prompts * size
-    per = -(-rows // shards)
-    distinct = max(len({r // size for r in range(s * per, min(rows, (s + 1) * per))})
-                   for s in range(shards))
-    return max(distinct, 1), per
+def sampler_rows(prompts: int, size: int, shards: int) -> int:
+    """Rows per shard of `prompts` groups of `size` rows over `shards` data-parallel shards,
+    as ``models.sampler.prompt_batch`` cuts them (padding rows at the end)."""
+    return -(-prompts * size // shards)
 
 
 def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, dparams: Any,
                      resident: int) -> list[Program]:
     """The rollout's prefill and decode loop as ``models.sampler.generate`` runs them over the
-    mesh: on the sampler's weights (trainer.rollout_dtype, ``decode_params``), each
-    data-parallel shard prefilling its own distinct prompts (:func:`sampler_rows`) into a
-    trainer.kv_cache_dtype KV cache, the rows kept sharded (``constrain_rows``)."""
-    shards = batch_shards(mesh)
-    distinct, per = sampler_rows(lay.prompts, run.algo.group_size, shards)
-    prompts = PromptBatch(_rows((shards * distinct, lay.prompt), jnp.int32, mesh),
-                          _rows((shards * distinct, lay.prompt), jnp.bool_, mesh),
-                          _rows((shards, per), jnp.int32, mesh))
-    cache_dtype, pin = run.trainer.kv_cache_dtype, run.trainer.prefill_pin_rows
-    pre = jax.jit(prefill, static_argnames=("cfg", "cache_len", "mesh", "cache_dtype",
-                                            "pin_rows")).lower(
-        cfg, dparams, prompts, cache_len=lay.cache_len, mesh=mesh, cache_dtype=cache_dtype,
-        pin_rows=pin)
+    mesh (``models.sampler.generation_kernels``: `lay.prompts` distinct prompts of
+    `lay.prompt` tokens, each sampled by a group), on the sampler's weights `dparams`
+    (trainer.rollout_dtype, ``decode_params``) with a trainer.kv_cache_dtype KV cache."""
+    sampling = rollout_sampling(run, lay)
+    prompts = [[p + 1] * lay.prompt for p in range(lay.prompts)
+               for _ in range(run.algo.group_size)]
+    pre, dec = generation_kernels(cfg, dparams, prompts, sampling, mesh)
     gathered = gathered_per_step(dparams)  # per pass: the prefill one, each decode step one
-    programs = [compiled_program(
-        "prefill", pre, (dparams, prompts), resident=resident, flops=prefill_flops(cfg, lay),
-        min_bytes=_in_and_out, ici_bytes=gathered)]
-    front = jax.eval_shape(lambda p, b: prefill(cfg, p, b, lay.cache_len, mesh, cache_dtype,
-                                                pin), dparams, prompts)
-    start = Frontier(_abstract(front.cache, cache_shardings(front.cache, mesh)),
-                     _rows(front.logits.shape, front.logits.dtype, mesh),
-                     _rows(front.n_tokens.shape, jnp.int32, mesh),
-                     _rows(front.stop_state.shape, jnp.int32, mesh),
-                     _rows(front.next_slot.shape, jnp.int32, mesh))
-    key = _replicated(jax.eval_shape(lambda: jax.random.key(0)), mesh)
-    settings = DecodeSettings(lay.response, run.trainer.temperature, run.trainer.top_p, mesh,
-                              cache_dtype)
-    stopping = _stopping(cfg, shards * per, mesh)
-    # the frontier donated: in the sampler's one program the decode loop takes over the
-    # prefilled cache instead of holding two copies
-    dec = jax.jit(decode_loop, static_argnames=("cfg", "first_slot", "settings"),
-                  donate_argnames="start").lower(
-        cfg, dparams, start, lay.prompt, key, stopping, settings)
-    programs.append(compiled_program(
-        "decode", dec, (dparams, start, key, stopping), resident=resident,
-        flops=decode_flops(cfg, lay),
-        min_bytes=lambda m: lay.response * m.argument_size_in_bytes,
-        ici_bytes=gathered * lay.response))
+    programs = [
+        compiled_program("prefill", pre.lower(), pre.args, resident=resident,
+                         flops=prefill_flops(cfg, lay), min_bytes=_in_and_out,
+                         ici_bytes=gathered),
+        compiled_program("decode", dec.lower(), dec.args, resident=resident,
+                         flops=decode_flops(cfg, lay),
+                         min_bytes=lambda m: lay.response * m.argument_size_in_bytes,
+                         ici_bytes=gathered * lay.response)]
     if chunk := int(run.task.get("chunk_tokens") or 0):  # a multi-turn task's chunked decode
+        start = dec.args[1]
         programs += continue_programs(run, cfg, lay, mesh, dparams, start, resident, chunk)
     return programs
 
@@ -527,42 +481,32 @@ def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
     is gathered out of the cache (half of each shard's rows: the cache and half of it in
     memory, see ``models.continuation.row_buckets``)."""
     b = state.logits.shape[0]
-    sampling, slots, shards = run.sampling(), lay.cache_len, batch_shards(mesh)
+    sampling = dataclasses.replace(rollout_sampling(run, lay), max_new_tokens=chunk)
+    slots, shards = lay.cache_len, batch_shards(mesh)
     per = b // shards
     obs = line_width(int(run.task.get("max_obs_tokens") or 1), sampling.read_block)
-    settings = DecodeSettings(chunk, run.trainer.temperature, run.trainer.top_p, mesh,
-                              run.trainer.kv_cache_dtype, sampling.read_block)
     gathered = gathered_per_step(dparams)  # the layer weights every pass over them gathers
-    # every row reads: in groups gathered out of the cache (none without sub-batches),
-    # which pad each shard's rows to a multiple of the group; a pass per block of a group
-    groups = read_layout(np.zeros(0, np.int32), b, shards, run.trainer.rollout_sub_batches)
-    readers = None if groups.index is None else _rows(groups.index.shape, jnp.int32, mesh)
-    lines, mask = (_rows((groups.size, obs), dtype, mesh) for dtype in (jnp.int32, jnp.bool_))
+    read = read_kernel(cfg, dparams, state, obs, sampling, mesh, abstract=True)
+    readers = read.args[2]  # [S, K, G]: a pass per block of each group; None: all in place
     passes = (1 if readers is None else readers.shape[1]) * -(-obs // min(obs, sampling.read_block))
-    read = read_program(mesh).lower(cfg, dparams, state, readers, lines, mask,
-                                    settings=settings)
     programs = [compiled_program(
-        "read", read, (dparams, state, readers, lines, mask), resident=resident,
+        "read", read.lower(), read.args, resident=resident,
         flops=sum(forward_flops(cfg, b * obs, b * obs * slots, b)), min_bytes=_in_and_out,
         ici_bytes=gathered * passes)]
-    key = _replicated(jax.eval_shape(lambda: jax.random.key(0)), mesh)
 
-    def chunk_program(name: str, part: int) -> Program:
+    def chunk_program(part: int) -> Program:
         """A chunk decoded by `part` rows of each shard (all of them: in place, no gather)."""
         n = shards * part
-        index = None if part == per else _rows((shards, part), jnp.int32, mesh)
-        resume, stopping = _rows((n,), jnp.bool_, mesh), _stopping(cfg, n, mesh)
-        lowered = decode_in_place.lower(cfg, dparams, state, index, resume, key, stopping,
-                                        settings=settings)
+        kernel = bucket_kernel(cfg, dparams, state, part, sampling, mesh, abstract=True)
         return compiled_program(
-            name, lowered, (dparams, state, index, resume, key, stopping), resident=resident,
+            kernel.name, kernel.lower(), kernel.args, resident=resident,
             flops=chunk * sum(forward_flops(cfg, n, n * slots, n)), min_bytes=_in_and_out,
             ici_bytes=gathered * chunk)
 
-    programs.append(chunk_program("continue", per))
+    programs.append(chunk_program(per))
     # the largest bucket that gathers its rows (none without trainer.rollout_sub_batches)
-    part = row_buckets(per, run.trainer.rollout_sub_batches)[-2:][0]
-    return programs + ([chunk_program("part", part)] if part < per else [])
+    part = row_buckets(per, sampling.sub_batches)[-2:][0]
+    return programs + ([chunk_program(part)] if part < per else [])
 
 
 def _in_and_out(memory: Any) -> int:
@@ -688,8 +632,8 @@ def rollout_fit(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, dpara
         pair = [n for n in (lo, hi) if 0 < n < math.inf]
         pair = pair if len(pair) == 2 else sorted(known)[-2:]
         (n0, y0), (n1, y1) = ((n, known[n]) for n in pair)
-        lines = tuple(affine_fit(sampler_rows(n0 // g, g, shards)[1], a,
-                                 sampler_rows(n1 // g, g, shards)[1], b)
+        lines = tuple(affine_fit(sampler_rows(n0 // g, g, shards), a,
+                                 sampler_rows(n1 // g, g, shards), b)
                       for a, b in zip(y0, y1))
         n = largest_batch(lines, usable, shards, g)
         if n < 0:

@@ -502,19 +502,16 @@ def test_affine_fit_and_the_largest_batch_by_hand():
 
 
 def test_the_rollout_layout_is_the_samplers():
-    """rows per shard and distinct prompts per shard as models.sampler lays them out."""
+    """rows per shard as models.sampler lays them out."""
     from models.sampler import _sharded_prompts
 
     for prompts, group, shards in ((64, 5, 16), (4, 3, 8), (3, 2, 4), (7, 4, 2)):
         lists = [[p + 1, 100] for p in range(prompts) for _ in range(group)]
         batch, _ = _sharded_prompts(lists, np.ones(len(lists), np.int32), shards, 0)
-        distinct, per = sampler_rows(prompts, group, shards)
-        assert batch.rows.shape == (shards, per), (prompts, group, shards)
-        assert batch.tokens.shape[0] == shards * distinct, (prompts, group, shards)
-    # by hand: 320 rows over 16 shards, 20 each = 4 whole groups of 5
-    assert sampler_rows(64, 5, 16) == (4, 20)
-    # 12 rows over 8 shards, 2 each: shard 1 holds rows 2, 3 (prompts 0 and 1)
-    assert sampler_rows(4, 3, 8) == (2, 2)
+        assert batch.rows.shape == (shards, sampler_rows(prompts, group, shards))
+    # by hand: 320 rows over 16 shards, 20 each; 12 rows over 8 shards, 2 each
+    assert sampler_rows(64, 5, 16) == 20
+    assert sampler_rows(4, 3, 8) == 2
 
 
 def test_the_second_batch_of_the_fit():
