@@ -372,12 +372,16 @@ def read_inputs(src: str | Path, out: str | Path, fmt: str | None = None
                 ) -> tuple[list[Rubric], dict[str, Rubric]]:
     """The rubrics of ``src`` and those already bundled in ``out`` (by prompt id); a bad file
     is a ``RubricError`` naming it, its row and field (``OSError`` when it cannot be read)."""
-    out = Path(out)
     rubrics = load_rubrics(src, fmt)
-    previous: dict[str, Rubric] = {}
+    return rubrics, bundled_in(out)
+
+
+def bundled_in(out: str | Path) -> dict[str, Rubric]:
+    """The rubrics already bundled in ``out`` by prompt id (none when it does not exist)."""
+    out = Path(out)
     if out.exists() and out.stat().st_size > 0:
-        previous = {r.prompt_id: r for r in load_rubrics(out, "native")}
-    return rubrics, previous
+        return {r.prompt_id: r for r in load_rubrics(out, "native")}
+    return {}
 
 
 def _reusable(old: Rubric | None, new: Rubric) -> bool:
@@ -420,8 +424,20 @@ def run_bundle(src: str | Path, out: str | Path, judge: Any, *, judge_name: str 
     (``[{prompt_id, reason}]``), ``total``, ``kept_extra``, ``k_min``, ``k_max``,
     ``regenerate``, ``judge`` and ``judge_stats``.
     """
-    out = Path(out)
     rubrics, previous = read_inputs(src, out, fmt)
+    return bundle_cached(rubrics, out, judge, judge_name=judge_name, options=options,
+                         source=str(src), previous=previous)
+
+
+def bundle_cached(rubrics: Sequence[Rubric], out: str | Path, judge: Any, *,
+                  judge_name: str = "", options: BundleOptions = BundleOptions(),
+                  source: str = "<rubrics>", previous: Mapping[str, Rubric] | None = None
+                  ) -> dict[str, Any]:
+    """:func:`run_bundle` on rubrics already read: those in ``out`` with the same criteria
+    (``previous``, read from ``out`` when None) are kept, the rest bundled into it."""
+    out = Path(out)
+    if previous is None:
+        previous = bundled_in(out)
     ids = {r.prompt_id for r in rubrics}
     extra = [r for pid, r in previous.items() if pid not in ids]
     result: dict[str, Rubric] = {}
@@ -452,7 +468,7 @@ def run_bundle(src: str | Path, out: str | Path, judge: Any, *, judge_name: str 
         flush()
     stats = judge.stats() if hasattr(judge, "stats") else {}
     summary = {
-        "source": str(src), "out": str(out), "judge": judge_name or type(judge).__name__,
+        "source": source, "out": str(out), "judge": judge_name or type(judge).__name__,
         "k_min": options.k_min, "k_max": options.k_max, "regenerate": options.regenerate,
         "total": len(rubrics), "bundled": tally.bundled, "repaired": len(tally.repairs),
         "repairs": tally.repairs, "regenerated": tally.regenerated,

@@ -71,6 +71,15 @@ def reward_names() -> list[str]:
     return sorted([*AGGREGATORS.names(), JUDGE_RATED, *DIMENSION_ARMS, *REWEIGHTED])
 
 
+def needs_dimensions(name: str) -> bool:
+    """Whether rubric reward `name` reads a rubric's dimensions: the AND-products, the
+    dimension-paragraph arms but the single-dimension one, ``grouped_mean``."""
+    if name in DIMENSION_ARMS:
+        arm = DIMENSION_ARMS[name]
+        return arm.text != "atomic" and not arm.single
+    return name in AND_AGGREGATORS or name == "grouped_mean"
+
+
 def check_reward_name(name: str, key: str) -> None:
     """A ``ValueError`` naming config `key` unless `name` is a rubric reward."""
     if name not in reward_names():

@@ -35,7 +35,7 @@ from rl.tasks.envs import SamplerPolicy
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     from rl.run.config import eval_config
-    from rl.run.wiring import import_user_modules, make_judge, make_task
+    from rl.run.wiring import bind_judge, import_user_modules, make_judge, make_task
 
     c = OmegaConf.to_container(cfg, resolve=True)
     import_user_modules(c.get("imports"))
@@ -48,6 +48,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         model_cfg, params, tok = load_params(str(c["model"]["path"]))
         source = f"base model {c['model']['path']}"
     judge = make_judge(c["judge"])
+    task = bind_judge(task, judge, c["judge"])
     results = evaluate(task, SamplerPolicy(model_cfg, params, tok), e.splits,
                        e.max_new_tokens or int(c["trainer"]["max_new_tokens"]),
                        judge=judge,

@@ -6,6 +6,7 @@ as ARBOR does."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,8 @@ from rl.rewarders.arbor import base_matrix, group_inputs, per_traj_scores, requi
 
 #: The repository root (``conf/`` lives there); relative rubric paths fall back to it so a run
 #: started from another working directory still finds the shipped rubric file.
+log = logging.getLogger(__name__)
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATIC_RUBRICS = "conf/rubrics/rar_search.jsonl"
 
@@ -73,12 +76,24 @@ class StaticRubricRewarder:
 
 def static_rubrics_rewarder(task: Task, judge: Any, rubrics_path: str = DEFAULT_STATIC_RUBRICS,
                             rubric_lambda: float = 0.1, seed: int = 0,
-                            rubric_gate: str = "none",
-                            rubric_gate_f1: float = 1.0) -> StaticRubricRewarder:
+                            rubric_gate: str = "none", rubric_gate_f1: float = 1.0,
+                            aggregator: str = "additive_abs") -> Any:
     """Factory named ``static_rubrics`` in ``rl.run.wiring``. ``seed`` is accepted (and unused:
     static scoring draws nothing) so the RaR config can share the ARBOR configs' keys; any
-    other option is an error."""
+    other option is an error.
+
+    On a task whose prompts carry their own rubrics (``task.prompt_rubrics``: rubric_data,
+    rubric_chat) RaR is what its paper trains: each prompt's own rubric, aggregated
+    explicitly (`aggregator`, ``additive_abs``: ``sum_i w_i q_i / sum_i |w_i|``), by the
+    rubric rewarder; the static list and its lambda and gate are for QA tasks."""
     require_judge(judge, "rar")
+    if getattr(task, "prompt_rubrics", False):
+        from rl.rewarders.rubric import RubricRewarder
+
+        log.info("algo rar on task %s: each prompt's own rubric, aggregated by %s (the static "
+                 "list %s and rubric_lambda are for QA tasks)", getattr(task, "name", task),
+                 aggregator, rubrics_path)
+        return RubricRewarder(task=task, judge=judge, aggregator=aggregator)
     check_gate(rubric_gate, float(rubric_gate_f1))
     rubrics = load_static_rubrics(resolve_path(rubrics_path))
     return StaticRubricRewarder(task=task, judge=judge, rubrics=rubrics,

@@ -162,14 +162,30 @@ def greedy_rollouts(env: Any, policy: Any, prompts: Sequence[Prompt], batch_size
 REPORT_FIELDS = ("coverage", "fitness", "length")
 
 
-def task_report(task: Any, groups: Sequence[Group], scores: list[list[dict]]
-                ) -> tuple[list[list[dict]], dict[str, float]]:
-    """``task.evaluate`` over every answer: its per-answer values (:data:`REPORT_FIELDS`)
-    join each answer's scores (so they get mean@k and intervals), and its summary's other
-    aggregates (rubric_chat: HealthBench's clipped ``healthbench``, ``axis/*``, ``theme/*``)
-    are the split's values."""
-    flat = [(g.prompt, t.text) for g in groups for t in g.trajectories]
-    report = task.evaluate([p for p, _ in flat], [r for _, r in flat])
+def task_report(task: Any, groups: Sequence[Group]) -> Any:
+    """``task.evaluate`` over every answer of `groups`, in order (one batched judging), or
+    None for a task without its own report."""
+    if not hasattr(task, "evaluate"):
+        return None
+    return task.evaluate([g.prompt for g in groups for _ in g.trajectories],
+                         [t.text for g in groups for t in g.trajectories])
+
+
+def outcomes(task: Any, groups: Sequence[Group], report: Any) -> list[list[float]]:
+    """Each answer's outcome: the task report's ``reward`` (the same value
+    ``task.outcome`` gives, judged in one batch) when it has one, else ``task.outcome``."""
+    if report is None or not hasattr(report, "reward"):
+        return [[task.outcome(g.prompt, t) for t in g.trajectories] for g in groups]
+    rewards = iter(np.asarray(report.reward, np.float64).tolist())
+    return [[next(rewards) for _ in g.trajectories] for g in groups]
+
+
+def report_scores(report: Any, scores: list[list[dict]]
+                  ) -> tuple[list[list[dict]], dict[str, float]]:
+    """A task report's per-answer values (:data:`REPORT_FIELDS`) joined to each answer's
+    scores (so they get mean@k and intervals), and its summary's other aggregates
+    (rubric tasks: HealthBench's clipped ``healthbench``, ``axis/*``, ``theme/*``) as the
+    split's values."""
     i = 0
     for row in scores:
         for answer in row:
@@ -236,7 +252,8 @@ def evaluate(task: Any, policy: SamplerPolicy, splits: Sequence[str], max_new_to
         else:
             groups = sampled_rollouts(env, policy, prompts, batch_size, samples,
                                       desc=f"eval {split}")
-        outcome = [[task.outcome(g.prompt, t) for t in g.trajectories] for g in groups]
+        report = task_report(task, groups)
+        outcome = outcomes(task, groups, report)
         if getattr(task, "name", "") == "search_qa":
             chosen = metrics.for_split(split)
             rows = search_rows([g.prompt for g in groups], [g.trajectories for g in groups],
@@ -249,8 +266,8 @@ def evaluate(task: Any, policy: SamplerPolicy, splits: Sequence[str], max_new_to
             records[split] = answer_records(groups, outcome)
             scores = [[{"outcome": o} for o in os_] for os_ in outcome]
         summary = {}
-        if hasattr(task, "evaluate"):  # the task's own report (rubric_chat: coverage, ...)
-            scores, summary = task_report(task, groups, scores)
+        if report is not None:  # the task's own report (rubric tasks: coverage, ...)
+            scores, summary = report_scores(report, scores)
         values[split] = prompt_values(scores, samples)
         results[split] = {"n": len(groups), **{k: float(np.mean(v))
                                                for k, v in values[split].items()},

@@ -52,7 +52,13 @@ from rl.run.config import (
     parse,
 )
 from rl.run.data import PromptStream
-from rl.run.evaluation import greedy_rollouts, restore_run_params, run_config
+from rl.run.evaluation import (
+    greedy_rollouts,
+    outcomes,
+    restore_run_params,
+    run_config,
+    task_report,
+)
 from rl.run.folder import check_shared, is_url, local_mirror, run_path
 from rl.run.lora import BASE_META, fresh_adapters, lora_run
 from rl.run.mirror import RunMirror
@@ -60,7 +66,13 @@ from rl.run.multihost import KEY_ROOT, Exchange, is_leader, shared, shared_env
 from rl.run.provenance import provenance
 from rl.run.resume import SETTINGS, refuse_changes, settings
 from rl.run.runlog import RunLog
-from rl.run.wiring import import_user_modules, make_judge, make_rewarder, make_task
+from rl.run.wiring import (
+    bind_judge,
+    import_user_modules,
+    make_judge,
+    make_rewarder,
+    make_task,
+)
 
 log = logging.getLogger(__name__)
 
@@ -235,13 +247,10 @@ class Trainer:
                         ) -> dict[str, Any]:
         c, t = self.parts, self.parts.run.trainer
         groups = greedy_rollouts(env, policy, list(prompts), t.eval_batch_size)
-        scores = np.asarray([c.task.outcome(g.prompt, g.trajectories[0]) for g in groups])
+        report = task_report(c.task, groups)  # the task's metrics (coverage, fitness, ...)
+        scores = np.asarray(outcomes(c.task, groups, report)).reshape(-1)
         lengths = [g.trajectories[0].num_action_tokens for g in groups]
-        extra = {}
-        if hasattr(c.task, "evaluate"):  # task-specific metrics (e.g. coverage and fitness)
-            report = c.task.evaluate([g.prompt for g in groups],
-                                     [g.trajectories[0].text for g in groups])
-            extra = {k: float(v) for k, v in report.summary.items()}
+        extra = {} if report is None else {k: float(v) for k, v in report.summary.items()}
         return {"outcome_mean": float(scores.mean()), "n": len(scores),
                 "length_mean": float(np.mean(lengths)), **extra}
 
@@ -485,10 +494,11 @@ def read_inputs(run: RunConfig, exchange: Exchange | None = None) -> Inputs:
     budget = response_budget(run, task)
     if run.algo.overlong.enabled:
         overlong_buffer(run, budget)
+    judge = shared(make_judge(run.judge), exchange, "judge")
+    task = bind_judge(task, judge, run.judge)
     evaluates = t.eval_at_ends or t.eval_every > 0
     eval_prompts = tuple((split, tuple(_split(task, split, "trainer.eval_split")))
                          for split in eval_splits(t)) if evaluates else ()
-    judge = shared(make_judge(run.judge), exchange, "judge")
     rewarder = make_rewarder(run.algo.rewarder, task, run.algo.rewarder_options, judge)
     mesh = _mesh(run)
     return Inputs(task=task, budget=budget, train_prompts=_split(task, "train", "task"),

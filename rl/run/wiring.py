@@ -67,6 +67,12 @@ def _rubric_chat(**kw: Any) -> Task:
     return RubricChatTask(**kw)
 
 
+def _rubric_data(**kw: Any) -> Task:
+    from rl.tasks.rubric_data import RubricDataTask
+
+    return RubricDataTask(**kw)
+
+
 def _outcome(task: Task, judge: Any = None) -> Rewarder:
     del judge  # the verifiable outcome needs none
     return OutcomeRewarder(task)
@@ -93,6 +99,7 @@ def _rubric(**kw: Any) -> Rewarder:
 TASKS.register("arith")(_arith)
 TASKS.register("search_qa")(_search_qa)
 TASKS.register("rubric_chat")(_rubric_chat)
+TASKS.register("rubric_data")(_rubric_data)
 REWARDERS.register("outcome")(_outcome)
 REWARDERS.register("arbor")(_arbor)
 REWARDERS.register("static_rubrics")(_static_rubrics)
@@ -103,6 +110,13 @@ def make_task(cfg: Mapping[str, Any]) -> Task:
     """The task named by ``cfg["name"]``, built from the rest of the ``task`` config group."""
     kw = {k: v for k, v in dict(cfg).items() if k != "name"}
     return TASKS.get(str(cfg["name"]))(**kw)
+
+
+def bind_judge(task: Task, judge: Any, judge_config: Mapping[str, Any]) -> Task:
+    """`task` scoring with the run's `judge` where it scores with one (``task.with_judge``:
+    a rubric dataset's outcome, evaluation and dimension bundling); other tasks as they are."""
+    bind = getattr(task, "with_judge", None)
+    return task if bind is None else bind(judge, judge_config)
 
 
 def make_rewarder(name: str, task: Task, options: Mapping[str, Any], judge: Any) -> Rewarder:

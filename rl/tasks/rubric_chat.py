@@ -465,6 +465,8 @@ class RubricChatTask:
 
     #: the criteria are rule-language predicates: the rubric rewarder may default to RuleJudge
     rule_checkable: ClassVar[bool] = True
+    #: every prompt carries its own rubric (``prompt.meta["rubric"]``)
+    prompt_rubrics: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         from rewards.rubric_scoring import check_reward_name

@@ -202,7 +202,8 @@ def test_algo_configs_expose_top_level_keys():
     assert rar["rewarder"] == "static_rubrics"
     assert rar["rewarder_options"] == {"rubric_lambda": 0.1,
                                        "rubrics_path": "conf/rubrics/rar_search.jsonl",
-                                       "rubric_gate": "none", "rubric_gate_f1": 1.0}
+                                       "rubric_gate": "none", "rubric_gate_f1": 1.0,
+                                       "aggregator": "additive_abs"}
 
 
 def test_rewarders_need_a_judge_and_known_options():

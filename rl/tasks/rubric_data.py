@@ -1,0 +1,287 @@
+"""``task=rubric_data``: train on a rubric dataset, each prompt judged against its own rubric.
+
+The rows come from a file or a folder (``task.path``) in any format ``rewards.rubric_io``
+reads: HealthBench, RaR, RubricHub, the ProRubric authors' train and public files, and the
+native one (``task.format``, detected from the first row when null). ``task.where`` keeps the
+rows whose own fields match (``rl.tasks.sources``: RubricHub's ``data_source``, HealthBench's
+``example_tags``, ...). The dev and test prompts are ``task.dev_path`` / ``task.test_path``
+when given (read and filtered the same way), else a seeded ``task.eval_fraction`` of the
+training rows each. A prompt that is a conversation (HealthBench) reaches the policy as its
+messages, rendered with the model's chat template.
+
+Every rubric reward reads the prompt's rubric (``prompt.meta["rubric"]``). A reward that reads
+dimensions (ProRubric, raw-AND, the authors' dimension arms: ``rewards.rubric_scoring.
+needs_dimensions``) takes them from the file when it has them; the others are bundled once by
+the run's judge (``rewards.bundle``) into a cache file that the log names
+(``task.dimensions_cache``, default ``$XDG_CACHE_HOME/rubricrl/dimensions/<data>-<judge>.jsonl``)
+and read back from it by every later run on the same data and judge: never per step.
+
+``outcome`` and ``evaluate`` score with the run's judge (the task is bound to it by
+``rl.run.wiring.bind_judge``) under ``task.aggregator``, which the config links to the algo's;
+evaluation also reports coverage (the additive score), fitness, length and, for rows with
+HealthBench tags, HealthBench's clipped score by theme and axis (``rewards.healthbench``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from core.types import Prompt, Trajectory
+from models.sampler import SamplingParams
+from rewards.healthbench import healthbench_scores
+from rewards.rubric import Rubric, RubricError
+from rewards.rubric_io import RUBRIC_FORMATS, detect_format
+from rl.tasks.envs import SingleTurnEnv
+from rl.tasks.sources import Row, SourceError, filter_rows, read_source
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "dev", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class RubricReport:
+    """Per-answer ``reward``, ``coverage``, ``fitness`` and ``length`` (words), and the
+    split's means (and HealthBench scores) in ``summary``."""
+
+    reward: np.ndarray
+    coverage: np.ndarray
+    fitness: np.ndarray
+    length: np.ndarray
+    summary: dict[str, float]
+
+
+def parse_source(rows: Sequence[Row], fmt: str | None, key: str) -> list[Rubric]:
+    """The rubrics of `rows` in format `fmt` (detected from the first row when None); a bad
+    row is a ``RubricError`` naming its file, row number and field."""
+    if fmt is not None and fmt not in RUBRIC_FORMATS:
+        raise SourceError(f"{key}: unknown rubric format {fmt!r}; known: "
+                          f"{', '.join(RUBRIC_FORMATS.names())}")
+    if fmt is None:
+        try:
+            fmt = detect_format(rows[0].data)
+        except RubricError as e:
+            raise RubricError(e.prompt_id, e.field, e.message, rows[0].where) from None
+    parse = RUBRIC_FORMATS.get(fmt)
+    out, seen = [], {}
+    for row in rows:
+        try:
+            rubric = parse(row.data)
+        except RubricError as e:
+            raise RubricError(e.prompt_id, e.field, e.message, row.where) from None
+        if rubric.prompt_id in seen:
+            raise RubricError(rubric.prompt_id, "prompt_id",
+                              f"duplicate of {seen[rubric.prompt_id]}", row.where)
+        seen[rubric.prompt_id] = row.where
+        out.append(rubric)
+    return out
+
+
+def rubric_prompt(rubric: Rubric) -> Prompt:
+    """The policy's prompt for a rubric: its messages (a plain prompt as one user message),
+    the rubric in ``meta["rubric"]``, the reference answer (if any) as ``answer``."""
+    if isinstance(rubric.prompt, str):
+        messages: tuple[dict[str, str], ...] = ({"role": "user", "content": rubric.prompt},)
+    else:
+        messages = tuple({"role": m.role, "content": m.content} for m in rubric.prompt)
+    return Prompt(id=rubric.prompt_id, messages=messages, answer=rubric.reference_answer,
+                  meta={"question": rubric.prompt_text(), "rubric": rubric})
+
+
+def held_out(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(train, dev, test) indices of `n` rows: a seeded permutation, the first
+    max(1, round(fraction n)) for test, as many next for dev, the rest for training."""
+    k = max(1, round(fraction * n))
+    order = np.random.default_rng(seed).permutation(n)
+    return np.sort(order[2 * k:]), np.sort(order[k:2 * k]), np.sort(order[:k])
+
+
+def data_digest(rubrics: Sequence[Rubric]) -> str:
+    """12 hex digits of SHA-256 over the prompts' ids and criteria (texts and weights)."""
+    h = hashlib.sha256()
+    for r in sorted(rubrics, key=lambda r: r.prompt_id):
+        h.update(json.dumps([r.prompt_id, [(c.text, c.weight) for c in r.criteria]],
+                            ensure_ascii=False).encode())
+    return h.hexdigest()[:12]
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "rubricrl" / "dimensions"
+
+
+@dataclasses.dataclass(frozen=True)
+class RubricDataTask:
+    """Prompts with their own rubrics from a rubric file or folder (module docstring).
+
+    ``size`` / ``eval_size``: at most this many training / dev-and-test prompts (None: all);
+    ``aggregator`` and ``clip``: the reward ``outcome`` and ``evaluate`` report (linked to the
+    algo's); ``k_min`` / ``k_max``: the dimensions a bundle may have.
+    """
+
+    path: str | None = None
+    format: str | None = None
+    where: Mapping[str, Any] | None = None
+    dev_path: str | None = None
+    test_path: str | None = None
+    eval_fraction: float = 0.05
+    size: int | None = None
+    eval_size: int | None = None
+    seed: int = 0
+    aggregator: str = "additive"
+    clip: bool = False
+    dimensions_cache: str | None = None
+    k_min: int = 2
+    k_max: int = 5
+    name: str = "rubric_data"
+    judge: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    #: every prompt carries its own rubric (``prompt.meta["rubric"]``)
+    prompt_rubrics: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        from rewards.rubric_scoring import check_reward_name
+
+        check_reward_name(self.aggregator, "task.aggregator")
+        if not self.path:
+            raise SourceError("task.path: name a rubric file or folder "
+                              "(task.path=/data/healthbench.jsonl)")
+        if not 0 < float(self.eval_fraction) < 0.5:
+            raise SourceError(f"task.eval_fraction: must be in (0, 0.5), got "
+                              f"{self.eval_fraction}")
+        object.__setattr__(self, "_splits", self._read())
+
+    def _rubrics(self, path: str, key: str) -> list[Rubric]:
+        return parse_source(filter_rows(read_source(path, key), self.where, "task.where"),
+                            self.format, "task.format")
+
+    def _read(self) -> dict[str, list[Rubric]]:
+        """The three splits' rubrics, each file read, filtered and parsed once."""
+        train = self._rubrics(str(self.path), "task.path")
+        given = {s: self._rubrics(str(p), f"task.{s}_path")
+                 for s, p in (("dev", self.dev_path), ("test", self.test_path)) if p}
+        splits = {"train": train, **given}
+        if len(given) < 2:
+            if len(train) < 3:
+                raise SourceError(f"task.eval_fraction: {self.path} holds {len(train)} prompts "
+                                  f"after task.where; holding dev and test prompts out needs 3 "
+                                  f"(or give task.dev_path and task.test_path)")
+            keep, dev, test = held_out(len(train), float(self.eval_fraction), int(self.seed))
+            splits["train"] = [train[i] for i in keep]
+            splits.setdefault("dev", [train[i] for i in dev])
+            splits.setdefault("test", [train[i] for i in test])
+        caps = {"train": self.size, "dev": self.eval_size, "test": self.eval_size}
+        return {s: rubrics[:caps[s]] if caps[s] else rubrics for s, rubrics in splits.items()}
+
+    # --- the judge ---------------------------------------------------------------------------
+
+    def with_judge(self, judge: Any, judge_config: Mapping[str, Any] | None = None
+                   ) -> RubricDataTask:
+        """This task scoring with `judge`, its rubrics given the dimensions the aggregator
+        reads (bundled by `judge` into the cache file where the data has none)."""
+        from rewards.rubric_scoring import needs_dimensions
+
+        bound = copy.copy(self)
+        object.__setattr__(bound, "judge", judge)
+        if judge is not None and needs_dimensions(self.aggregator):
+            object.__setattr__(bound, "_splits", self._bundled(judge, dict(judge_config or {})))
+        return bound
+
+    def cache_path(self, rubrics: Sequence[Rubric], judge_config: Mapping[str, Any]) -> Path:
+        if self.dimensions_cache:
+            return Path(self.dimensions_cache).expanduser()
+        who = "-".join(str(judge_config[k]) for k in ("name", "model") if judge_config.get(k))
+        who = "".join(c if c.isalnum() or c in "._-" else "_" for c in who) or "judge"
+        return default_cache_dir() / f"{data_digest(rubrics)}-{who}.jsonl"
+
+    def _bundled(self, judge: Any, judge_config: Mapping[str, Any]) -> dict[str, list[Rubric]]:
+        """The splits with every rubric bundled: the file's dimensions where it has them, the
+        cache's otherwise, the judge's for those the cache lacks (written to it)."""
+        from rewards.bundle import BundleOptions, bundle_cached, bundled_in
+
+        splits: dict[str, list[Rubric]] = self._splits  # type: ignore[attr-defined]
+        missing = list({r.prompt_id: r for rs in splits.values() for r in rs
+                        if not r.dimensions}.values())
+        if not missing:
+            return splits
+        cache = self.cache_path(missing, judge_config)
+        summary = bundle_cached(missing, cache, judge, judge_name=str(
+            judge_config.get("name") or type(judge).__name__), options=BundleOptions(
+                k_min=int(self.k_min), k_max=int(self.k_max)), source=str(self.path))
+        log.info("task rubric_data: dimensions of %d prompts from %s (%d bundled now, %d "
+                 "from the cache, %d failed)", len(missing), cache, summary["bundled"],
+                 summary["skipped"], summary["failed"])
+        bundled = bundled_in(cache)
+        if summary["failed"]:
+            reasons = "; ".join(f"{f['prompt_id']}: {f['reason']}"
+                                for f in summary["failures"][:3])
+            log.warning("task rubric_data: %d prompts could not be bundled and are left out "
+                        "(%s; all in %s)", summary["failed"], reasons, cache.with_name(
+                            f"{cache.stem}.summary.json"))
+        out = {s: [r if r.dimensions else bundled[r.prompt_id] for r in rs
+                   if r.dimensions or r.prompt_id in bundled] for s, rs in splits.items()}
+        for split, rubrics in out.items():
+            if not rubrics:
+                raise SourceError(f"task rubric_data: no {split} prompt could be bundled into "
+                                  f"dimensions by judge {judge_config.get('name')!r} (reasons "
+                                  f"in {cache.with_name(f'{cache.stem}.summary.json')})")
+        return out
+
+    # --- the task protocol -------------------------------------------------------------------
+
+    def rubrics(self, split: str) -> list[Rubric]:
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
+        return list(self._splits[split])  # type: ignore[attr-defined]
+
+    def prompts(self, split: str) -> list[Prompt]:
+        return [rubric_prompt(r) for r in self.rubrics(split)]
+
+    def make_env(self, tokenizer: Any, sampling: SamplingParams) -> SingleTurnEnv:
+        return SingleTurnEnv(tokenizer, sampling)
+
+    def evaluate(self, prompts: Sequence[Prompt], responses: Sequence[str],
+                 judge: Any = None) -> RubricReport:
+        """The reward (``task.aggregator``), coverage, fitness and length of ``responses[b]``
+        to ``prompts[b]``, judged in one batched call by `judge` (default: the bound one);
+        the summary adds HealthBench's scores where the rows carry its tags."""
+        from rewards.rubric_scoring import (
+            ScoreItem,
+            fitness_criteria,
+            nanmean,
+            prompt_rubric,
+            score_items,
+        )
+
+        judge = judge or self.judge
+        if judge is None:
+            raise ValueError("task rubric_data scores answers with a judge: add judge=local "
+                             "or judge=openai")
+        rubrics = [prompt_rubric(p) for p in prompts]
+        items = [ScoreItem(r.prompt_text(), text, r, fitness_criteria(r))
+                 for r, text in zip(rubrics, responses, strict=True)]
+        s = score_items(judge, items, self.aggregator, clip=bool(self.clip))
+        summary = {"reward": nanmean(s.reward), "coverage": nanmean(s.coverage),
+                   "fitness": nanmean(s.fitness), "length": nanmean(s.length)}
+        tagged = [i for i, r in enumerate(rubrics) if "example_tags" in r.meta]
+        if tagged:  # HealthBench rows: its clipped score, by theme and by axis
+            summary |= healthbench_scores(
+                [[c.weight for c in rubrics[i].criteria] for i in tagged],
+                [s.checks[i].q[:rubrics[i].num_criteria] for i in tagged],
+                [[c.tags for c in rubrics[i].criteria] for i in tagged],
+                [tuple(rubrics[i].meta["example_tags"]) for i in tagged])
+        return RubricReport(s.reward, s.coverage, s.fitness, s.length, summary)
+
+    def outcome(self, prompt: Prompt, traj: Trajectory) -> float:
+        """The configured reward of one trajectory, judged by the bound judge."""
+        return float(self.evaluate([prompt], [traj.text]).reward[0])

@@ -1,0 +1,110 @@
+"""Where a data task's rows come from: a file, a folder of files, and the filter on the rows'
+own fields (``task.where``).
+
+A file is JSON Lines, a JSON list or Parquet (``rewards.rubric_io.read_rows``); a folder is
+every such file in it (``*.jsonl``, ``*.json``, ``*.parquet``), in name order. Each row keeps
+its file and its row number there, so an error about it names both.
+
+``where`` keeps the rows whose fields hold the wanted values: ``{data_source: medical}``, a
+dotted path into nested fields (``{extra_info.split: train}``), a list of accepted values
+(``{data_source: [medical, writing]}``), and a field that is a list matches when any of its
+elements does (HealthBench's ``{example_tags: theme:emergency_referrals}``). Values compare
+as text, so ``1`` in a config matches ``"1"`` in a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rewards.rubric_io import read_rows
+
+#: the file suffixes a folder source reads
+ROW_FILES = (".jsonl", ".json", ".parquet")
+
+
+class SourceError(ValueError):
+    """A data source that cannot be read or filtered as configured (names the key and file)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One row of a source: its file, its number in that file (from 0) and its fields."""
+
+    source: str
+    index: int
+    data: Any
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}: row {self.index}"
+
+
+def source_files(path: str | Path, key: str) -> list[Path]:
+    """The files of `path`: itself, or a folder's row files in name order (`key` names the
+    config key in errors)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.suffix.lower() in ROW_FILES and f.is_file())
+        if not files:
+            raise SourceError(f"{key}: folder {p} holds no {', '.join(ROW_FILES)} file")
+        return files
+    if not p.exists():
+        raise SourceError(f"{key}: no such file or folder: {p}")
+    return [p]
+
+
+def read_source(path: str | Path, key: str) -> list[Row]:
+    """Every row of the file or folder `path`."""
+    return [Row(str(f), i, data) for f in source_files(path, key)
+            for i, data in enumerate(read_rows(f))]
+
+
+_MISSING = object()
+
+
+def field_value(data: Any, dotted: str) -> Any:
+    """The value at a dotted path of a row (``_MISSING`` where the path does not exist)."""
+    value = data
+    for part in dotted.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
+
+
+def _matches(value: Any, wanted: Any) -> bool:
+    accepted = {str(w) for w in (wanted if isinstance(wanted, Sequence)
+                                 and not isinstance(wanted, str) else [wanted])}
+    values = value if isinstance(value, list | tuple) else [value]
+    return any(str(v) in accepted for v in values)
+
+
+def _keeps(data: Any, where: Mapping[str, Any]) -> bool:
+    for field, wanted in where.items():
+        value = field_value(data, str(field))
+        if value is _MISSING or not _matches(value, wanted):
+            return False
+    return True
+
+
+def filter_rows(rows: Sequence[Row], where: Mapping[str, Any] | None, key: str) -> list[Row]:
+    """The rows whose fields match `where` (module docstring). A field no row has, or a
+    filter that keeps nothing, is a ``SourceError`` naming `key` and the source."""
+    if not where:
+        return list(rows)
+    if not isinstance(where, Mapping):
+        raise SourceError(f"{key}: expected a mapping of field to value(s), got {where!r}")
+    sources = ", ".join(dict.fromkeys(r.source for r in rows)) or "<no rows>"
+    for field in where:
+        if not any(field_value(r.data, str(field)) is not _MISSING for r in rows):
+            first = rows[0].data if rows and isinstance(rows[0].data, Mapping) else {}
+            raise SourceError(f"{key}.{field}: no row of {sources} has this field "
+                              f"(the first row's fields: {', '.join(map(str, first))})")
+    kept = [r for r in rows if _keeps(r.data, where)]
+    if not kept:
+        raise SourceError(f"{key}: no row of {sources} matches {dict(where)} "
+                          f"({len(rows)} rows read)")
+    return kept
