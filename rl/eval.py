@@ -45,7 +45,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         model_cfg, params, tok, step = load_run_params(e.run, e.step)
         source = f"{e.run} (step {step})"
     else:
-        model_cfg, params, tok = load_params(str(c["model"]["path"]))
+        model_cfg, params, tok = load_params(str(c["model"]["path"]),
+                                             revision=c["model"].get("revision"))
         source = f"base model {c['model']['path']}"
     judge = make_judge(c["judge"])
     task = bind_judge(task, judge, c["judge"])

@@ -87,14 +87,14 @@ def _source(model_path: str) -> Path | None:
 def export(args: argparse.Namespace) -> str:
     """Do the export; the line to print."""
     from models import load_params
-    from rl.run.evaluation import restore_run_params, run_config
+    from rl.run.evaluation import restore_run_params, run_model
 
     run_dir = None if args.model else Path(args.paths[0])
     out_dir = Path(args.paths[-1])
     check_out_dir(out_dir, args.force)
     step = None if run_dir is None else checked_step(run_dir, args.step)
-    model_path = args.model or str(run_config(run_dir)["model"]["path"])
-    cfg, params, tok = load_params(model_path)
+    model_path, revision = (args.model, None) if args.model else run_model(run_dir)
+    cfg, params, tok = load_params(model_path, revision=revision)
     if run_dir is not None:
         params, step = restore_run_params(run_dir, params, step)
     options = ExportOptions(dtype=args.dtype, force=args.force,

@@ -193,7 +193,8 @@ def run(cfg: Mapping[str, Any], config_text: str = "") -> dict[str, Any]:
         raise ConfigError(f"task.name: task {cfg['task']['name']!r} has no demonstrations "
                           f"for SFT")
     # float32 master weights; model.dtype is the compute dtype
-    model_cfg, params, tok = load_params(model.path, jnp.float32, seed=t.seed)
+    model_cfg, params, tok = load_params(model.path, jnp.float32, seed=t.seed,
+                                         revision=model.revision)
     demos = demonstrations(task, tok, s, t.max_new_tokens)
     oc = optim_config(cfg["optim"], s.epochs * -(-len(demos.train) // s.batch_size))
     optimizer = make_optimizer(oc)

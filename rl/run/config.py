@@ -124,6 +124,7 @@ class AlgoConfig:
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
     path: str
+    revision: str | None  # a hub id's branch, tag or commit (models.hub)
     dtype: str
     lora: LoraConfig  # model.lora.{rank,alpha,targets}; rank 0 = off (models.lora)
 

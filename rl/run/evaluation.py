@@ -77,9 +77,23 @@ def run_config(run_dir: str | Path) -> dict[str, Any]:
                             f"config_history.jsonl)")
 
 
+def run_model(run_dir: str | Path) -> tuple[str, str | None]:
+    """(path, revision) of the model a run trained: for a hub id the commit its newest start
+    loaded (``provenance.jsonl``), so a branch that moved since loads the same weights."""
+    model = run_config(run_dir)["model"]
+    revision = model.get("revision")
+    try:
+        lines = (Path(run_dir) / "provenance.jsonl").read_text().splitlines()
+        revision = json.loads(lines[-1]).get("model", {}).get("commit") or revision
+    except (OSError, IndexError, ValueError, AttributeError):
+        pass  # a run folder from before model provenance: the configured revision
+    return str(model["path"]), revision
+
+
 def load_run_params(run_dir: str | Path, step: int | None = None) -> tuple[Any, Any, Any, int]:
     """(model config, params, tokenizer, step) from a run folder's checkpoint."""
-    model_cfg, params, tok = load_params(str(run_config(run_dir)["model"]["path"]))
+    path, revision = run_model(run_dir)
+    model_cfg, params, tok = load_params(path, revision=revision)
     params, step = restore_run_params(run_dir, params, step)
     return model_cfg, params, tok, step
 

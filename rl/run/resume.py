@@ -57,7 +57,8 @@ ADDED_LATER = {"trainer.off_policy_steps": 0, "trainer.kv_cache_dtype": "float32
                "algo.rewarder_options.lineage_in_induction": False,
                "algo.rewarder_options.lineage_k": 3, "algo.consistency_filter": "none",
                "algo.consistency_remove": 2, "algo.consistency_correct": 1.0,
-               "trainer.rollout_sub_batches": True}
+               "trainer.rollout_sub_batches": True, "model.revision": None,
+               "algo.rewarder_options.aggregator": "additive_abs"}
 
 
 def _under(key: str, prefixes: Sequence[str]) -> bool:

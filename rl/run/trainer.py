@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 from core.cluster import join_cluster
 from core.types import Prompt, Task
 from judges.cost import cost, prices
-from models import load_params, load_shapes
+from models import ModelLoadError, load_params, load_shapes
+from models.hub import hub_commit, is_hub_id
 from models.sampler import SamplingParams
 from models.sharding import make_mesh
 from rl.grpo.off_policy import Behaviour, RolloutPrefetch, snapshot
@@ -387,19 +388,40 @@ def _check_fingerprint(run: RunConfig, meta: Mapping[str, Any], where: str,
                 "fingerprint (%s) is compared", where, ", ".join(want))
 
 
-def _weights(run: RunConfig, mesh: Any, shapes_only: bool = False) -> tuple[Any, Any, Any]:
-    """(model config, float32 master weights, tokenizer): loaded (sharded over the mesh when
-    there is one), initialised from trainer.init_from when set; with `shapes_only` the
-    weights' shapes and shardings, from the files' headers (a resume that restores them)."""
+def job_model(run: RunConfig, exchange: Exchange | None = None) -> dict[str, Any]:
+    """The model every process of the job loads: ``path``, the configured ``revision`` and,
+    for a hub id, the ``commit`` it resolved to (process 0 resolves it, so a branch that
+    moves while the hosts download cannot give them different weights)."""
+    path, revision = run.model.path, run.model.revision
+    if not is_hub_id(path):
+        return {"path": path, "revision": revision}
+
+    def resolve() -> str:
+        try:
+            return hub_commit(path, revision)
+        except ModelLoadError as e:
+            raise ConfigError(f"model.path: {e}") from None
+
+    commit = resolve() if exchange is None else exchange.from_leader(resolve, "the model's commit")
+    return {"path": path, "revision": revision, "commit": commit}
+
+
+def _weights(run: RunConfig, mesh: Any, model: Mapping[str, Any],
+             shapes_only: bool = False) -> tuple[Any, Any, Any]:
+    """(model config, float32 master weights, tokenizer) of `model` (:func:`job_model`):
+    loaded (sharded over the mesh when there is one), initialised from trainer.init_from
+    when set; with `shapes_only` the weights' shapes and shardings, from the files' headers
+    (a resume that restores them)."""
+    path, revision = model["path"], model.get("commit", model["revision"])
     if shapes_only:
-        return load_shapes(run.model.path, jnp.float32, mesh=mesh)
+        return load_shapes(path, jnp.float32, mesh=mesh, revision=revision)
     # float32 master weights and optimizer state whatever model.dtype says: that is the
     # forward/backward dtype (LossConfig.compute_dtype), and bfloat16 weights would round
     # small updates away
     # with a mesh each array goes from the host straight to its shards (no device holds the
     # whole model); trainer.init_from then restores onto those shardings
-    model_cfg, params, tokenizer = load_params(run.model.path, jnp.float32,
-                                               seed=run.trainer.seed, mesh=mesh)
+    model_cfg, params, tokenizer = load_params(path, jnp.float32, seed=run.trainer.seed,
+                                               mesh=mesh, revision=revision)
     if run.trainer.init_from:  # on resume too: the KL reference is these weights
         params = init_from_run(run.trainer.init_from, run, params)
     return model_cfg, params, tokenizer
@@ -532,12 +554,13 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
         check_shared(run_path(t.run_dir), exchange, wait_s=min(30, run.mesh.wait_timeout_s))
     # after join_job (a user's module may call JAX), before any name is looked up
     import_user_modules(cfg.get("imports"))
+    model = job_model(run, exchange)  # a hub id found in the cache (or fetched), no weights read
     inp = read_inputs(run, exchange)
     lc, oc = run.loss_config(inp.budget), run.optim_config()
     ckpt, steps = _open_checkpoints(run, exchange)
     # a resume that needs nothing but its checkpoint reads no base weights: shapes only
     from_checkpoint = bool(steps) and _checkpoint_holds_everything(run, lc)
-    model_cfg, params, tokenizer = _weights(run, inp.mesh, shapes_only=from_checkpoint)
+    model_cfg, params, tokenizer = _weights(run, inp.mesh, model, shapes_only=from_checkpoint)
     optimizer = make_optimizer(oc)
     lora = lora_run(run.model.lora, model_cfg, params, {
         "model.path": run.model.path, "trainer.init_from": t.init_from or ""})
@@ -573,7 +596,7 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
                       prefetcher=(RolloutPrefetch(lambda state: L.collect(parts, state))
                                   if t.off_policy_steps else None),
                       runlog=_run_log(run, loop.step if resumed else None))
-    _record_config(trainer, config_text, resumed, exchange)
+    _record_config(trainer, config_text, resumed, exchange, model)
     if inp.judge is not None:  # which prompt templates produced this run's judgments
         trainer.runlog.write_config(json.dumps(inp.judge.versions(), indent=1),
                                     "judge_versions.json")
@@ -650,11 +673,16 @@ def _counter_totals(meta: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _record_config(trainer: Trainer, config_text: str, resumed: Resumed | None,
-                   exchange: Exchange | None = None) -> None:
+                   exchange: Exchange | None = None,
+                   model: Mapping[str, Any] | None = None) -> None:
     """config.yaml: the config of the run's first steps (written when it starts, kept on
     resume); config_history.jsonl: one record per start or resume, with the changes allowed;
-    provenance.jsonl: what made this start (``rl.run.provenance``; every process takes part)."""
-    trainer.runlog.append_start({"start_step": trainer.start_step, **provenance(exchange)},
+    provenance.jsonl: what made this start (``rl.run.provenance``; every process takes part),
+    with the model loaded (:func:`job_model`) and the task's data (``task.data_provenance``)."""
+    data = getattr(trainer.parts.task, "data_provenance", None)
+    trainer.runlog.append_start({"start_step": trainer.start_step, **provenance(exchange),
+                                 "model": dict(model or {}),
+                                 "data": data() if callable(data) else None},
                                 "provenance.jsonl")
     if config_text and resumed is None:
         trainer.runlog.write_config(config_text)

@@ -42,7 +42,7 @@ from rewards.healthbench import healthbench_scores
 from rewards.rubric import Rubric, RubricError
 from rewards.rubric_io import RUBRIC_FORMATS, detect_format
 from rl.tasks.envs import SingleTurnEnv
-from rl.tasks.sources import Row, SourceError, filter_rows, read_source
+from rl.tasks.sources import Row, SourceError, filter_rows, read_source, source_provenance
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +236,17 @@ class RubricDataTask:
                                   f"dimensions by judge {judge_config.get('name')!r} (reasons "
                                   f"in {cache.with_name(f'{cache.stem}.summary.json')})")
         return out
+
+    def data_provenance(self) -> dict[str, Any]:
+        """The data this task trains and evaluates on, for ``provenance.jsonl``: each file
+        with its SHA-256, the format, the filter and the split settings."""
+        files = {key: source_provenance(p, f"task.{key}") for key, p in
+                 (("path", self.path), ("dev_path", self.dev_path),
+                  ("test_path", self.test_path)) if p}
+        return {"task": self.name, "files": files, "format": self.format,
+                "where": dict(self.where or {}), "eval_fraction": self.eval_fraction,
+                "seed": self.seed, "prompts": {s: len(r) for s, r in
+                                               self._splits.items()}}  # type: ignore[attr-defined]
 
     # --- the task protocol -------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ as text, so ``1`` in a config matches ``"1"`` in a file.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,20 @@ def read_source(path: str | Path, key: str) -> list[Row]:
     """Every row of the file or folder `path`."""
     return [Row(str(f), i, data) for f in source_files(path, key)
             for i, data in enumerate(read_rows(f))]
+
+
+def file_digest(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes (hex)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def source_provenance(path: str | Path, key: str) -> list[dict[str, str]]:
+    """Each file of a source with its SHA-256: what a run's ``provenance.jsonl`` names."""
+    return [{"path": str(f), "sha256": file_digest(f)} for f in source_files(path, key)]
 
 
 _MISSING = object()

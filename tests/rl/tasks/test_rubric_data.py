@@ -310,6 +310,14 @@ def test_two_steps_and_evaluations_on_healthbench_with_the_local_judge(tmp_path)
     evals = [m for m in metrics if "eval/outcome_mean" in m]
     assert len(evals) == 2  # before the first step and after the last
     assert all("eval/healthbench" in m and "eval/coverage" in m for m in evals)
+    # provenance.jsonl names the data file by its bytes' SHA-256 and the split sizes
+    import hashlib
+
+    record = json.loads((tmp_path / "run" / "provenance.jsonl").read_text().splitlines()[-1])
+    assert record["data"]["files"] == {"path": [
+        {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}]}
+    assert record["data"]["prompts"] == {"train": 4, "dev": 1, "test": 1}
+    assert record["model"] == {"path": "tiny", "revision": None}
 
 
 def test_two_prorubric_official_steps_on_a_prorubric_train_parquet(tmp_path):
