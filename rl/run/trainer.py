@@ -571,11 +571,10 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
     if lora is not None:  # train the adapters; the base weights are the step's argument
         step_fn = functools.partial(step_fn, base=lora.base)
         params = fresh_adapters(lora, t.seed, inp.mesh)
-    rewarder = inp.rewarder
     parts = L.Components(
         run=run, model_cfg=model_cfg, tokenizer=tokenizer, task=inp.task,
         env=shared_env(inp.task.make_env(tokenizer, run.sampling()), exchange),
-        rewarder=rewarder,
+        rewarder=inp.rewarder,
         stream=PromptStream(inp.train_prompts, t.batch_prompts, t.seed),
         train_step=step_fn, ref_params=ref_params, loss_cfg=lc, mesh=inp.mesh,
         rollout_mesh=inp.rollout_mesh,
@@ -584,7 +583,7 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
     train = (abstract_train_state if from_checkpoint else init_train_state)(
         params, optimizer, inp.mesh)
     loop = L.LoopState(train=train,
-                       reward=rewarder.init_state(), data_position=0, step=0,
+                       reward=inp.rewarder.init_state(), data_position=0, step=0,
                        behaviour=snapshot(params, 0) if t.off_policy_steps else None)
     now = settings(run.raw, model_config_hash(model_cfg), inp.train_prompts)
     resumed = _resume(parts, ckpt, loop, now) if steps else None

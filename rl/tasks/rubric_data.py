@@ -1,13 +1,16 @@
 """``task=rubric_data``: train on a rubric dataset, each prompt judged against its own rubric.
 
-The rows come from a file or a folder (``task.path``) in any format ``rewards.rubric_io``
-reads: HealthBench, RaR, RubricHub, the ProRubric authors' train and public files, and the
-native one (``task.format``, detected from the first row when null). ``task.where`` keeps the
+The rows come from a file or a folder (``task.path``), or from a Hugging Face dataset
+(``task.dataset``, ``task.subset``, ``task.split``: read by the ``datasets`` library from the
+hub cache, ``rl.tasks.sources``), in any format ``rewards.rubric_io`` reads: HealthBench, RaR,
+RubricHub, the ProRubric authors' train and public files, and the native one
+(``task.format``, detected from the first row when null). ``task.where`` keeps the
 rows whose own fields match (``rl.tasks.sources``: RubricHub's ``data_source``, HealthBench's
 ``example_tags``, ...). The dev and test prompts are ``task.dev_path`` / ``task.test_path``
-when given (read and filtered the same way), else a seeded ``task.eval_fraction`` of the
-training rows each. A prompt that is a conversation (HealthBench) reaches the policy as its
-messages, rendered with the model's chat template.
+(a dataset's ``task.dev_split`` / ``task.test_split``) when given, read and filtered the same
+way, else a seeded ``task.eval_fraction`` of the training rows each. A prompt that is a
+conversation (HealthBench) reaches the policy as its messages, rendered with the model's chat
+template.
 
 Every rubric reward reads the prompt's rubric (``prompt.meta["rubric"]``). A reward that reads
 dimensions (ProRubric, raw-AND, the authors' dimension arms: ``rewards.rubric_scoring.
@@ -42,7 +45,14 @@ from rewards.healthbench import healthbench_scores
 from rewards.rubric import Rubric, RubricError
 from rewards.rubric_io import RUBRIC_FORMATS, detect_format
 from rl.tasks.envs import SingleTurnEnv
-from rl.tasks.sources import Row, SourceError, filter_rows, read_source, source_provenance
+from rl.tasks.sources import (
+    Row,
+    SourceError,
+    filter_rows,
+    read_dataset,
+    read_source,
+    source_provenance,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +108,13 @@ def rubric_prompt(rubric: Rubric) -> Prompt:
                   meta={"question": rubric.prompt_text(), "rubric": rubric})
 
 
-def held_out(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(train, dev, test) indices of `n` rows: a seeded permutation, the first
-    max(1, round(fraction n)) for test, as many next for dev, the rest for training."""
+def held_out(n: int, fraction: float, seed: int, parts: int = 2) -> tuple[np.ndarray, ...]:
+    """(train, held out 1, ..., held out `parts`) indices of `n` rows: a seeded permutation,
+    cut into `parts` blocks of max(1, round(fraction n)) and the rest for training."""
     k = max(1, round(fraction * n))
     order = np.random.default_rng(seed).permutation(n)
-    return np.sort(order[2 * k:]), np.sort(order[k:2 * k]), np.sort(order[:k])
+    return (np.sort(order[parts * k:]),
+            *(np.sort(order[j * k:(j + 1) * k]) for j in range(parts)))
 
 
 def data_digest(rubrics: Sequence[Rubric]) -> str:
@@ -130,6 +141,12 @@ class RubricDataTask:
     """
 
     path: str | None = None
+    dataset: str | None = None
+    subset: str | None = None
+    split: str = "train"
+    dev_split: str | None = None
+    test_split: str | None = None
+    revision: str | None = None
     format: str | None = None
     where: Mapping[str, Any] | None = None
     dev_path: str | None = None
@@ -153,33 +170,56 @@ class RubricDataTask:
         from rewards.rubric_scoring import check_reward_name
 
         check_reward_name(self.aggregator, "task.aggregator")
-        if not self.path:
-            raise SourceError("task.path: name a rubric file or folder "
-                              "(task.path=/data/healthbench.jsonl)")
+        if bool(self.path) == bool(self.dataset):
+            raise SourceError("task.path / task.dataset: name one source, a rubric file or "
+                              "folder (task.path=/data/healthbench.jsonl) or a Hugging Face "
+                              "dataset (task.dataset=org/name)")
         if not 0 < float(self.eval_fraction) < 0.5:
             raise SourceError(f"task.eval_fraction: must be in (0, 0.5), got "
                               f"{self.eval_fraction}")
+        object.__setattr__(self, "_commit", None)
         object.__setattr__(self, "_splits", self._read())
 
-    def _rubrics(self, path: str, key: str) -> list[Rubric]:
-        return parse_source(filter_rows(read_source(path, key), self.where, "task.where"),
-                            self.format, "task.format")
+    def _rows(self, split: str) -> list[Row] | None:
+        """The rows of `split` from its own source (None: it has none, it is held out)."""
+        if self.dataset:
+            name = {"train": self.split, "dev": self.dev_split, "test": self.test_split}[split]
+            if not name:
+                return None
+            key = "task.dataset" if split == "train" else f"task.{split}_split"
+            # every split at the commit the first one was read at
+            rows, commit = read_dataset(self.dataset, self.subset, name,
+                                        self._commit or self.revision,  # type: ignore[attr-defined]
+                                        key)
+            object.__setattr__(self, "_commit", commit)
+            return rows
+        path = {"train": self.path, "dev": self.dev_path, "test": self.test_path}[split]
+        key = "task.path" if split == "train" else f"task.{split}_path"
+        return None if not path else read_source(str(path), key)
+
+    def _rubrics(self, split: str) -> list[Rubric] | None:
+        rows = self._rows(split)
+        if rows is None:
+            return None
+        return parse_source(filter_rows(rows, self.where, "task.where"), self.format,
+                            "task.format")
 
     def _read(self) -> dict[str, list[Rubric]]:
-        """The three splits' rubrics, each file read, filtered and parsed once."""
-        train = self._rubrics(str(self.path), "task.path")
-        given = {s: self._rubrics(str(p), f"task.{s}_path")
-                 for s, p in (("dev", self.dev_path), ("test", self.test_path)) if p}
+        """The three splits' rubrics, each source read, filtered and parsed once."""
+        train = self._rubrics("train") or []
+        given = {s: r for s in ("dev", "test") if (r := self._rubrics(s)) is not None}
         splits = {"train": train, **given}
-        if len(given) < 2:
-            if len(train) < 3:
-                raise SourceError(f"task.eval_fraction: {self.path} holds {len(train)} prompts "
-                                  f"after task.where; holding dev and test prompts out needs 3 "
-                                  f"(or give task.dev_path and task.test_path)")
-            keep, dev, test = held_out(len(train), float(self.eval_fraction), int(self.seed))
+        missing = [s for s in ("test", "dev") if s not in given]
+        if missing:
+            if len(train) <= len(missing):
+                raise SourceError(f"task.eval_fraction: the training source holds "
+                                  f"{len(train)} prompts after task.where; holding "
+                                  f"{' and '.join(missing)} prompts out needs "
+                                  f"{len(missing) + 1} (or give their own sources)")
+            keep, *held = held_out(len(train), float(self.eval_fraction), int(self.seed),
+                                   len(missing))
             splits["train"] = [train[i] for i in keep]
-            splits.setdefault("dev", [train[i] for i in dev])
-            splits.setdefault("test", [train[i] for i in test])
+            splits |= {s: [train[i] for i in idx] for s, idx in zip(missing, held)}
         caps = {"train": self.size, "dev": self.eval_size, "test": self.eval_size}
         return {s: rubrics[:caps[s]] if caps[s] else rubrics for s, rubrics in splits.items()}
 
@@ -215,9 +255,10 @@ class RubricDataTask:
         if not missing:
             return splits
         cache = self.cache_path(missing, judge_config)
-        summary = bundle_cached(missing, cache, judge, judge_name=str(
-            judge_config.get("name") or type(judge).__name__), options=BundleOptions(
-                k_min=int(self.k_min), k_max=int(self.k_max)), source=str(self.path))
+        options = BundleOptions(k_min=int(self.k_min), k_max=int(self.k_max))
+        summary = bundle_cached(missing, cache, judge, options=options,
+                                judge_name=str(judge_config.get("name") or type(judge).__name__),
+                                source=str(self.path or self.dataset))
         log.info("task rubric_data: dimensions of %d prompts from %s (%d bundled now, %d "
                  "from the cache, %d failed)", len(missing), cache, summary["bundled"],
                  summary["skipped"], summary["failed"])
@@ -240,10 +281,17 @@ class RubricDataTask:
     def data_provenance(self) -> dict[str, Any]:
         """The data this task trains and evaluates on, for ``provenance.jsonl``: each file
         with its SHA-256, the format, the filter and the split settings."""
-        files = {key: source_provenance(p, f"task.{key}") for key, p in
-                 (("path", self.path), ("dev_path", self.dev_path),
-                  ("test_path", self.test_path)) if p}
-        return {"task": self.name, "files": files, "format": self.format,
+        if self.dataset:
+            source: dict[str, Any] = {"dataset": self.dataset, "subset": self.subset,
+                                      "revision": self.revision,
+                                      "commit": self._commit,  # type: ignore[attr-defined]
+                                      "splits": {"train": self.split, "dev": self.dev_split,
+                                                 "test": self.test_split}}
+        else:
+            source = {"files": {key: source_provenance(p, f"task.{key}") for key, p in
+                                (("path", self.path), ("dev_path", self.dev_path),
+                                 ("test_path", self.test_path)) if p}}
+        return {"task": self.name, **source, "format": self.format,
                 "where": dict(self.where or {}), "eval_fraction": self.eval_fraction,
                 "seed": self.seed, "prompts": {s: len(r) for s, r in
                                                self._splits.items()}}  # type: ignore[attr-defined]

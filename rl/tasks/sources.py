@@ -1,9 +1,12 @@
-"""Where a data task's rows come from: a file, a folder of files, and the filter on the rows'
-own fields (``task.where``).
+"""Where a data task's rows come from: a file, a folder of files, a Hugging Face dataset, and
+the filter on the rows' own fields (``task.where``).
 
 A file is JSON Lines, a JSON list or Parquet (``rewards.rubric_io.read_rows``); a folder is
-every such file in it (``*.jsonl``, ``*.json``, ``*.parquet``), in name order. Each row keeps
-its file and its row number there, so an error about it names both.
+every such file in it (``*.jsonl``, ``*.json``, ``*.parquet``), in name order. A dataset
+(``org/name``, a subset, a split) is read by the ``datasets`` library from its snapshot in the
+Hugging Face cache (``core.hub``): the dataset card first, then only the files of the subset
+it names. Each row keeps its source and its row number there, so an error about it names
+both.
 
 ``where`` keeps the rows whose fields hold the wanted values: ``{data_source: medical}``, a
 dotted path into nested fields (``{extra_info.split: train}``), a list of accepted values
@@ -75,6 +78,66 @@ def file_digest(path: str | Path) -> str:
 def source_provenance(path: str | Path, key: str) -> list[dict[str, str]]:
     """Each file of a source with its SHA-256: what a run's ``provenance.jsonl`` names."""
     return [{"path": str(f), "sha256": file_digest(f)} for f in source_files(path, key)]
+
+
+def _card_config(configs: list[Any], subset: str | None) -> Mapping[str, Any] | None:
+    """The card's config of `subset`; without one, the config marked default, the one named
+    ``default`` or the first."""
+    named = [c for c in configs if isinstance(c, Mapping)]
+    if subset:
+        return next((c for c in named if c.get("config_name") == subset), None)
+    return (next((c for c in named if c.get("default")), None)
+            or next((c for c in named if c.get("config_name") == "default"), None)
+            or (named[0] if named else None))
+
+
+def _card_patterns(card: Path, subset: str | None) -> list[str] | None:
+    """The data files the card (README.md front matter, ``configs``) gives `subset`, as
+    ``allow_patterns``; None when it names none (the whole repository is fetched, and the
+    datasets library says which subsets there are)."""
+    import yaml
+
+    text = card.read_text(encoding="utf-8") if card.exists() else ""
+    if not text.startswith("---"):
+        return None
+    meta = yaml.safe_load(text.split("---", 2)[1]) or {}
+    configs = meta.get("configs") if isinstance(meta, Mapping) else None
+    config = _card_config(configs, subset) if isinstance(configs, list) else None
+    if config is None:
+        return None
+    files = config.get("data_files")
+    paths: list[str] = []
+    for entry in files if isinstance(files, list) else [files]:
+        path = entry.get("path") if isinstance(entry, Mapping) else entry
+        paths += [str(p) for p in (path if isinstance(path, list) else [path]) if p]
+    return paths or None
+
+
+def read_dataset(dataset: str, subset: str | None, split: str, revision: str | None,
+                 key: str) -> tuple[list[Row], str]:
+    """The rows of `split` of `subset` of hub dataset `dataset` at `revision`, and the commit
+    they were read at. A dataset, subset or split that does not exist, or one neither cached
+    nor reachable, is a ``SourceError`` naming `key`."""
+    from core.hub import HubError, snapshot
+
+    try:
+        import datasets
+    except ImportError:
+        raise SourceError(f"{key}: reading a Hugging Face dataset needs the datasets "
+                          f"package: pip install -e '.[data]'") from None
+    try:
+        card = snapshot(dataset, revision, repo_type="dataset", patterns=["README.md"])
+        patterns = _card_patterns(card / "README.md", subset)
+        folder = snapshot(dataset, card.name, repo_type="dataset",
+                          patterns=None if patterns is None else ["README.md", *patterns])
+    except HubError as e:
+        raise SourceError(f"{key}: {e}") from None
+    try:
+        table = datasets.load_dataset(str(folder), subset, split=split)
+    except (ValueError, FileNotFoundError) as e:
+        raise SourceError(f"{key}: {dataset} (subset {subset}, split {split}): {e}") from None
+    source = f"{dataset}@{folder.name[:12]} {subset or 'default'}/{split}"
+    return [Row(source, i, data) for i, data in enumerate(table.to_list())], folder.name
 
 
 _MISSING = object()

@@ -60,7 +60,7 @@ def test_a_hub_id_loads_its_cached_snapshot_offline(hub):
 
 
 def test_a_model_the_cache_lacks_is_a_clear_error_offline(hub):
-    with pytest.raises(ModelLoadError, match=r"acme/char-llama at revision v2: not in the "
+    with pytest.raises(ModelLoadError, match=r"model acme/char-llama at revision v2: not in the "
                                              r"Hugging Face cache \(.*hub\) and HF_HUB_OFFLINE "
                                              r"is set"):
         load_params("acme/char-llama", revision="v2")

@@ -131,8 +131,10 @@ def test_a_bad_row_is_named_by_file_row_and_field_before_anything_loads(tmp_path
     with pytest.raises(RubricError) as e:
         RubricDataTask(path=str(path))
     assert f"{path}: row 2" in str(e.value) and "reward_model.rubrics[1].points" in str(e.value)
-    with pytest.raises(SourceError, match="task.path: name a rubric file"):
+    with pytest.raises(SourceError, match="task.path / task.dataset: name one source"):
         RubricDataTask()
+    with pytest.raises(SourceError, match="task.path / task.dataset: name one source"):
+        RubricDataTask(path=str(path), dataset="acme/rubrics")
     with pytest.raises(SourceError, match="unknown rubric format 'csv'"):
         RubricDataTask(path=str(path), format="csv")
     few = write_jsonl(tmp_path / "two.jsonl", [rubrichub_row(i, "medical") for i in range(2)])
@@ -364,3 +366,77 @@ def test_two_rar_steps_on_a_rubrichub_file(tmp_path):
     assert len(history) == 2
     evals = [m for m in metrics if "eval/outcome_mean" in m]
     assert len(evals) == 2 and all("eval/healthbench" not in m for m in evals)
+
+
+# --- a Hugging Face dataset from the hub cache --------------------------------------------------
+
+DATASET_COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
+CARD = """---
+configs:
+- config_name: medical
+  data_files:
+  - split: train
+    path: medical/train.jsonl
+  - split: test
+    path: medical/test.jsonl
+- config_name: writing
+  data_files:
+  - split: train
+    path: writing/train.jsonl
+---
+# Rubrics (a hand-written stand-in in RubricHub's schema)
+"""
+
+
+@pytest.fixture
+def hub_dataset(tmp_path, monkeypatch):
+    """acme/sleep-rubrics laid out as huggingface_hub caches a dataset repository (refs/main,
+    snapshots/<commit>/ with the card and the subsets' files), HF_HUB_OFFLINE on; the
+    datasets library's own cache in tmp_path."""
+    import datasets
+    from huggingface_hub import constants
+
+    repo = tmp_path / "hub" / "datasets--acme--sleep-rubrics"
+    snap = repo / "snapshots" / DATASET_COMMIT
+    (snap / "medical").mkdir(parents=True)
+    (snap / "writing").mkdir()
+    (snap / "README.md").write_text(CARD)
+    write_jsonl(snap / "medical" / "train.jsonl", [rubrichub_row(i, "medical") for i in range(5)])
+    write_jsonl(snap / "medical" / "test.jsonl", [rubrichub_row(i, "medical")
+                                                  for i in range(50, 52)])
+    write_jsonl(snap / "writing" / "train.jsonl", [rubrichub_row(9, "writing")])
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(DATASET_COMMIT)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    return snap
+
+
+def test_a_hub_dataset_subset_and_splits_from_the_cache(hub_dataset):
+    task = RubricDataTask(dataset="acme/sleep-rubrics", subset="medical", test_split="test",
+                          eval_fraction=0.2)
+    assert [p.id for p in task.prompts("test")] == ["rubrichub-50", "rubrichub-51"]
+    # dev held out of the 5 training rows (0.2 of 5: one), the rest train
+    assert len(task.prompts("dev")) == 1 and len(task.prompts("train")) == 4
+    assert task.prompts("train")[0].meta["rubric"].criteria[0].text == "contains:schedule"
+    record = task.data_provenance()
+    assert (record["dataset"], record["subset"], record["commit"]) == (
+        "acme/sleep-rubrics", "medical", DATASET_COMMIT)
+    with pytest.raises(SourceError, match=r"task.dataset: .*subset law.*'law' not found"):
+        RubricDataTask(dataset="acme/sleep-rubrics", subset="law")
+    with pytest.raises(SourceError, match=r"task.test_split: .*Unknown split \"val\""):
+        RubricDataTask(dataset="acme/sleep-rubrics", subset="medical", test_split="val")
+    with pytest.raises(SourceError, match=r"task.dataset: dataset acme/missing: not in the "
+                                          r"Hugging Face cache .* HF_HUB_OFFLINE is set"):
+        RubricDataTask(dataset="acme/missing")
+
+
+def test_two_steps_on_a_hub_dataset(hub_dataset, tmp_path):
+    history, metrics = _train(tmp_path, "task.dataset=acme/sleep-rubrics", "task.subset=medical",
+                              "task.test_split=test", "task.eval_fraction=0.2",
+                              "algo=rubric_rl", "judge=rule")
+    assert len(history) == 2
+    record = json.loads((tmp_path / "run" / "provenance.jsonl").read_text().splitlines()[-1])
+    assert record["data"]["commit"] == DATASET_COMMIT
+    assert record["data"]["prompts"] == {"train": 4, "dev": 1, "test": 2}
