@@ -73,6 +73,12 @@ def _rubric_data(**kw: Any) -> Task:
     return RubricDataTask(**kw)
 
 
+def _prompts(**kw: Any) -> Task:
+    from rl.tasks.prompts import PromptsTask
+
+    return PromptsTask(**kw)
+
+
 def _outcome(task: Task, judge: Any = None) -> Rewarder:
     del judge  # the verifiable outcome needs none
     return OutcomeRewarder(task)
@@ -100,6 +106,7 @@ TASKS.register("arith")(_arith)
 TASKS.register("search_qa")(_search_qa)
 TASKS.register("rubric_chat")(_rubric_chat)
 TASKS.register("rubric_data")(_rubric_data)
+TASKS.register("prompts")(_prompts)
 REWARDERS.register("outcome")(_outcome)
 REWARDERS.register("arbor")(_arbor)
 REWARDERS.register("static_rubrics")(_static_rubrics)

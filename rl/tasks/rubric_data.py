@@ -45,19 +45,9 @@ from rewards.healthbench import healthbench_scores
 from rewards.rubric import Rubric, RubricError
 from rewards.rubric_io import RUBRIC_FORMATS, detect_format
 from rl.tasks.envs import SingleTurnEnv
-from rl.tasks.sources import (
-    Row,
-    SourceError,
-    filter_rows,
-    read_dataset,
-    read_source,
-    source_provenance,
-)
+from rl.tasks.sources import SPLITS, DataSource, Row, SourceError, filter_rows, hold_out
 
 log = logging.getLogger(__name__)
-
-SPLITS = ("train", "dev", "test")
-
 
 @dataclasses.dataclass(frozen=True)
 class RubricReport:
@@ -106,15 +96,6 @@ def rubric_prompt(rubric: Rubric) -> Prompt:
         messages = tuple({"role": m.role, "content": m.content} for m in rubric.prompt)
     return Prompt(id=rubric.prompt_id, messages=messages, answer=rubric.reference_answer,
                   meta={"question": rubric.prompt_text(), "rubric": rubric})
-
-
-def held_out(n: int, fraction: float, seed: int, parts: int = 2) -> tuple[np.ndarray, ...]:
-    """(train, held out 1, ..., held out `parts`) indices of `n` rows: a seeded permutation,
-    cut into `parts` blocks of max(1, round(fraction n)) and the rest for training."""
-    k = max(1, round(fraction * n))
-    order = np.random.default_rng(seed).permutation(n)
-    return (np.sort(order[parts * k:]),
-            *(np.sort(order[j * k:(j + 1) * k]) for j in range(parts)))
 
 
 def data_digest(rubrics: Sequence[Rubric]) -> str:
@@ -170,56 +151,21 @@ class RubricDataTask:
         from rewards.rubric_scoring import check_reward_name
 
         check_reward_name(self.aggregator, "task.aggregator")
-        if bool(self.path) == bool(self.dataset):
-            raise SourceError("task.path / task.dataset: name one source, a rubric file or "
-                              "folder (task.path=/data/healthbench.jsonl) or a Hugging Face "
-                              "dataset (task.dataset=org/name)")
         if not 0 < float(self.eval_fraction) < 0.5:
             raise SourceError(f"task.eval_fraction: must be in (0, 0.5), got "
                               f"{self.eval_fraction}")
-        object.__setattr__(self, "_commit", None)
-        object.__setattr__(self, "_splits", self._read())
+        source = DataSource(self.path, self.dev_path, self.test_path, self.dataset,
+                            self.subset, self.split, self.dev_split, self.test_split,
+                            self.revision)
+        object.__setattr__(self, "_source", source)
+        object.__setattr__(self, "_splits", self._read(source))
 
-    def _rows(self, split: str) -> list[Row] | None:
-        """The rows of `split` from its own source (None: it has none, it is held out)."""
-        if self.dataset:
-            name = {"train": self.split, "dev": self.dev_split, "test": self.test_split}[split]
-            if not name:
-                return None
-            key = "task.dataset" if split == "train" else f"task.{split}_split"
-            # every split at the commit the first one was read at
-            rows, commit = read_dataset(self.dataset, self.subset, name,
-                                        self._commit or self.revision,  # type: ignore[attr-defined]
-                                        key)
-            object.__setattr__(self, "_commit", commit)
-            return rows
-        path = {"train": self.path, "dev": self.dev_path, "test": self.test_path}[split]
-        key = "task.path" if split == "train" else f"task.{split}_path"
-        return None if not path else read_source(str(path), key)
-
-    def _rubrics(self, split: str) -> list[Rubric] | None:
-        rows = self._rows(split)
-        if rows is None:
-            return None
-        return parse_source(filter_rows(rows, self.where, "task.where"), self.format,
-                            "task.format")
-
-    def _read(self) -> dict[str, list[Rubric]]:
+    def _read(self, source: DataSource) -> dict[str, list[Rubric]]:
         """The three splits' rubrics, each source read, filtered and parsed once."""
-        train = self._rubrics("train") or []
-        given = {s: r for s in ("dev", "test") if (r := self._rubrics(s)) is not None}
-        splits = {"train": train, **given}
-        missing = [s for s in ("test", "dev") if s not in given]
-        if missing:
-            if len(train) <= len(missing):
-                raise SourceError(f"task.eval_fraction: the training source holds "
-                                  f"{len(train)} prompts after task.where; holding "
-                                  f"{' and '.join(missing)} prompts out needs "
-                                  f"{len(missing) + 1} (or give their own sources)")
-            keep, *held = held_out(len(train), float(self.eval_fraction), int(self.seed),
-                                   len(missing))
-            splits["train"] = [train[i] for i in keep]
-            splits |= {s: [train[i] for i in idx] for s, idx in zip(missing, held)}
+        splits = {s: parse_source(filter_rows(rows, self.where, "task.where"), self.format,
+                                  "task.format")
+                  for s in SPLITS if (rows := source.rows(s)) is not None}
+        splits = hold_out(splits, float(self.eval_fraction), int(self.seed))
         caps = {"train": self.size, "dev": self.eval_size, "test": self.eval_size}
         return {s: rubrics[:caps[s]] if caps[s] else rubrics for s, rubrics in splits.items()}
 
@@ -279,22 +225,14 @@ class RubricDataTask:
         return out
 
     def data_provenance(self) -> dict[str, Any]:
-        """The data this task trains and evaluates on, for ``provenance.jsonl``: each file
-        with its SHA-256, the format, the filter and the split settings."""
-        if self.dataset:
-            source: dict[str, Any] = {"dataset": self.dataset, "subset": self.subset,
-                                      "revision": self.revision,
-                                      "commit": self._commit,  # type: ignore[attr-defined]
-                                      "splits": {"train": self.split, "dev": self.dev_split,
-                                                 "test": self.test_split}}
-        else:
-            source = {"files": {key: source_provenance(p, f"task.{key}") for key, p in
-                                (("path", self.path), ("dev_path", self.dev_path),
-                                 ("test_path", self.test_path)) if p}}
-        return {"task": self.name, **source, "format": self.format,
-                "where": dict(self.where or {}), "eval_fraction": self.eval_fraction,
-                "seed": self.seed, "prompts": {s: len(r) for s, r in
-                                               self._splits.items()}}  # type: ignore[attr-defined]
+        """The data this task trains and evaluates on, for ``provenance.jsonl``: its source
+        (each file with its SHA-256, or the dataset and commit), the format, the filter and
+        the split settings."""
+        return {"task": self.name, **self._source.provenance(),  # type: ignore[attr-defined]
+                "format": self.format, "where": dict(self.where or {}),
+                "eval_fraction": self.eval_fraction, "seed": self.seed,
+                "prompts": {s: len(r) for s, r in
+                            self._splits.items()}}  # type: ignore[attr-defined]
 
     # --- the task protocol -------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rewards.rubric_io import read_rows
 
 #: the file suffixes a folder source reads
@@ -140,15 +142,15 @@ def read_dataset(dataset: str, subset: str | None, split: str, revision: str | N
     return [Row(source, i, data) for i, data in enumerate(table.to_list())], folder.name
 
 
-_MISSING = object()
+MISSING = object()  # what field_value gives for a path a row does not have
 
 
 def field_value(data: Any, dotted: str) -> Any:
-    """The value at a dotted path of a row (``_MISSING`` where the path does not exist)."""
+    """The value at a dotted path of a row (``MISSING`` where the path does not exist)."""
     value = data
     for part in dotted.split("."):
         if not isinstance(value, Mapping) or part not in value:
-            return _MISSING
+            return MISSING
         value = value[part]
     return value
 
@@ -163,7 +165,7 @@ def _matches(value: Any, wanted: Any) -> bool:
 def _keeps(data: Any, where: Mapping[str, Any]) -> bool:
     for field, wanted in where.items():
         value = field_value(data, str(field))
-        if value is _MISSING or not _matches(value, wanted):
+        if value is MISSING or not _matches(value, wanted):
             return False
     return True
 
@@ -177,7 +179,7 @@ def filter_rows(rows: Sequence[Row], where: Mapping[str, Any] | None, key: str) 
         raise SourceError(f"{key}: expected a mapping of field to value(s), got {where!r}")
     sources = ", ".join(dict.fromkeys(r.source for r in rows)) or "<no rows>"
     for field in where:
-        if not any(field_value(r.data, str(field)) is not _MISSING for r in rows):
+        if not any(field_value(r.data, str(field)) is not MISSING for r in rows):
             first = rows[0].data if rows and isinstance(rows[0].data, Mapping) else {}
             raise SourceError(f"{key}.{field}: no row of {sources} has this field "
                               f"(the first row's fields: {', '.join(map(str, first))})")
@@ -186,3 +188,83 @@ def filter_rows(rows: Sequence[Row], where: Mapping[str, Any] | None, key: str) 
         raise SourceError(f"{key}: no row of {sources} matches {dict(where)} "
                           f"({len(rows)} rows read)")
     return kept
+
+
+SPLITS = ("train", "dev", "test")
+
+
+@dataclasses.dataclass
+class DataSource:
+    """Where a data task's splits come from (the ``task`` keys of the same names): a file or
+    folder (``path``, with ``dev_path`` / ``test_path``) or a hub dataset (``dataset``,
+    ``subset``, ``split``, ``dev_split``, ``test_split``, ``revision``); a split without a
+    source of its own is held out of the training rows (:func:`hold_out`). A dataset's
+    splits are all read at the commit the first one was read at (``commit``)."""
+
+    path: str | None = None
+    dev_path: str | None = None
+    test_path: str | None = None
+    dataset: str | None = None
+    subset: str | None = None
+    split: str = "train"
+    dev_split: str | None = None
+    test_split: str | None = None
+    revision: str | None = None
+    commit: str | None = None
+
+    def __post_init__(self) -> None:
+        if bool(self.path) == bool(self.dataset):
+            raise SourceError("task.path / task.dataset: name one source, a file or folder "
+                              "(task.path=/data/train.jsonl) or a Hugging Face dataset "
+                              "(task.dataset=org/name)")
+
+    def rows(self, split: str) -> list[Row] | None:
+        """The rows of `split` from its own source (None: it has none, it is held out)."""
+        if self.dataset:
+            name = {"train": self.split, "dev": self.dev_split, "test": self.test_split}[split]
+            if not name:
+                return None
+            key = "task.dataset" if split == "train" else f"task.{split}_split"
+            rows, self.commit = read_dataset(self.dataset, self.subset, name,
+                                             self.commit or self.revision, key)
+            return rows
+        path = {"train": self.path, "dev": self.dev_path, "test": self.test_path}[split]
+        key = "task.path" if split == "train" else f"task.{split}_path"
+        return None if not path else read_source(str(path), key)
+
+    def provenance(self) -> dict[str, Any]:
+        """The source for ``provenance.jsonl``: the dataset and the commit read, or each
+        file with its SHA-256."""
+        if self.dataset:
+            return {"dataset": self.dataset, "subset": self.subset, "revision": self.revision,
+                    "commit": self.commit, "splits": {"train": self.split,
+                                                      "dev": self.dev_split,
+                                                      "test": self.test_split}}
+        return {"files": {key: source_provenance(p, f"task.{key}") for key, p in
+                          (("path", self.path), ("dev_path", self.dev_path),
+                           ("test_path", self.test_path)) if p}}
+
+
+def held_out(n: int, fraction: float, seed: int, parts: int = 2) -> tuple[np.ndarray, ...]:
+    """(train, held out 1, ..., held out `parts`) indices of `n` rows: a seeded permutation,
+    cut into `parts` blocks of max(1, round(fraction n)) and the rest for training."""
+    k = max(1, round(fraction * n))
+    order = np.random.default_rng(seed).permutation(n)
+    return (np.sort(order[parts * k:]),
+            *(np.sort(order[j * k:(j + 1) * k]) for j in range(parts)))
+
+
+def hold_out(splits: Mapping[str, list[Any]], fraction: float, seed: int) -> dict[str, list[Any]]:
+    """`splits` with the dev and test splits it lacks cut out of its training items
+    (:func:`held_out`); too few training items for that is a ``SourceError``."""
+    train = splits["train"]
+    missing = [s for s in ("test", "dev") if s not in splits]
+    if not missing:
+        return dict(splits)
+    if len(train) <= len(missing):
+        raise SourceError(f"task.eval_fraction: the training source holds {len(train)} prompts "
+                          f"after task.where; holding {' and '.join(missing)} prompts out "
+                          f"needs {len(missing) + 1} (or give their own sources)")
+    keep, *held = held_out(len(train), fraction, seed, len(missing))
+    return {**splits, "train": [train[i] for i in keep],
+            **{s: [train[i] for i in idx] for s, idx in zip(missing, held)}}

@@ -13,8 +13,8 @@ from judges.rule import RuleJudge
 from judges.types import CheckResult
 from rewards.rubric import RubricError
 from rl.run.wiring import bind_judge, make_task
-from rl.tasks.rubric_data import RubricDataTask, held_out
-from rl.tasks.sources import SourceError, filter_rows, read_source
+from rl.tasks.rubric_data import RubricDataTask
+from rl.tasks.sources import SourceError, filter_rows, held_out, read_source
 from tests.paths import CONF
 
 
