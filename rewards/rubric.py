@@ -191,6 +191,16 @@ class Rubric:
             meta=self.meta,
         )
 
+    def context_text(self) -> str:
+        """The prompt as a judge reads it: a plain prompt's text, a single message's content,
+        a conversation's turns as ``role: content`` paragraphs (HealthBench's grader shows
+        the judge the whole conversation, not only its last question)."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if len(self.prompt) == 1:
+            return self.prompt[0].content
+        return "\n\n".join(f"{m.role}: {m.content}" for m in self.prompt)
+
     def prompt_text(self) -> str:
         """The prompt as plain text (the last user message for chat prompts)."""
         if isinstance(self.prompt, str):

@@ -146,7 +146,7 @@ class RubricRewarder:
         for g in groups:
             rubric = prompt_rubric(g.prompt)
             fit = fitness_criteria(rubric) if self.fitness else ()
-            ctx = rubric.prompt_text() or g.prompt.question
+            ctx = rubric.context_text() or g.prompt.question
             out += [ScoreItem(ctx, t.text, rubric, fit) for t in g.trajectories]
         return out
 

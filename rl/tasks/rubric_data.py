@@ -118,7 +118,9 @@ class RubricDataTask:
 
     ``size`` / ``eval_size``: at most this many training / dev-and-test prompts (None: all);
     ``aggregator`` and ``clip``: the reward ``outcome`` and ``evaluate`` report (linked to the
-    algo's); ``k_min`` / ``k_max``: the dimensions a bundle may have.
+    algo's); ``bundle_judge``: who bundles missing dimensions (None: the run's judge;
+    ``"rule"``: the rule judge's deterministic bundle); ``k_min`` / ``k_max``: the dimensions
+    a bundle may have.
     """
 
     path: str | None = None
@@ -139,6 +141,7 @@ class RubricDataTask:
     aggregator: str = "additive"
     clip: bool = False
     dimensions_cache: str | None = None
+    bundle_judge: str | None = None
     k_min: int = 2
     k_max: int = 5
     name: str = "rubric_data"
@@ -151,6 +154,9 @@ class RubricDataTask:
         from rewards.rubric_scoring import check_reward_name
 
         check_reward_name(self.aggregator, "task.aggregator")
+        if self.bundle_judge not in (None, "rule"):
+            raise SourceError(f"task.bundle_judge: null (the run's judge) or rule, got "
+                              f"{self.bundle_judge!r}")
         if not 0 < float(self.eval_fraction) < 0.5:
             raise SourceError(f"task.eval_fraction: must be in (0, 0.5), got "
                               f"{self.eval_fraction}")
@@ -180,7 +186,12 @@ class RubricDataTask:
         bound = copy.copy(self)
         object.__setattr__(bound, "judge", judge)
         if judge is not None and needs_dimensions(self.aggregator):
-            object.__setattr__(bound, "_splits", self._bundled(judge, dict(judge_config or {})))
+            bundler, config = judge, dict(judge_config or {})
+            if self.bundle_judge == "rule":  # deterministic: positives, pitfalls, by family
+                from judges.rule import RuleJudge
+
+                bundler, config = RuleJudge(), {"name": "rule"}
+            object.__setattr__(bound, "_splits", self._bundled(bundler, config))
         return bound
 
     def cache_path(self, rubrics: Sequence[Rubric], judge_config: Mapping[str, Any]) -> Path:
@@ -265,7 +276,7 @@ class RubricDataTask:
             raise ValueError("task rubric_data scores answers with a judge: add judge=local "
                              "or judge=openai")
         rubrics = [prompt_rubric(p) for p in prompts]
-        items = [ScoreItem(r.prompt_text(), text, r, fitness_criteria(r))
+        items = [ScoreItem(r.context_text(), text, r, fitness_criteria(r))
                  for r, text in zip(rubrics, responses, strict=True)]
         s = score_items(judge, items, self.aggregator, clip=bool(self.clip))
         summary = {"reward": nanmean(s.reward), "coverage": nanmean(s.coverage),

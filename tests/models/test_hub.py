@@ -96,3 +96,11 @@ def test_a_run_from_a_hub_id_records_the_commit_it_loaded(hub, tmp_path):
     shutil.rmtree(hub / "snapshots" / OTHER)  # nothing reads it
     path, revision = run_model(tmp_path / "run")
     assert load_params(path, revision=revision)[0].vocab_size > 0
+
+
+def test_a_plan_reads_a_hub_models_shape_from_its_config_alone(hub):
+    from models.shapes import model_shapes
+
+    assert model_shapes("acme/char-llama") == load_params("acme/char-llama")[0]
+    with pytest.raises(ModelLoadError, match="model acme/other: not in the Hugging Face cache"):
+        model_shapes("acme/other")

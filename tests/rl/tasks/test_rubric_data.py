@@ -181,9 +181,15 @@ def test_a_conversation_reaches_the_policy_as_its_messages(tmp_path):
     assert [m["role"] for m in first.messages] == ["system", "user", "assistant", "user"]
     assert first.messages[-1]["content"] == "I am 70 (hb-1)."
     assert first.meta["rubric"].criteria[2].weight == -8
+    # the judge reads the whole conversation, a single message as it is
+    assert first.meta["rubric"].context_text() == (
+        "system: You are a careful health assistant.\n\n"
+        "user: I take lisinopril. Can I take ibuprofen?\n\nassistant: How old are you?"
+        "\n\nuser: I am 70 (hb-1).")
     plain = task.prompts("dev")[0]
     assert plain.messages == ({"role": "user",
                                "content": "Question hb-2: my head hurts, what should I do?"},)
+    assert plain.meta["rubric"].context_text() == plain.messages[0]["content"]
 
 
 # --- dimensions -------------------------------------------------------------------------------
@@ -303,10 +309,15 @@ def test_two_steps_and_evaluations_on_healthbench_with_the_local_judge(tmp_path)
     rows = [healthbench_row(f"hb-{i}", ("hedging", "emergency_referrals")[i % 2])
             for i in range(6)]
     path = write_jsonl(tmp_path / "hb.jsonl", rows)
+    cache = tmp_path / "dims.jsonl"
     history, metrics = _train(tmp_path, f"task.path={path}", "task.eval_fraction=0.2",
-                              "algo=rubric_rl", "judge=local", "judge.model=tiny",
-                              "judge.max_new_tokens=8")
+                              "algo=prorubric_official", "judge=local", "judge.model=tiny",
+                              "judge.max_new_tokens=8", "task.bundle_judge=rule",
+                              f"task.dimensions_cache={cache}")
     assert len(history) == 2
+    # the rows have no dimensions: the rule judge bundled them (positives, pitfalls) once
+    bundled = [json.loads(x) for x in cache.read_text().splitlines()]
+    assert len(bundled) == 6 and all(len(r["dimensions"]) == 2 for r in bundled)
     steps = [m for m in metrics if "rubric/reward" in m]
     assert len(steps) == 2 and all(0.0 <= m["rubric/reward"] <= 1.0 for m in steps)
     evals = [m for m in metrics if "eval/outcome_mean" in m]
