@@ -120,3 +120,25 @@ def test_micro_batch_split_names_micro_batches(tmp_path):
         build_trainer(_cfg(tmp_path / "r", "trainer.mini_batches=2", "trainer.micro_batches=3"))
     with pytest.raises(ConfigError, match=r"trainer\.mini_batches.*16 trajectories"):
         build_trainer(_cfg(tmp_path / "r", "trainer.mini_batches=3"))
+
+
+def test_a_hub_model_or_dataset_the_cache_lacks_is_named_before_the_model_loads(
+        tmp_path, no_model, monkeypatch):
+    """Offline, with an empty Hugging Face cache: the model's and the dataset's ids are named
+    with the cache and HF_HUB_OFFLINE, before anything loads, and no run folder is made."""
+    from huggingface_hub import constants
+
+    from rl.tasks.sources import SourceError
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    cfg = _cfg(tmp_path / "r", "model=hf", "model.path=acme/absent-model")
+    with pytest.raises(ConfigError, match=r"model.path: model acme/absent-model: not in the "
+                                          r"Hugging Face cache .*HF_HUB_OFFLINE is set"):
+        build_trainer(cfg)
+    cfg = _cfg(tmp_path / "r", "task=rubric_data", "task.dataset=acme/absent-data",
+               "judge=rule", "algo=rubric_rl")
+    with pytest.raises(SourceError, match=r"task.dataset: dataset acme/absent-data: not in "
+                                          r"the Hugging Face cache .*HF_HUB_OFFLINE is set"):
+        build_trainer(cfg)
+    assert not (tmp_path / "r").exists()
