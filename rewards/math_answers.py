@@ -13,6 +13,7 @@ elsewhere (a reward computed in a worker thread) the checks run without that bou
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 
 def _gold_text(gold: object) -> str:
@@ -20,17 +21,37 @@ def _gold_text(gold: object) -> str:
     return text.rsplit("####", 1)[1].strip() if "####" in text else text
 
 
-def math_equivalent(response_text: str, gold: object) -> float:
-    """1.0 when the response's final answer equals the gold answer (module docstring)."""
+def _math_verify() -> Any:
     try:
-        from math_verify import parse, verify
+        import math_verify
     except ImportError:
         raise ImportError("math answers are checked by math-verify: pip install -e "
                           "'.[math]'") from None
-    bounded = threading.current_thread() is threading.main_thread()
-    timeout = 5 if bounded else None
-    gold_parsed = parse(_gold_text(gold), parsing_timeout=timeout)
+    return math_verify
+
+
+def _timeout() -> int | None:
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+def math_equivalent(response_text: str, gold: object) -> float:
+    """1.0 when the response's final answer equals the gold answer (module docstring)."""
+    mv, timeout = _math_verify(), _timeout()
+    gold_parsed = mv.parse(_gold_text(gold), parsing_timeout=timeout)
     if not gold_parsed:
         return 0.0
-    answer = parse(response_text, parsing_timeout=timeout)
-    return float(bool(answer) and verify(gold_parsed, answer, timeout_seconds=timeout))
+    answer = mv.parse(response_text, parsing_timeout=timeout)
+    return float(bool(answer) and mv.verify(gold_parsed, answer, timeout_seconds=timeout))
+
+
+def math_answer(response_text: str) -> str | None:
+    """The response's final answer as math-verify reads it, as text two equal answers share:
+    a number to 6 significant digits (``0.5`` for ``\\boxed{\\frac{1}{2}}`` and for
+    ``0.5``), another expression as sympy prints it; None when there is none."""
+    parsed = _math_verify().parse(response_text, parsing_timeout=_timeout())
+    if not parsed:
+        return None
+    try:
+        return f"{float(parsed[0]):.6g}"
+    except (TypeError, ValueError):
+        return str(parsed[0])

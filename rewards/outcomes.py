@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from core.registry import Registry
-from rewards.choice import choice_accuracy
-from rewards.math_answers import math_equivalent
+from core.search_r1 import extract_answer, normalize_answer
+from rewards.choice import choice_accuracy, extract_choice
+from rewards.math_answers import math_answer, math_equivalent
 from rewards.qa import answer_f1, answer_subem, searchr1_em_reward
 
 OutcomeReward = Callable[[str, Any], float]
@@ -74,3 +75,18 @@ DATA_SOURCE_REWARDS: Mapping[str, str] = {
 def reward_for(data_source: str) -> str | None:
     """The reward name of a ``data_source`` (case-insensitive), or None."""
     return DATA_SOURCE_REWARDS.get(str(data_source).strip().lower())
+
+
+def final_answer(reward: str, response_text: str) -> str | None:
+    """The final answer of a response as reward `reward` reads it, in a form two equal
+    answers share (for majority voting): the option letter (``choice``), the math answer's
+    canonical expression (``math``: the first parse of math-verify), the normalised last
+    ``<answer>`` (``qa_*``); None where there is none or the reward reads no answer."""
+    if reward == "choice":
+        return extract_choice(response_text)
+    if reward == "math":
+        return math_answer(response_text)
+    if reward.startswith("qa_"):
+        found = extract_answer(response_text)
+        return None if found is None else normalize_answer(found)
+    return None

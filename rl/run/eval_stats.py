@@ -1,13 +1,22 @@
-"""Evaluation statistics over prompts and samples: mean@k, pass@k and percentile bootstrap
-intervals (``python -m rl.eval``, ``eval.samples``, ``eval.confidence``, ``eval.bootstrap``).
+"""Evaluation statistics over prompts and samples: mean@k, pass@j, maj@k and percentile
+bootstrap intervals (``python -m rl.eval``, ``eval.samples``, ``eval.confidence``,
+``eval.bootstrap``).
 
-With k samples per prompt (``eval.samples=k``, sampled at ``eval.temperature``), every metric m
-is reported as its **mean@k**, the mean over prompts of the mean over the prompt's k samples
-(under the metric's own name), and for the correctness metrics (:data:`PASS_METRICS`) also as
-**pass@k** (``{m}_pass@{k}``), the mean over prompts of the best of the k samples: for a 0/1
-metric the share of prompts with at least one correct sample, i.e. the unbiased pass@k
-estimator of Chen et al. (2021) at n = k; for F1 the best-of-k F1. With k = 1 (greedy, the
-default) only the metric itself is reported.
+With n samples per prompt (``eval.samples=n``, sampled at ``eval.temperature``), every metric m
+is reported as its **mean@n**, the mean over prompts of the mean over the prompt's n samples
+(under the metric's own name). The correctness metrics (:data:`PASS_METRICS`) are also
+reported as:
+
+* **pass@j** for every j = 1..n (``{m}_pass@{j}``): the mean over prompts of the expected best
+  of j samples drawn without replacement from the prompt's n,
+  ``sum_i v_(i) C(i-1, j-1) / C(n, j)`` over the values in ascending order. For a 0/1 metric
+  with c correct samples this is the unbiased pass@j estimator of Chen et al. (2021),
+  ``1 - C(n-c, j) / C(n, j)``; for F1 the expected best-of-j F1. pass@1 equals mean@n.
+* **maj@n** (``{m}_maj@{n}``), where the task reads each sample's final answer
+  (``task.answer``): the value of a sample holding the prompt's most common answer (ties: the
+  answer seen first; samples without an answer do not vote; none: 0).
+
+With n = 1 (greedy, the default) only the metric itself is reported.
 
 Every reported value gets a percentile bootstrap interval over prompts (``rewards.bootstrap``:
 ``eval.bootstrap`` resamples, level ``eval.confidence``, seed 0). A split's metrics share one
@@ -18,6 +27,8 @@ averages the split means, as the reported average does.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -28,18 +39,41 @@ from rewards.bootstrap import LEVEL, N_BOOT, bootstrap_indices
 PASS_METRICS = ("outcome", "em", "f1", "subem", "judge_acc")
 
 
-def prompt_values(rows: Sequence[Sequence[Mapping[str, float]]], k: int
+def best_of(values: np.ndarray, j: int) -> np.ndarray:
+    """[P] expected best of `j` of each prompt's n sample values ``values`` [P, n], drawn
+    without replacement (module docstring: the unbiased pass@j for 0/1 values)."""
+    n = values.shape[1]
+    weights = np.asarray([math.comb(i, j - 1) for i in range(n)], np.float64) / math.comb(n, j)
+    return np.sort(values, axis=1) @ weights
+
+
+def majority_sample(answers: Sequence[str | None]) -> int | None:
+    """The index of the first sample holding the most common answer (None: no answers)."""
+    votes = Counter(a for a in answers if a is not None)
+    if not votes:
+        return None
+    top = max(votes.values())
+    return next(i for i, a in enumerate(answers) if a is not None and votes[a] == top)
+
+
+def prompt_values(rows: Sequence[Sequence[Mapping[str, float]]], k: int,
+                  answers: Sequence[Sequence[str | None]] | None = None
                   ) -> dict[str, np.ndarray]:
     """metric -> [P] per-prompt values from ``rows[prompt][sample]`` (k samples each): the
-    mean over the samples, and with k > 1 ``{m}_pass@{k}``, their maximum (module docstring).
-    Metric order: the rows' own."""
+    mean over the samples, and with k > 1 for :data:`PASS_METRICS` ``{m}_pass@{j}`` for
+    j = 1..k and, given each sample's final answer (``answers[prompt][sample]``, None: none),
+    ``{m}_maj@{k}`` (module docstring). Metric order: the rows' own."""
     keys = list(dict.fromkeys(key for samples in rows for r in samples for key in r))
+    majority = None if answers is None else [majority_sample(a) for a in answers]
     out: dict[str, np.ndarray] = {}
     for key in keys:
         values = np.asarray([[float(r[key]) for r in samples] for samples in rows], np.float64)
         out[key] = values.mean(axis=1)
         if k > 1 and key in PASS_METRICS:
-            out[f"{key}_pass@{k}"] = values.max(axis=1)
+            out |= {f"{key}_pass@{j}": best_of(values, j) for j in range(1, k + 1)}
+            if majority is not None:
+                out[f"{key}_maj@{k}"] = np.asarray(
+                    [0.0 if m is None else v[m] for v, m in zip(values, majority)], np.float64)
     return out
 
 

@@ -241,8 +241,9 @@ def evaluate(task: Any, policy: SamplerPolicy, splits: Sequence[str], max_new_to
              judge: Any = None, metrics: MetricChoice | None = None,
              options: EvalOptions = EvalOptions()) -> dict[str, Any]:
     """Evaluation of `policy` on each split; returns {split: metrics, "average": ...}. Greedy,
-    or with ``options.samples`` = k answers per prompt, reported as mean@k and pass@k
-    (``rl.run.eval_stats``). Search tasks score each split with its metric set (`metrics`, default
+    or with ``options.samples`` = k answers per prompt, reported as mean@k, pass@1..k and,
+    for a task that reads final answers (``task.answer``), maj@k (``rl.run.eval_stats``).
+    Search tasks score each split with its metric set (`metrics`, default
     ``MetricChoice()``: "auto", each split's dataset name decides); the sets used are under
     "_metric_sets", the bootstrap intervals of every value under "_intervals". A metric some
     splits lack is averaged over those that have it."""
@@ -282,7 +283,10 @@ def evaluate(task: Any, policy: SamplerPolicy, splits: Sequence[str], max_new_to
         summary = {}
         if report is not None:  # the task's own report (rubric tasks: coverage, ...)
             scores, summary = report_scores(report, scores)
-        values[split] = prompt_values(scores, samples)
+        answer = getattr(task, "answer", None)  # each sample's final answer: maj@k
+        answers = None if answer is None else [[answer(g.prompt, t) for t in g.trajectories]
+                                                for g in groups]
+        values[split] = prompt_values(scores, samples, answers)
         results[split] = {"n": len(groups), **{k: float(np.mean(v))
                                                for k, v in values[split].items()},
                           **summary, "time_s": time.perf_counter() - t0}

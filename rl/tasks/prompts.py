@@ -33,7 +33,7 @@ import numpy as np
 from core.types import Prompt, Trajectory
 from models.sampler import SamplingParams
 from rewards.choice import render_options
-from rewards.outcomes import OUTCOME_REWARDS, reward_for
+from rewards.outcomes import OUTCOME_REWARDS, final_answer, reward_for
 from rl.tasks.envs import SingleTurnEnv
 from rl.tasks.sources import (
     MISSING,
@@ -170,6 +170,11 @@ class PromptsTask:
     def outcome(self, prompt: Prompt, traj: Trajectory) -> float:
         """The row's reward (``prompt.meta["reward"]``) of the trajectory's text."""
         return float(OUTCOME_REWARDS.get(prompt.meta["reward"])(traj.text, prompt.answer))
+
+    def answer(self, prompt: Prompt, traj: Trajectory) -> str | None:
+        """The trajectory's final answer as its reward reads it, for majority voting
+        (``rewards.outcomes.final_answer``; None: none, or a reward that reads no answer)."""
+        return final_answer(prompt.meta["reward"], traj.text)
 
     def evaluate(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> PromptReport:
         """Each answer's reward, and the mean per reward name (``reward/<name>``)."""

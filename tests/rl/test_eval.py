@@ -201,10 +201,34 @@ def test_mean_and_pass_at_k_by_hand():
     rows = [[{"em": 1.0, "turns": 2.0}, {"em": 0.0, "turns": 4.0}, {"em": 0.0, "turns": 3.0}],
             [{"em": 0.0, "turns": 1.0}, {"em": 0.0, "turns": 1.0}, {"em": 0.0, "turns": 1.0}]]
     got = prompt_values(rows, 3)
-    assert list(got) == ["em", "em_pass@3", "turns"]  # no best-of-k turns
+    # pass@j for every j (no best-of-k turns)
+    assert list(got) == ["em", "em_pass@1", "em_pass@2", "em_pass@3", "turns"]
     assert got["em"].tolist() == [1 / 3, 0.0] and got["em_pass@3"].tolist() == [1.0, 0.0]
+    # Chen et al.'s unbiased pass@j = 1 - C(n-c, j) / C(n, j), n = 3, c = 1:
+    # j = 1: 1 - 2/3; j = 2: 1 - 1/3
+    assert np.allclose(got["em_pass@1"], [1 / 3, 0.0])
+    assert np.allclose(got["em_pass@2"], [2 / 3, 0.0])
     assert got["turns"].tolist() == [3.0, 1.0]
     assert list(prompt_values([[{"em": 1.0}]], 1)) == ["em"]  # greedy: the metric alone
+    # F1 values 0.2, 0.8, 0.5: the expected best of 2 of the 3 pairs (0.8, 0.5, 0.8) = 0.7
+    f1 = prompt_values([[{"f1": 0.2}, {"f1": 0.8}, {"f1": 0.5}]], 3)
+    assert np.allclose(f1["f1_pass@2"], [0.7]) and np.allclose(f1["f1_pass@3"], [0.8])
+
+
+def test_majority_vote_at_k_by_hand():
+    from rl.run.eval_stats import prompt_values
+
+    rows = [[{"outcome": 0.0}, {"outcome": 1.0}, {"outcome": 1.0}, {"outcome": 0.0}],
+            [{"outcome": 1.0}, {"outcome": 0.0}, {"outcome": 0.0}, {"outcome": 0.0}],
+            [{"outcome": 0.0}, {"outcome": 1.0}, {"outcome": 0.0}, {"outcome": 1.0}],
+            [{"outcome": 0.0}] * 4]
+    answers = [["A", "B", "B", None],     # B twice: right
+               ["C", "D", "D", "D"],      # D three times: wrong, though C was right
+               ["x", "y", "x", "y"],      # a tie: the answer seen first, x, is wrong
+               [None] * 4]                # no answers: 0
+    got = prompt_values(rows, 4, answers)
+    assert got["outcome_maj@4"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert "outcome_maj@4" not in prompt_values(rows, 4)  # no answers read: no vote
 
 
 def test_intervals_are_the_documented_percentile_bootstrap():

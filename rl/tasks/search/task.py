@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from core.search_r1 import agent_metrics, search_prompt
+from core.search_r1 import agent_metrics, extract_answer, normalize_answer, search_prompt
 from core.types import Group, Prompt, Trajectory
 from models.sampler import SamplingParams
 from models.tokenizer import Tokenizer
@@ -208,6 +208,12 @@ class SearchQATask:
     def outcome(self, prompt: Prompt, traj: Trajectory) -> float:
         return float(QA_REWARDS.get(self.reward)(traj.text, list(prompt.answer),
                                                  score=self.answer_score()))
+
+    def answer(self, prompt: Prompt, traj: Trajectory) -> str | None:
+        """The trajectory's final answer, normalised (SQuAD's rules, ``core.search_r1``), as
+        majority voting compares answers (None: no ``<answer>``)."""
+        found = extract_answer(traj.text)
+        return None if found is None else normalize_answer(found)
 
     def answer_f1(self, prompt: Prompt, traj: Trajectory) -> float:
         """F1 of the trajectory's answer under `reward_metrics`, whatever its format (what

@@ -146,3 +146,28 @@ def test_two_steps_on_a_verl_parquet_with_every_reward(tmp_path):
     evals = [m for m in metrics if "eval/outcome_mean" in m]
     assert len(evals) == 2 and all(0.0 <= m["eval/outcome_mean"] <= 1.0 for m in evals)
     assert all(any(k.startswith("eval/reward/") for k in m) for m in evals)
+
+
+def test_sampled_evaluation_of_multiple_choice_reports_mean_pass_and_majority(tmp_path):
+    """rl.eval's evaluation with k = 4 samples on MedQA-style rows: mean@4 (the outcome),
+    pass@1..4, maj@4, each with its interval, and the choice reward's mean."""
+    from models import load_params
+    from rl.run.evaluation import EvalOptions, evaluate
+    from rl.tasks.envs import SamplerPolicy
+
+    rows = [{"question": f"Question {i}: which one?", "options": {"A": "x", "B": "y"},
+             "answer_idx": "AB"[i % 2]} for i in range(6)]
+    path = tmp_path / "medqa.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = PromptsTask(path=str(path), prompt_field="question", answer_field="answer_idx",
+                       options_field="options", reward="choice", eval_fraction=0.2)
+    cfg, params, tok = load_params("tiny")
+    res = evaluate(task, SamplerPolicy(cfg, params, tok), ["test"], max_new_tokens=4,
+                   options=EvalOptions(samples=4, temperature=1.0, bootstrap=50))
+    got = res["test"]
+    keys = ["outcome", *(f"outcome_pass@{j}" for j in range(1, 5)), "outcome_maj@4",
+            "reward/choice"]
+    assert all(k in got for k in keys), sorted(got)
+    assert got["outcome_pass@1"] == pytest.approx(got["outcome"])
+    assert got["outcome_pass@1"] <= got["outcome_pass@2"] <= got["outcome_pass@4"] <= 1.0
+    assert all(k in res["_intervals"]["test"] for k in keys[:-1])
