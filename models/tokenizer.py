@@ -10,6 +10,7 @@ import copy
 import functools
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ class Tokenizer:
                  add_bos: bool = False, extra_eos: tuple[str, ...] = (), source: str = "?"):
         self.backend = backend
         self.chat_template = chat_template
+        self.template_kwargs: dict[str, Any] = {}  # passed to every render (with_template_kwargs)
         self.bos_token, self.eos_token = bos_token, eos_token
         self.add_bos = add_bos
         self.source = source
@@ -95,12 +97,21 @@ class Tokenizer:
             return text + ("assistant: " if add_generation_prompt else "")
         return _compile(self.chat_template).render(
             messages=messages, add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kw)
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+            **{**self.template_kwargs, **kw})
 
     def with_chat_template(self, template: str) -> Tokenizer:
         """The same tokenizer rendering chats with ``template`` (a jinja chat template)."""
         out = copy.copy(self)
         out.chat_template = template
+        return out
+
+    def with_template_kwargs(self, kwargs: Mapping[str, Any]) -> Tokenizer:
+        """The same tokenizer passing ``kwargs`` to every chat template render (Qwen3's
+        ``enable_thinking=False``: its non-thinking mode, an empty think block opened and
+        closed before the answer)."""
+        out = copy.copy(self)
+        out.template_kwargs = {**self.template_kwargs, **dict(kwargs)}
         return out
 
     def encode_chat(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:

@@ -48,6 +48,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         model_cfg, params, tok = load_params(str(c["model"]["path"]),
                                              revision=c["model"].get("revision"))
         source = f"base model {c['model']['path']}"
+    tok = tok.with_template_kwargs(c["model"].get("chat_template_kwargs") or {})
     judge = make_judge(c["judge"])
     task = bind_judge(task, judge, c["judge"])
     results = evaluate(task, SamplerPolicy(model_cfg, params, tok), e.splits,

@@ -195,6 +195,7 @@ def run(cfg: Mapping[str, Any], config_text: str = "") -> dict[str, Any]:
     # float32 master weights; model.dtype is the compute dtype
     model_cfg, params, tok = load_params(model.path, jnp.float32, seed=t.seed,
                                          revision=model.revision)
+    tok = tok.with_template_kwargs(model.chat_template_kwargs)
     demos = demonstrations(task, tok, s, t.max_new_tokens)
     oc = optim_config(cfg["optim"], s.epochs * -(-len(demos.train) // s.batch_size))
     optimizer = make_optimizer(oc)

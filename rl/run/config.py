@@ -125,6 +125,7 @@ class AlgoConfig:
 class ModelSection:
     path: str
     revision: str | None  # a hub id's branch, tag or commit (models.hub)
+    chat_template_kwargs: Mapping[str, Any]  # passed to every chat template render
     dtype: str
     lora: LoraConfig  # model.lora.{rank,alpha,targets}; rank 0 = off (models.lora)
 

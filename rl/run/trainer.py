@@ -408,13 +408,16 @@ def job_model(run: RunConfig, exchange: Exchange | None = None) -> dict[str, Any
 
 def _weights(run: RunConfig, mesh: Any, model: Mapping[str, Any],
              shapes_only: bool = False) -> tuple[Any, Any, Any]:
-    """(model config, float32 master weights, tokenizer) of `model` (:func:`job_model`):
+    """(model config, float32 master weights, tokenizer with model.chat_template_kwargs) of
+    `model` (:func:`job_model`):
     loaded (sharded over the mesh when there is one), initialised from trainer.init_from
     when set; with `shapes_only` the weights' shapes and shardings, from the files' headers
     (a resume that restores them)."""
     path, revision = model["path"], model.get("commit", model["revision"])
     if shapes_only:
-        return load_shapes(path, jnp.float32, mesh=mesh, revision=revision)
+        model_cfg, params, tokenizer = load_shapes(path, jnp.float32, mesh=mesh,
+                                                   revision=revision)
+        return model_cfg, params, tokenizer.with_template_kwargs(run.model.chat_template_kwargs)
     # float32 master weights and optimizer state whatever model.dtype says: that is the
     # forward/backward dtype (LossConfig.compute_dtype), and bfloat16 weights would round
     # small updates away
@@ -424,7 +427,7 @@ def _weights(run: RunConfig, mesh: Any, model: Mapping[str, Any],
                                                mesh=mesh, revision=revision)
     if run.trainer.init_from:  # on resume too: the KL reference is these weights
         params = init_from_run(run.trainer.init_from, run, params)
-    return model_cfg, params, tokenizer
+    return model_cfg, params, tokenizer.with_template_kwargs(run.model.chat_template_kwargs)
 
 
 def _checkpoint_holds_everything(run: RunConfig, lc: Any) -> bool:

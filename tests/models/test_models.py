@@ -352,3 +352,21 @@ def test_load_params_onto_a_mesh_places_every_array_on_its_shards(tmp_path):
     res = subprocess.run([sys.executable, "-c", script, str(tmp_path / "random")],
                          capture_output=True, text=True, timeout=600)
     assert "PLACED_OK" in res.stdout, res.stderr[-3000:]
+
+
+def test_chat_template_kwargs_reach_every_render():
+    """model.chat_template_kwargs (Qwen3's enable_thinking=false): passed to the template on
+    every render, a call's own keywords winning."""
+    from models.presets import load_preset
+
+    _, _, tok = load_preset("tiny", jnp.float32)
+    template = ("{% if enable_thinking is defined and not enable_thinking %}<think></think>"
+                "{% endif %}{{ messages[-1]['content'] }}")
+    plain = tok.with_chat_template(template)
+    quiet = plain.with_template_kwargs({"enable_thinking": False})
+    chat = [{"role": "user", "content": "hi"}]
+    assert plain.apply_chat_template(chat) == "hi"
+    assert quiet.apply_chat_template(chat) == "<think></think>hi"
+    assert quiet.apply_chat_template(chat, enable_thinking=True) == "hi"
+    assert quiet.encode_chat(chat) == quiet.encode("<think></think>hi")
+    assert plain.template_kwargs == {}  # the copy, not the original, holds them
