@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from core.files import write_atomic
 from models import load_params
@@ -30,6 +30,7 @@ from rewards.qa_metrics import MetricChoice
 from rl.run.compile_cache import use_compile_cache
 from rl.run.evaluation import EvalOptions, evaluate, format_table, load_run_params
 from rl.run.quiet import quiet_library_logs
+from rl.run.resolve import resolved_config
 from rl.tasks.envs import SamplerPolicy
 
 
@@ -37,7 +38,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from rl.run.config import eval_config
     from rl.run.wiring import bind_judge, import_user_modules, make_judge, make_task
 
-    c = OmegaConf.to_container(cfg, resolve=True)
+    c = resolved_config(cfg)
     import_user_modules(c.get("imports"))
     e = eval_config(c["eval"])
     task = make_task(c["task"])

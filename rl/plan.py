@@ -86,6 +86,7 @@ from rl.grpo.train_step import (
     train_state_shardings,
 )
 from rl.run.config import ConfigError, PlanConfig, RunConfig, parse_plan
+from rl.run.resolve import resolved_config
 
 log = logging.getLogger("rl.plan")  # one line per compile: a large slice takes minutes to hours
 
@@ -988,7 +989,6 @@ def verdict(run: RunConfig, plan: Plan) -> str:
 def main(argv: list[str] | None = None) -> None:
     """The hydra entry point (``conf/plan.yaml``: rl.train's config plus ``plan``)."""
     import hydra
-    from omegaconf import OmegaConf
 
     # compile for the topology without a TPU: JAX itself on the CPU (unless JAX_PLATFORMS
     # says otherwise), and libtpu loaded even while another process on this host holds its
@@ -1000,7 +1000,7 @@ def main(argv: list[str] | None = None) -> None:
     @hydra.main(config_path="../conf", config_name="plan", version_base="1.3")
     def entry(cfg: Any) -> None:
         try:
-            run, plan = parse_plan(OmegaConf.to_container(cfg, resolve=True))
+            run, plan = parse_plan(resolved_config(cfg))
             print(report(run, make_plan(run, plan)), flush=True)
         except ConfigError as e:
             sys.exit(f"rl.plan: {e}")

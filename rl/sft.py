@@ -43,6 +43,7 @@ from rl.grpo.optim import lr_schedule, make_optimizer
 from rl.grpo.train_step import Batch, TrainState, in_compute_dtype, init_train_state
 from rl.run.compile_cache import use_compile_cache
 from rl.run.quiet import quiet_library_logs
+from rl.run.resolve import resolved_config
 
 log = logging.getLogger("rl.sft")
 
@@ -231,7 +232,7 @@ def run(cfg: Mapping[str, Any], config_text: str = "") -> dict[str, Any]:
 def main(cfg: DictConfig) -> None:
     quiet_library_logs()
     use_compile_cache(cfg.get("compile_cache"))
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = resolved_config(cfg)
     run(resolved, OmegaConf.to_yaml(resolved))
     log.info("run folder: %s", cfg.trainer.run_dir)
 

@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from rl.run.compile_cache import use_compile_cache
 from rl.run.folder import run_path
 from rl.run.quiet import quiet_library_logs
+from rl.run.resolve import resolved_config
 
 log = logging.getLogger("rl.smoke")
 
@@ -144,7 +145,7 @@ def main(cfg: DictConfig) -> None:
 
     quiet_library_logs()
     use_compile_cache(cfg.get("compile_cache"))
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = resolved_config(cfg)
     result = smoke(resolved)
     print(report(result), flush=True)
     if jax.process_index() == 0:

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from rl.run.compile_cache import use_compile_cache
 from rl.run.folder import is_url
 from rl.run.quiet import quiet_library_logs
+from rl.run.resolve import resolved_config
 
 log = logging.getLogger("rl.train")
 
@@ -50,6 +51,16 @@ def _created_here(folder: Path, before: set[str], hydra_files: set[str]) -> list
     return [p for p in folder.iterdir() if p.name not in before or fresh]
 
 
+def _names(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+
+
+def _remove_created(folders: Sequence[Path], before: dict[Path, set[str]]) -> None:
+    """Remove what this start made in `folders` (:func:`_created_here`)."""
+    hydra_files = _hydra_files()
+    _remove([p for f in folders for p in _created_here(f, before[f], hydra_files)], folders)
+
+
 def _remove(paths: list[Path], folders: Sequence[Path]) -> None:
     for p in paths:
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
@@ -65,15 +76,18 @@ def run(cfg: DictConfig) -> tuple[list[dict], dict[str, float]]:
 
     quiet_library_logs()
 
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    hydra_dir = [d for d in (_hydra_output_dir(),) if d is not None]
+    try:
+        resolved = resolved_config(cfg)  # a preset's ${needs:KEY} left unset fails here
+    except BaseException:
+        _remove_created(hydra_dir, {d: _names(d) for d in hydra_dir})
+        raise
     folders = _start_folders(resolved)
-    before = {f: {p.name for p in f.iterdir()} if f.is_dir() else set() for f in folders}
+    before = {f: _names(f) for f in folders}
     try:
         trainer = build_trainer(resolved, OmegaConf.to_yaml(resolved))
     except BaseException:
-        hydra_files = _hydra_files()
-        _remove([p for f in folders for p in _created_here(f, before[f], hydra_files)],
-                folders)
+        _remove_created(folders, before)
         raise
     for line in start_lines(trainer):
         log.info("%s", line)

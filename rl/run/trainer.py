@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from core.cluster import join_cluster
@@ -65,6 +65,7 @@ from rl.run.lora import BASE_META, fresh_adapters, lora_run
 from rl.run.mirror import RunMirror
 from rl.run.multihost import KEY_ROOT, Exchange, is_leader, shared, shared_env
 from rl.run.provenance import provenance
+from rl.run.resolve import resolved_config
 from rl.run.resume import SETTINGS, refuse_changes, settings
 from rl.run.runlog import RunLog
 from rl.run.wiring import (
@@ -546,7 +547,7 @@ def reference_weights(params: Any, dtype: Any, frozen: bool) -> Any:
 def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") -> Trainer:
     """Parse and check the config, load, restore: everything up to the first step."""
     if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_container(cfg, resolve=True)
+        cfg = resolved_config(cfg)
     run = parse(cfg)
     # before any other JAX call: a multi-host job agrees on its devices first
     exchange = join_job(run)
