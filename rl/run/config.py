@@ -39,7 +39,6 @@ class ConfigError(ValueError):
     """An invalid configuration value; raised before any compute starts."""
 
 
-
 FILTER_METRICS = ("reward", "outcome")  # rl.grpo.dapo.dynamic_sample's filter_metric
 ROLLOUT_DTYPES = ("float32", "bfloat16")  # the sampler's weights (decode_params)
 KV_CACHE_DTYPES = ("float32", "bfloat16")  # the rollout's KV cache (SamplingParams)

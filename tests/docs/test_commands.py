@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -56,13 +55,14 @@ def _hydra_overrides(args: list[str]) -> list[str]:
 
 def _check_hydra_command(module: str, args: list[str]) -> None:
     from rl.run.config import check, eval_config, parse, parse_plan
+    from rl.run.resolve import resolved_config
 
     overrides = _hydra_overrides(args)
     if not any(o.startswith("trainer.run_dir=") for o in overrides):
         overrides.append("trainer.run_dir=x")  # hydra's output folder only exists under hydra
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(HYDRA_CONFIGS[module], overrides=overrides)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = resolved_config(cfg)  # as the commands resolve it (a preset's ${needs:...})
     if module == "rl.plan":
         run, _ = parse_plan(resolved)
     else:  # rl.sft's own section is read by rl.sft
