@@ -137,16 +137,19 @@ def end_lines(trainer: Any, history: list[dict]) -> list[str]:
     return lines
 
 
-def objective(key: str | None, latest: dict[str, float]) -> float | None:
+def objective(key: str | None, latest: dict[str, float],
+              evaluates: bool = True) -> float | None:
     """What ``rl.train`` returns to hydra (``trainer.objective``): the last logged value of
     that metric, e.g. ``eval/outcome_mean``, the final evaluation, so an optimising sweeper
-    (Optuna, Nevergrad, Ax) has something to optimise. None when unset, or with a warning when
-    the run never logged it."""
+    (Optuna, Nevergrad, Ax) has something to optimise. None when unset; None with a warning
+    when the run never logged it, unless it is an evaluation metric of a run that never
+    evaluates (`evaluates` false: nothing went wrong, there is nothing to return)."""
     if not key:
         return None
     if key not in latest:
-        log.warning("trainer.objective: %s was never logged (e.g. eval/* with "
-                    "trainer.eval_at_ends=false); returning nothing", key)
+        if evaluates or not key.startswith("eval/"):
+            log.warning("trainer.objective: %s was never logged (e.g. eval/* with "
+                        "trainer.eval_at_ends=false); returning nothing", key)
         return None
     return float(latest[key])
 
@@ -198,7 +201,9 @@ def main(cfg: DictConfig) -> float | None:
     quiet_library_logs()
     use_compile_cache(cfg.get("compile_cache"))
     _, latest = run(cfg)
-    return objective(cfg.trainer.get("objective"), latest)
+    t = cfg.trainer
+    return objective(t.get("objective"), latest,
+                     evaluates=bool(t.get("eval_at_ends") or t.get("eval_every")))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,16 @@ def test_the_objective_is_the_metrics_last_value():
     assert objective("eval/outcome_mean", {"loss": 1.0}) is None  # never logged: a warning
 
 
+def test_no_objective_warning_for_a_run_that_never_evaluates(caplog):
+    with caplog.at_level("WARNING", logger="rl.train"):
+        assert objective("eval/outcome_mean", {"loss": 1.0}, evaluates=False) is None
+    assert caplog.text == ""
+    with caplog.at_level("WARNING", logger="rl.train"):
+        assert objective("eval/outcome_mean", {"loss": 1.0}, evaluates=True) is None
+        assert objective("reward/mean", {"loss": 1.0}, evaluates=False) is None
+    assert caplog.text.count("was never logged") == 2
+
+
 def test_a_two_trial_optuna_sweep_maximises_the_objective(tmp_path):
     """Objective tokens_per_s (it differs between trials): the sweep's best value is the
     largest of the trials' last logged values, read back from their metrics.jsonl."""
