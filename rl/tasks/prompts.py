@@ -38,12 +38,10 @@ from rl.tasks.envs import SingleTurnEnv
 from rl.tasks.sources import (
     MISSING,
     SPLITS,
-    DataSource,
     Row,
     SourceError,
     field_value,
-    filter_rows,
-    hold_out,
+    read_splits,
 )
 
 AUTO = "auto"
@@ -98,16 +96,7 @@ class PromptsTask:
         if self.reward != AUTO and self.reward not in OUTCOME_REWARDS:
             raise SourceError(f"task.reward: unknown reward {self.reward!r}; known: auto, "
                               f"{', '.join(OUTCOME_REWARDS.names())}")
-        if not 0 < float(self.eval_fraction) < 0.5:
-            raise SourceError(f"task.eval_fraction: must be in (0, 0.5), got "
-                              f"{self.eval_fraction}")
-        source = DataSource(self.path, self.dev_path, self.test_path, self.dataset,
-                            self.subset, self.split, self.dev_split, self.test_split,
-                            self.revision)
-        splits = {s: [self._prompt(r) for r in filter_rows(rows, self.where, "task.where")]
-                  for s in SPLITS if (rows := source.rows(s)) is not None}
-        splits = hold_out(splits, float(self.eval_fraction), int(self.seed))
-        caps = {"train": self.size, "dev": self.eval_size, "test": self.eval_size}
+        source, splits = read_splits(self, lambda rows: [self._prompt(r) for r in rows])
         if any(p.meta["reward"] == "math" for ps in splits.values() for p in ps):
             try:
                 import math_verify  # noqa: F401
@@ -115,8 +104,7 @@ class PromptsTask:
                 raise SourceError("task.reward: rows scored by math need math-verify: pip "
                                   "install -e '.[math]'") from None
         object.__setattr__(self, "_source", source)
-        object.__setattr__(self, "_splits", {s: p[:caps[s]] if caps[s] else p
-                                             for s, p in splits.items()})
+        object.__setattr__(self, "_splits", splits)
 
     def _field(self, row: Row, field: str, key: str) -> Any:
         value = field_value(row.data, field)

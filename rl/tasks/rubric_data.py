@@ -45,9 +45,10 @@ from rewards.healthbench import healthbench_scores
 from rewards.rubric import Rubric, RubricError
 from rewards.rubric_io import RUBRIC_FORMATS, detect_format
 from rl.tasks.envs import SingleTurnEnv
-from rl.tasks.sources import SPLITS, DataSource, Row, SourceError, filter_rows, hold_out
+from rl.tasks.sources import SPLITS, Row, SourceError, read_splits
 
 log = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass(frozen=True)
 class RubricReport:
@@ -157,23 +158,10 @@ class RubricDataTask:
         if self.bundle_judge not in (None, "rule"):
             raise SourceError(f"task.bundle_judge: null (the run's judge) or rule, got "
                               f"{self.bundle_judge!r}")
-        if not 0 < float(self.eval_fraction) < 0.5:
-            raise SourceError(f"task.eval_fraction: must be in (0, 0.5), got "
-                              f"{self.eval_fraction}")
-        source = DataSource(self.path, self.dev_path, self.test_path, self.dataset,
-                            self.subset, self.split, self.dev_split, self.test_split,
-                            self.revision)
+        source, splits = read_splits(self, lambda rows: parse_source(rows, self.format,
+                                                                     "task.format"))
         object.__setattr__(self, "_source", source)
-        object.__setattr__(self, "_splits", self._read(source))
-
-    def _read(self, source: DataSource) -> dict[str, list[Rubric]]:
-        """The three splits' rubrics, each source read, filtered and parsed once."""
-        splits = {s: parse_source(filter_rows(rows, self.where, "task.where"), self.format,
-                                  "task.format")
-                  for s in SPLITS if (rows := source.rows(s)) is not None}
-        splits = hold_out(splits, float(self.eval_fraction), int(self.seed))
-        caps = {"train": self.size, "dev": self.eval_size, "test": self.eval_size}
-        return {s: rubrics[:caps[s]] if caps[s] else rubrics for s, rubrics in splits.items()}
+        object.__setattr__(self, "_splits", splits)
 
     # --- the judge ---------------------------------------------------------------------------
 

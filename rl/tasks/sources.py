@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -268,3 +268,20 @@ def hold_out(splits: Mapping[str, list[Any]], fraction: float, seed: int) -> dic
     keep, *held = held_out(len(train), fraction, seed, len(missing))
     return {**splits, "train": [train[i] for i in keep],
             **{s: [train[i] for i in idx] for s, idx in zip(missing, held)}}
+
+
+def read_splits(task: Any, items: Callable[[list[Row]], list[Any]]
+                ) -> tuple[DataSource, dict[str, list[Any]]]:
+    """A data task's source and its three splits: the task's source keys (the fields of
+    :class:`DataSource`) read split by split, each split's rows (kept by ``task.where``)
+    turned into items by `items`, the missing splits held out (``task.eval_fraction``,
+    ``task.seed``) and each capped (``task.size``, ``task.eval_size``)."""
+    if not 0 < float(task.eval_fraction) < 0.5:
+        raise SourceError(f"task.eval_fraction: must be in (0, 0.5), got {task.eval_fraction}")
+    source = DataSource(**{f.name: getattr(task, f.name) for f in dataclasses.fields(DataSource)
+                           if f.name != "commit"})
+    splits = {s: items(filter_rows(rows, task.where, "task.where"))
+              for s in SPLITS if (rows := source.rows(s)) is not None}
+    splits = hold_out(splits, float(task.eval_fraction), int(task.seed))
+    caps = {"train": task.size, "dev": task.eval_size, "test": task.eval_size}
+    return source, {s: got[:caps[s]] if caps[s] else got for s, got in splits.items()}
