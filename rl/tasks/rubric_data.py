@@ -17,7 +17,13 @@ dimensions (ProRubric, raw-AND, the authors' dimension arms: ``rewards.rubric_sc
 needs_dimensions``) takes them from the file when it has them; the others are bundled once by
 the run's judge (``rewards.bundle``) into a cache file that the log names
 (``task.dimensions_cache``, default ``$XDG_CACHE_HOME/rubricrl/dimensions/<data>-<judge>.jsonl``)
-and read back from it by every later run on the same data and judge: never per step.
+and read back from it by every later run on the same data and judge: never per step. A prompt
+the judge gives no usable bundle (no readable proposal after its regenerations, e.g. a small
+local judge that writes no JSON) gets the rule judge's deterministic bundle (positives and
+pitfalls, by rule family; ``task.bundle_fallback: rule``, the default), flagged in its meta
+(``repaired``, ``bundle_problem``), counted in the log and in ``provenance.jsonl``, and not
+written to the cache, so the next run asks the judge again; ``task.bundle_fallback: null``
+leaves such prompts out instead (the ProRubric authors' released data simply lacks them).
 
 ``outcome`` and ``evaluate`` score with the run's judge (the task is bound to it by
 ``rl.run.wiring.bind_judge``) under ``task.aggregator``, which the config links to the algo's;
@@ -113,6 +119,23 @@ def default_cache_dir() -> Path:
     return Path(root) / "rubricrl" / "dimensions"
 
 
+def rule_fallback(rubrics: Sequence[Rubric], failures: Sequence[Mapping[str, str]],
+                  options: Any) -> dict[str, Rubric]:
+    """The rule judge's deterministic bundle of `rubrics` (those an LLM judge could not bundle),
+    each flagged ``repaired`` with the judge's ``bundle_problem``; a rubric with too few
+    criteria for ``options.k_min`` dimensions stays out."""
+    from judges.rule import RuleJudge
+    from rewards.bundle import bundle_rubrics
+
+    why = {f["prompt_id"]: f["reason"] for f in failures}
+    res = bundle_rubrics(rubrics, RuleJudge(), options.k_min, options.k_max, regenerate=0,
+                         bundler="rule (fallback)")
+    return {r.prompt_id: dataclasses.replace(r, meta={
+        **r.meta, "repaired": True, "bundle_problem": (
+            f"the judge gave no usable bundle ({why.get(r.prompt_id, 'unknown')}); "
+            "the rule judge's deterministic bundle is used")}) for r in res.rubrics}
+
+
 @dataclasses.dataclass(frozen=True)
 class RubricDataTask:
     """Prompts with their own rubrics from a rubric file or folder (module docstring).
@@ -120,8 +143,9 @@ class RubricDataTask:
     ``size`` / ``eval_size``: at most this many training / dev-and-test prompts (None: all);
     ``aggregator`` and ``clip``: the reward ``outcome`` and ``evaluate`` report (linked to the
     algo's); ``bundle_judge``: who bundles missing dimensions (None: the run's judge;
-    ``"rule"``: the rule judge's deterministic bundle); ``k_min`` / ``k_max``: the dimensions
-    a bundle may have.
+    ``"rule"``: the rule judge's deterministic bundle); ``bundle_fallback``: ``"rule"`` bundles
+    the prompts the judge could not bundle deterministically (flagged), None leaves them out;
+    ``k_min`` / ``k_max``: the dimensions a bundle may have.
     """
 
     path: str | None = None
@@ -143,6 +167,7 @@ class RubricDataTask:
     clip: bool = False
     dimensions_cache: str | None = None
     bundle_judge: str | None = None
+    bundle_fallback: str | None = "rule"
     k_min: int = 2
     k_max: int = 5
     name: str = "rubric_data"
@@ -158,6 +183,9 @@ class RubricDataTask:
         if self.bundle_judge not in (None, "rule"):
             raise SourceError(f"task.bundle_judge: null (the run's judge) or rule, got "
                               f"{self.bundle_judge!r}")
+        if self.bundle_fallback not in (None, "rule"):
+            raise SourceError(f"task.bundle_fallback: rule or null (leave such prompts out), "
+                              f"got {self.bundle_fallback!r}")
         source, splits = read_splits(self, lambda rows: parse_source(rows, self.format,
                                                                      "task.format"))
         object.__setattr__(self, "_source", source)
@@ -179,7 +207,9 @@ class RubricDataTask:
                 from judges.rule import RuleJudge
 
                 bundler, config = RuleJudge(), {"name": "rule"}
-            object.__setattr__(bound, "_splits", self._bundled(bundler, config))
+            splits, record = self._bundled(bundler, config)
+            object.__setattr__(bound, "_splits", splits)
+            object.__setattr__(bound, "_bundle_record", record)
         return bound
 
     def cache_path(self, rubrics: Sequence[Rubric], judge_config: Mapping[str, Any]) -> Path:
@@ -189,16 +219,18 @@ class RubricDataTask:
         who = "".join(c if c.isalnum() or c in "._-" else "_" for c in who) or "judge"
         return default_cache_dir() / f"{data_digest(rubrics)}-{who}.jsonl"
 
-    def _bundled(self, judge: Any, judge_config: Mapping[str, Any]) -> dict[str, list[Rubric]]:
-        """The splits with every rubric bundled: the file's dimensions where it has them, the
-        cache's otherwise, the judge's for those the cache lacks (written to it)."""
+    def _bundled(self, judge: Any, judge_config: Mapping[str, Any]
+                 ) -> tuple[dict[str, list[Rubric]], dict[str, Any]]:
+        """The splits with every rubric bundled (the file's dimensions where it has them, the
+        cache's otherwise, the judge's for those the cache lacks, written to it; the rule
+        fallback's for those the judge could not bundle) and a record of who bundled what."""
         from rewards.bundle import BundleOptions, bundle_cached, bundled_in
 
         splits: dict[str, list[Rubric]] = self._splits  # type: ignore[attr-defined]
         missing = list({r.prompt_id: r for rs in splits.values() for r in rs
                         if not r.dimensions}.values())
         if not missing:
-            return splits
+            return splits, {"from_data": True}
         cache = self.cache_path(missing, judge_config)
         options = BundleOptions(k_min=int(self.k_min), k_max=int(self.k_max))
         summary = bundle_cached(missing, cache, judge, options=options,
@@ -208,12 +240,25 @@ class RubricDataTask:
                  "from the cache, %d failed)", len(missing), cache, summary["bundled"],
                  summary["skipped"], summary["failed"])
         bundled = bundled_in(cache)
+        record = {"cache": str(cache), "bundled_now": summary["bundled"],
+                  "from_cache": summary["skipped"], "repaired": summary["repaired"],
+                  "failed": summary["failed"], "rule_fallback": 0}
         if summary["failed"]:
             reasons = "; ".join(f"{f['prompt_id']}: {f['reason']}"
                                 for f in summary["failures"][:3])
-            log.warning("task rubric_data: %d prompts could not be bundled and are left out "
-                        "(%s; all in %s)", summary["failed"], reasons, cache.with_name(
-                            f"{cache.stem}.summary.json"))
+            where = cache.with_name(f"{cache.stem}.summary.json")
+            if self.bundle_fallback == "rule":
+                fallback = rule_fallback([r for r in missing if r.prompt_id not in bundled],
+                                         summary["failures"], options)
+                bundled |= fallback
+                record["rule_fallback"] = len(fallback)
+                log.warning("task rubric_data: the judge gave no usable bundle for %d of %d "
+                            "prompts; they use the rule judge's deterministic bundle (flagged "
+                            "repaired, not cached; task.bundle_fallback=null leaves them out) "
+                            "(%s; all in %s)", len(fallback), len(missing), reasons, where)
+            else:
+                log.warning("task rubric_data: %d prompts could not be bundled and are left "
+                            "out (%s; all in %s)", summary["failed"], reasons, where)
         out = {s: [r if r.dimensions else bundled[r.prompt_id] for r in rs
                    if r.dimensions or r.prompt_id in bundled] for s, rs in splits.items()}
         for split, rubrics in out.items():
@@ -221,7 +266,7 @@ class RubricDataTask:
                 raise SourceError(f"task rubric_data: no {split} prompt could be bundled into "
                                   f"dimensions by judge {judge_config.get('name')!r} (reasons "
                                   f"in {cache.with_name(f'{cache.stem}.summary.json')})")
-        return out
+        return out, record
 
     def data_provenance(self) -> dict[str, Any]:
         """The data this task trains and evaluates on, for ``provenance.jsonl``: its source
@@ -230,8 +275,9 @@ class RubricDataTask:
         return {"task": self.name, **self._source.provenance(),  # type: ignore[attr-defined]
                 "format": self.format, "where": dict(self.where or {}),
                 "eval_fraction": self.eval_fraction, "seed": self.seed,
-                "prompts": {s: len(r) for s, r in
-                            self._splits.items()}}  # type: ignore[attr-defined]
+                "prompts": {s: len(r) for s, r in self._splits.items()},  # type: ignore[attr-defined]
+                **({"dimensions": self._bundle_record}  # type: ignore[attr-defined]
+                   if hasattr(self, "_bundle_record") else {})}
 
     # --- the task protocol -------------------------------------------------------------------
 

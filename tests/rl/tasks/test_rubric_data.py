@@ -226,6 +226,49 @@ def test_missing_dimensions_are_bundled_once_into_the_named_cache(tmp_path, capl
     assert additive.bundle_calls == 0 and not (tmp_path / "other.jsonl").exists()
 
 
+class SilentBundler:
+    """A judge whose bundles are never readable (a small model that writes no JSON)."""
+
+    def __init__(self):
+        self.bundle_calls = 0
+
+    def bundle(self, requests):
+        from judges.types import Bundle
+
+        self.bundle_calls += 1
+        return [Bundle((), error="no JSON object in the output") for _ in requests]
+
+
+def test_prompts_the_judge_cannot_bundle_take_the_flagged_rule_bundle_or_stay_out(tmp_path):
+    path = write_jsonl(tmp_path / "hub.jsonl", [rubrichub_row(i, "medical") for i in range(4)])
+    cache = tmp_path / "dims.jsonl"
+    task = RubricDataTask(path=str(path), aggregator="prorubric", dimensions_cache=str(cache),
+                          eval_fraction=0.25)
+    judge = SilentBundler()
+    bound = bind_judge(task, judge, {"name": "local"})
+    assert judge.bundle_calls == 3  # the first ask and the default 2 regenerations
+    rubrics = [p.meta["rubric"] for s in ("train", "dev", "test") for p in bound.prompts(s)]
+    assert len(rubrics) == 4
+    # the rule bundle: pitfalls (sleeping pills, -3) apart from the positives
+    assert all(sorted(d.criteria for d in r.dimensions) == [(0, 1, 2), (3,)] for r in rubrics)
+    assert all(r.meta["repaired"] and "no JSON object" in r.meta["bundle_problem"]
+               for r in rubrics)
+    # not cached (the next run asks the judge again); counted for provenance.jsonl
+    assert not bundled_rows(cache)
+    assert bound.data_provenance()["dimensions"]["rule_fallback"] == 4
+    # bundle_fallback=null: left out, and a split left empty stops the run by name
+    with pytest.raises(SourceError, match=r"no train prompt could be bundled .* 'local'"):
+        bind_judge(RubricDataTask(path=str(path), aggregator="prorubric", eval_fraction=0.25,
+                                  dimensions_cache=str(cache), bundle_fallback=None),
+                   SilentBundler(), {"name": "local"})
+    with pytest.raises(SourceError, match=r"task.bundle_fallback: rule or null"):
+        RubricDataTask(path=str(path), bundle_fallback="llm")
+
+
+def bundled_rows(cache):
+    return [json.loads(x) for x in cache.read_text().splitlines()] if cache.exists() else []
+
+
 def test_the_files_own_dimensions_are_used_as_they_are(tmp_path):
     path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist([prorubric_train_row(i) for i in range(3)]), path)
@@ -305,13 +348,13 @@ def _train(tmp_path, *overrides):
     return history, metrics
 
 
-def test_two_steps_and_evaluations_on_healthbench_with_the_local_judge(tmp_path):
+def test_bundle_judge_rule_writes_the_cache_and_provenance_names_the_file(tmp_path):
     rows = [healthbench_row(f"hb-{i}", ("hedging", "emergency_referrals")[i % 2])
             for i in range(6)]
     path = write_jsonl(tmp_path / "hb.jsonl", rows)
     cache = tmp_path / "dims.jsonl"
     history, metrics = _train(tmp_path, f"task.path={path}", "task.eval_fraction=0.2",
-                              "algo=prorubric_official", "judge=local", "judge.model=tiny",
+                              "algo=prorubric", "judge=local", "judge.model=tiny",
                               "judge.max_new_tokens=8", "task.bundle_judge=rule",
                               f"task.dimensions_cache={cache}")
     assert len(history) == 2
@@ -341,6 +384,58 @@ def test_two_prorubric_official_steps_on_a_prorubric_train_parquet(tmp_path):
                               "trainer.eval_at_ends=false")
     assert len(history) == 2
     assert all("rubric/judge_failed" in m for m in metrics if "rubric/reward" in m)
+
+
+def _source(kind: str, tmp_path, request) -> list[str]:
+    """The task overrides for one of the four sources, written here in its public schema."""
+    if kind == "healthbench":
+        path = write_jsonl(tmp_path / "hb.jsonl", [healthbench_row(f"hb-{i}", "hedging")
+                                                   for i in range(4)])
+        return [f"task.path={path}"]
+    if kind == "rubrichub":
+        path = write_jsonl(tmp_path / "hub.jsonl", [rubrichub_row(i, "medical")
+                                                    for i in range(4)])
+        return [f"task.path={path}"]
+    if kind == "prorubric_parquet":
+        path = tmp_path / "train.parquet"
+        pq.write_table(pa.Table.from_pylist([prorubric_train_row(i) for i in range(4)]), path)
+        return [f"task.path={path}"]
+    request.getfixturevalue("hub_dataset")
+    return ["task.dataset=acme/sleep-rubrics", "task.subset=medical", "task.test_split=test"]
+
+
+@pytest.mark.parametrize("algo", ["prorubric_official", "rubric_rl", "rar"])
+@pytest.mark.parametrize("source", ["healthbench", "rubrichub", "prorubric_parquet",
+                                    "hub_dataset"])
+def test_each_source_trains_and_evaluates_with_each_rubric_arm_and_the_local_judge(
+        source, algo, tmp_path, request, caplog):
+    """The issue's matrix: 2 steps and 2 evaluations on the tiny model with judge=local (the
+    tiny model too) for each source and arm. The tiny judge writes no bundle JSON, so rows
+    without dimensions take the rule fallback (flagged, counted); a ProRubric parquet brings
+    its own."""
+    overrides = _source(source, tmp_path, request)
+    with caplog.at_level(logging.WARNING, logger="rl.tasks.rubric_data"):
+        history, metrics = _train(
+            tmp_path, *overrides, f"algo={algo}", "judge=local", "judge.model=tiny",
+            "judge.max_new_tokens=4", "judge.max_tokens=4", "judge.max_reasks=0",
+            "judge.dimension_attempts=1", "task.eval_fraction=0.25", "trainer.batch_prompts=1",
+            "trainer.max_new_tokens=4",
+            f"task.dimensions_cache={tmp_path / 'dims.jsonl'}")
+    assert len(history) == 2
+    steps = [m for m in metrics if "rubric/reward" in m]
+    evals = [m for m in metrics if "eval/outcome_mean" in m]
+    assert len(steps) == 2 and len(evals) == 2
+    assert all(0.0 <= m["eval/outcome_mean"] <= 1.0 for m in evals)
+    assert all(("eval/healthbench" in m) == (source == "healthbench") for m in evals)
+    record = json.loads((tmp_path / "run" / "provenance.jsonl").read_text().splitlines()[-1])
+    dims = record["data"].get("dimensions")
+    if algo == "prorubric_official" and source != "prorubric_parquet":
+        # every prompt needed dimensions; the tiny judge bundled none
+        prompts = 7 if source == "hub_dataset" else 4  # the dataset's test split adds 2 + 1
+        assert dims["rule_fallback"] == dims["failed"] == prompts
+        assert "use the rule judge's deterministic bundle" in caplog.text
+    else:  # the parquet's own dimensions, or an additive reward that reads none
+        assert dims in (None, {"from_data": True})
 
 
 def test_make_task_knows_rubric_data(tmp_path):
