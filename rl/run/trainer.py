@@ -407,6 +407,20 @@ def job_model(run: RunConfig, exchange: Exchange | None = None) -> dict[str, Any
     return {"path": path, "revision": revision, "commit": commit}
 
 
+def job_task(task: Mapping[str, Any], exchange: Exchange | None = None) -> Mapping[str, Any]:
+    """The task config every process of the job reads: a hub dataset's ``task.revision``
+    pinned to the commit process 0 resolves it to (as :func:`job_model` does for weights),
+    so a branch that moves while the hosts read cannot give them different rows."""
+    if exchange is None or not task.get("dataset"):
+        return task
+    from rl.tasks.sources import dataset_commit
+
+    commit = exchange.from_leader(
+        lambda: dataset_commit(str(task["dataset"]), task.get("revision"), "task.dataset"),
+        "the dataset's commit")
+    return {**task, "revision": commit}
+
+
 def _weights(run: RunConfig, mesh: Any, model: Mapping[str, Any],
              shapes_only: bool = False) -> tuple[Any, Any, Any]:
     """(model config, float32 master weights, tokenizer with model.chat_template_kwargs) of
@@ -516,7 +530,7 @@ def read_inputs(run: RunConfig, exchange: Exchange | None = None) -> Inputs:
     rewarder (its rubric files) and mesh, each error naming its key. In a multi-process job
     (`exchange`) the judge is called by process 0 only (``rl.run.multihost.shared``)."""
     t = run.trainer
-    task = make_task(run.task)
+    task = make_task(job_task(run.task, exchange))
     budget = response_budget(run, task)
     if run.algo.overlong.enabled:
         overlong_buffer(run, budget)

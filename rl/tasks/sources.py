@@ -115,6 +115,17 @@ def _card_patterns(card: Path, subset: str | None) -> list[str] | None:
     return paths or None
 
 
+def dataset_commit(dataset: str, revision: str | None, key: str) -> str:
+    """The commit `revision` (None: the default branch) of hub dataset `dataset` resolves to
+    (its card fetched into the cache, or found there); a ``SourceError`` naming `key`."""
+    from core.hub import HubError, snapshot
+
+    try:
+        return snapshot(dataset, revision, repo_type="dataset", patterns=["README.md"]).name
+    except HubError as e:
+        raise SourceError(f"{key}: {e}") from None
+
+
 def read_dataset(dataset: str, subset: str | None, split: str, revision: str | None,
                  key: str) -> tuple[list[Row], str]:
     """The rows of `split` of `subset` of hub dataset `dataset` at `revision`, and the commit

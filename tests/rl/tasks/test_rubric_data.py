@@ -546,3 +546,23 @@ def test_two_steps_on_a_hub_dataset(hub_dataset, tmp_path):
     record = json.loads((tmp_path / "run" / "provenance.jsonl").read_text().splitlines()[-1])
     assert record["data"]["commit"] == DATASET_COMMIT
     assert record["data"]["prompts"] == {"train": 4, "dev": 1, "test": 2}
+
+
+def test_every_process_of_a_job_reads_the_dataset_at_process_0s_commit(hub_dataset):
+    from rl.run.trainer import job_task
+
+    class Leader:
+        """A job exchange as process 0 sees it: it produces the value everyone gets."""
+
+        def from_leader(self, produce, what):
+            self.what = what
+            return produce()
+
+    cfg = {"name": "rubric_data", "dataset": "acme/sleep-rubrics", "revision": None}
+    assert job_task(cfg, None) is cfg  # one process: resolved where it is read
+    exchange = Leader()
+    pinned = job_task(cfg, exchange)
+    assert pinned["revision"] == DATASET_COMMIT and exchange.what == "the dataset's commit"
+    assert RubricDataTask(**{k: v for k, v in pinned.items() if k != "name"},
+                          subset="medical").data_provenance()["commit"] == DATASET_COMMIT
+    assert job_task({"name": "arith"}, exchange) == {"name": "arith"}
