@@ -95,14 +95,17 @@ GiB = 2**30
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-    """A TPU chip's peak dense bfloat16 FLOP/s, HBM capacity and bandwidth, and its
-    bidirectional inter-chip interconnect (ICI) bandwidth."""
+    """An accelerator's peak dense bfloat16 FLOP/s, memory capacity and bandwidth, and its
+    bidirectional chip-to-chip bandwidth (TPU ICI, GPU NVLink); `usable`: the memory a run
+    may fill where it is less than the capacity (None: see :func:`usable_bytes`)."""
 
     name: str
     peak_flops: float | None   # FLOP/s, bfloat16 (None: unknown, no time bound)
     hbm_bytes: float
     hbm_bandwidth: float | None  # bytes/s
     ici_bandwidth: float | None = None  # bytes/s, bidirectional, per chip (None: unknown)
+    usable: float | None = None
+    source: str = "Cloud TPU docs"
 
 
 # Per chip, from the Google Cloud TPU documentation's system-architecture pages
@@ -117,6 +120,24 @@ CHIPS: dict[str, Chip] = {
     "v6e": Chip("TPU v6e", 918e12, 32 * GiB, 1640e9, 800e9),
 }
 TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):\d+x\d+(x\d+)?$")
+
+# Per GPU, from NVIDIA's H100 and H200 datasheets (SXM): dense bfloat16 Tensor Core FLOP/s
+# (the "with sparsity" figure halved), memory bandwidth, NVLink 900 GB/s bidirectional; the
+# memory as nvidia-smi reports the 80 GB and 141 GB parts (81,559 and 143,771 MiB).
+GPUS: dict[str, Chip] = {
+    "h100": Chip("NVIDIA H100 SXM 80GB", 989e12, 81559 * 2**20, 3.35e12, 900e9,
+                 source="NVIDIA datasheet"),
+    "h200": Chip("NVIDIA H200 SXM 141GB", 989e12, 143771 * 2**20, 4.8e12, 900e9,
+                 source="NVIDIA datasheet"),
+}
+GPU_TOPOLOGY = re.compile(r"^(h100|h200):(\d+)$")
+# No GPU compiler runs without a GPU: a GPU plan compiles its programs with libtpu for a TPU
+# v5p slice of as many chips (95 GiB each: programs an 80 GB GPU holds compile there), the
+# same SPMD partitioning of the same programs, and holds the sizes against the GPU's memory.
+STAND_IN = "v5p"
+# JAX preallocates this share of a GPU's memory and fits every buffer in it
+# (XLA_PYTHON_CLIENT_MEM_FRACTION, default .75)
+GPU_MEM_FRACTION = 0.75
 # what the TPU compiler lets a program use, where known: libtpu 0.0.42's "available HBM" in
 # its out-of-memory message on v5e (15.75G); other chips: their HBM capacity
 USABLE_HBM: dict[str, float] = {"TPU v5e": 15.75 * GiB}
@@ -138,13 +159,52 @@ def check_topology(name: str) -> Chip | None:
     ConfigError naming plan.topology; checked before anything compiles."""
     if name == "cpu":
         return None
-    if not TOPOLOGY.match(name):
-        raise ConfigError(f"plan.topology: unknown topology {name!r}; expected cpu or "
-                          f"<{'|'.join(CHIPS)}>:<AxB[xC]>, e.g. v5e:4x4 or v5p:2x2x4")
+    gpu = GPU_TOPOLOGY.match(name)
+    if not (gpu or TOPOLOGY.match(name)):
+        raise ConfigError(f"plan.topology: unknown topology {name!r}; expected cpu, "
+                          f"<{'|'.join(CHIPS)}>:<AxB[xC]> (e.g. v5e:4x4 or v5p:2x2x4) or "
+                          f"<{'|'.join(GPUS)}>:<GPUs> (e.g. h100:8, an estimate)")
+    if gpu and (int(gpu.group(2)) < 4 or int(gpu.group(2)) % 4):
+        raise ConfigError(f"plan.topology: {name}: a GPU estimate compiles for a TPU "
+                          f"{STAND_IN} slice of as many chips, which comes in multiples of 4 "
+                          "(h100:8 for one node of 8)")
     if importlib.util.find_spec("libtpu") is None:
-        raise ConfigError(f"plan.topology: {name} needs libtpu to compile for TPU: "
+        raise ConfigError(f"plan.topology: {name} needs libtpu to compile for TPU"
+                          f"{' (the GPU estimate compiles for a TPU stand-in)' if gpu else ''}: "
                           "pip install -e '.[tpu-plan]' (or plan.topology=cpu)")
+    if gpu:
+        fraction = gpu_mem_fraction()
+        chip = GPUS[gpu.group(1)]
+        return dataclasses.replace(chip, usable=fraction * chip.hbm_bytes)
     return CHIPS[name.split(":")[0]]
+
+
+def gpu_mem_fraction() -> float:
+    """The share of a GPU's memory JAX lets a run use: XLA_PYTHON_CLIENT_MEM_FRACTION when
+    set (as it should be on the GPU hosts too), else JAX's default .75."""
+    raw = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    try:
+        return GPU_MEM_FRACTION if raw is None else float(raw)
+    except ValueError:
+        raise ConfigError(f"XLA_PYTHON_CLIENT_MEM_FRACTION: not a number: {raw!r}") from None
+
+
+def stand_in_topology(name: str) -> str | None:
+    """The TPU slice a GPU plan compiles for (:data:`STAND_IN`: h100:8 -> v5p:2x2x2); None
+    for a TPU or cpu topology."""
+    if not (gpu := GPU_TOPOLOGY.match(name)):
+        return None
+    return f"{STAND_IN}:2x2x{int(gpu.group(2)) // 4}"
+
+
+def chip_is_gpu(plan: Any) -> bool:
+    return stand_in_topology(plan.topology) is not None
+
+
+def usable_bytes(chip: Chip) -> float:
+    """The memory a program may fill on `chip`: a GPU's preallocated share, the TPU
+    compiler's available HBM where known (:data:`USABLE_HBM`), else the capacity."""
+    return chip.usable or USABLE_HBM.get(chip.name, chip.hbm_bytes)
 
 
 def topology_devices(name: str) -> list:
@@ -153,6 +213,7 @@ def topology_devices(name: str) -> list:
         return jax.devices()
     from jax.experimental import topologies
 
+    name = stand_in_topology(name) or name
     try:
         return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
     except Exception as e:  # libtpu refuses the shape: name the key
@@ -758,7 +819,7 @@ def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
     with jax.set_mesh(rmesh):  # the activation constraints (models.constraints), as rl.run.loop
         rollout = rollout_programs(run, cfg, lay, rmesh, dparams, state_bytes + ref_bytes)
         fit = rollout_fit(run, cfg, lay, rmesh, dparams, state_bytes + ref_bytes,
-                          USABLE_HBM.get(chip.name, chip.hbm_bytes), rollout) \
+                          usable_bytes(chip), rollout) \
             if plan.rollout_fit else None
     gathered = gathered_per_step(dparams)
     with jax.set_mesh(mesh):
@@ -851,9 +912,10 @@ def _seconds(s: float | None) -> str:
 
 def header(run: RunConfig, plan: Plan) -> list[str]:
     cfg, lay, chip = plan.cfg, plan.lay, plan.chip
-    hbm = (f"{chip.name}: {chip.hbm_bytes / GiB:.0f} GiB HBM, {chip.peak_flops / 1e12:.0f} "
-           f"TFLOP/s bf16, {chip.hbm_bandwidth / 1e9:.0f} GB/s (Cloud TPU docs)"
-           if chip.peak_flops else f"{chip.name}: no peak figures, no time bound")
+    hbm = (f"{chip.name}: {chip.hbm_bytes / GiB:.{1 if chip.usable else 0}f} GiB HBM, "
+           f"{chip.peak_flops / 1e12:.0f} TFLOP/s bf16, {chip.hbm_bandwidth / 1e9:.0f} GB/s "
+           f"({chip.source})" if chip.peak_flops else
+           f"{chip.name}: no peak figures, no time bound")
     mesh = " ".join(f"{k}={v}" for k, v in plan.mesh.items())
     rollout_mesh = ("the training mesh" if plan.rollout_mesh is None else "mesh.rollout_shape "
                     + " ".join(f"{k}={v}" for k, v in plan.rollout_mesh.items()))
@@ -861,6 +923,14 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
     return [
         f"rl.plan: {plan.model} ({cfg.arch}, {cfg.num_params / 1e9:.3f} B parameters) on "
         f"{plan.topology}: {plan.chips} chips, {hbm}; mesh {mesh}",
+        *([f"  ESTIMATE: no GPU compiler runs here; the programs were compiled by libtpu for "
+           f"a TPU slice of as many chips ({stand_in_topology(plan.topology)}) standing in "
+           f"for the GPUs: the same programs, sharded the same way; XLA:GPU's own fusions, "
+           f"buffer assignment and library workspaces differ and were not compiled. Held "
+           f"against {chip.usable / chip.hbm_bytes:.0%} of each GPU's memory "
+           f"({chip.usable / GiB:.1f} GiB: XLA_PYTHON_CLIENT_MEM_FRACTION, JAX's "
+           f"preallocation; set it on the GPU hosts and here alike)"]
+          if stand_in_topology(plan.topology) else []),
         f"  batch: {lay.prompts} prompts x {run.algo.group_size} = {lay.rows} trajectories; "
         f"prompt {lay.prompt} tokens, response budget {lay.response}; update: "
         f"{lay.mini_batches} mini-batch(es) of {lay.update_groups} groups x {lay.size}, "
@@ -877,7 +947,8 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
         f"  rollout on {rollout_mesh}: each decode step gathers {plan.gathered / 2**20:.1f} "
         f"MiB of layer weights per chip from the others"
         + (f", >= {plan.gathered / chip.ici_bandwidth * 1e3:.2f} ms at {chip.name}'s "
-           f"{chip.ici_bandwidth / 1e9:.0f} GB/s bidirectional ICI (in the decode's time bound)"
+           f"{chip.ici_bandwidth / 1e9:.0f} GB/s bidirectional "
+           f"{'NVLink' if chip.usable else 'ICI'} (in the decode's time bound)"
            if chip.ici_bandwidth else " (no ICI figure for this chip: not in the time bound)"),
     ]
 
@@ -920,8 +991,9 @@ def rollout_advice(plan: Plan) -> str:
     decode = next((p for p in plan.programs if p.name == "decode"), None)
     peak = max((p.peak for p in plan.programs
                 if p.name in ("prefill", "decode", "read", "continue", "part")), default=0)
-    usable = USABLE_HBM.get(plan.chip.name, plan.chip.hbm_bytes)
-    saved = (f", saving >= {plan.gathered / plan.chip.ici_bandwidth * 1e3:.2f} ms of ICI per "
+    usable = usable_bytes(plan.chip)
+    link = "NVLink" if plan.chip.usable else "ICI"
+    saved = (f", saving >= {plan.gathered / plan.chip.ici_bandwidth * 1e3:.2f} ms of {link} per "
              f"decode step ({decode.ici_bytes / plan.chip.ici_bandwidth:.2f} s per rollout)"
              if plan.chip.ici_bandwidth and decode is not None else "")
     grown = (peak + plan.gathered) / GiB
@@ -960,7 +1032,8 @@ def fit_line(run: RunConfig, fit: RolloutFit) -> str:
 
 def _row(plan: Plan, p: Program) -> str:
     notes = ("" if p.runs else "   (not run by this config)") + (
-        "   (refused by the compiler: sizes from its message)" if p.refused else "")
+        f"   (refused by {'the stand-in' if chip_is_gpu(plan) else 'the'} compiler: sizes from "
+        "its message)" if p.refused else "")
     return (f"  {p.name:<10}{_gib(p.arguments)} {_gib(p.temporaries)} {_gib(p.outputs)} "
             f"{_gib(p.total)}  {_gib(p.peak)}  {100 * p.peak / plan.chip.hbm_bytes:6.0f}%"
             f"{p.flops:11.3e}  {_seconds(time_bound(plan, p))}{notes}")
@@ -969,8 +1042,10 @@ def _row(plan: Plan, p: Program) -> str:
 def verdict(run: RunConfig, plan: Plan) -> str:
     """'fits' when every program the config runs fits, and a line per program that does
     not (or would not, for a pass this config skips) with the keys that help."""
-    hbm = plan.chip.hbm_bytes
-    over = [p for p in plan.programs if p.peak > hbm or p.refused]
+    hbm = plan.chip.usable or plan.chip.hbm_bytes
+    # a GPU estimate's stand-in refuses what its own HBM cannot hold, which an H200 may
+    estimate = stand_in_topology(plan.topology) is not None
+    over = [p for p in plan.programs if p.peak > hbm or (p.refused and not estimate)]
     out = []
     if not any(p.runs for p in over):
         out.append(f"verdict: fits: every program this config runs is within "
@@ -983,6 +1058,8 @@ def verdict(run: RunConfig, plan: Plan) -> str:
                    f"{hbm / GiB:.1f} GiB; try " + "; ".join(remedies(run, plan, p.name)))
         if p.refused:
             out.append(f"  the compiler: {p.refused}")
+    if estimate:
+        out.append("verdict: an ESTIMATE (above): confirm on one GPU host with rl.smoke")
     return "\n".join(out)
 
 

@@ -584,7 +584,7 @@ def overlong_buffer(run: RunConfig, budget: int) -> int:
 class PlanConfig:
     """``python -m rl.plan``'s own section (``conf/plan.yaml``): what to compile for."""
 
-    topology: str        # a TPU slice (v5e:4x4, v5p:2x2x4, ...) or cpu (this host's devices)
+    topology: str        # a TPU slice (v5e:4x4, ...), GPUs (h100:8: an estimate) or cpu
     model_shapes: str    # a shape preset (models.shapes) or a config.json path / HF folder
     prompt_len: int      # prompt tokens per group (the batch's prefix length)
     response_budget: int  # most tokens a trajectory holds after its prompt

@@ -503,12 +503,17 @@ def _split(task: Any, split: str, key: str) -> list[Prompt]:
 
 
 def _mesh(run: RunConfig) -> Any:
-    if len(jax.devices()) == 1:
-        return None
+    """The training mesh over every device of the job (None on one device). A shape that
+    needs another device count (a preset's ``mesh=v5e_16`` on one host) is a ConfigError
+    naming the shape and the devices there are, before anything loads."""
+    shape = dict(run.mesh.shape or {"data": -1})
     try:
-        return make_mesh(dict(run.mesh.shape or {"data": -1}))
+        mesh = make_mesh(shape)
     except ValueError as e:
-        raise ConfigError(f"mesh.shape: {e}") from None
+        raise ConfigError(f"mesh.shape: {e} ({jax.device_count()} {jax.default_backend()} "
+                          f"device(s) in this job; mesh=fsdp or mesh=auto uses them all)"
+                          ) from None
+    return None if mesh.size == 1 else mesh
 
 
 def rollout_mesh(run: RunConfig, mesh: Any) -> Any:
@@ -530,6 +535,7 @@ def read_inputs(run: RunConfig, exchange: Exchange | None = None) -> Inputs:
     rewarder (its rubric files) and mesh, each error naming its key. In a multi-process job
     (`exchange`) the judge is called by process 0 only (``rl.run.multihost.shared``)."""
     t = run.trainer
+    mesh = _mesh(run)  # first: a shape this job's devices cannot hold needs no data read
     task = make_task(job_task(run.task, exchange))
     budget = response_budget(run, task)
     if run.algo.overlong.enabled:
@@ -540,7 +546,6 @@ def read_inputs(run: RunConfig, exchange: Exchange | None = None) -> Inputs:
     eval_prompts = tuple((split, tuple(_split(task, split, "trainer.eval_split")))
                          for split in eval_splits(t)) if evaluates else ()
     rewarder = make_rewarder(run.algo.rewarder, task, run.algo.rewarder_options, judge)
-    mesh = _mesh(run)
     return Inputs(task=task, budget=budget, train_prompts=_split(task, "train", "task"),
                   eval_prompts=eval_prompts, judge=judge, rewarder=rewarder, mesh=mesh,
                   exchange=exchange, rollout_mesh=rollout_mesh(run, mesh))

@@ -303,6 +303,62 @@ def test_verdict_names_what_does_not_fit_and_the_keys_that_help():
     assert verdict(run, _fake_plan(run, update_gib=1.0)).startswith("verdict: fits")
 
 
+def test_a_gpu_plan_is_an_estimate_held_against_jaxs_share_of_the_gpus_memory(monkeypatch):
+    """plan.topology=h100:8 / h200:8: the programs compiled for a TPU v5p slice of as many
+    chips stand in for the GPUs (no GPU compiler without a GPU); the verdict holds them
+    against JAX's preallocated share of NVIDIA's memory figure (81,559 / 143,771 MiB as
+    nvidia-smi reports the 80 GB and 141 GB parts; XLA_PYTHON_CLIENT_MEM_FRACTION, .75 by
+    default) and says it is an estimate."""
+    from rl.plan import GPUS, check_topology, stand_in_topology
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # libtpu "there"
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    h100 = check_topology("h100:8")
+    assert h100.usable == 0.75 * 81559 * 2**20 and h100.hbm_bytes == GPUS["h100"].hbm_bytes
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".95")
+    assert check_topology("h200:16").usable == pytest.approx(0.95 * 143771 * 2**20)
+    assert (stand_in_topology("h100:8"), stand_in_topology("h200:16")) == ("v5p:2x2x2",
+                                                                           "v5p:2x2x4")
+    assert stand_in_topology("v5e:4x4") is None
+    with pytest.raises(ConfigError, match=r"plan.topology: h100:6: .* multiples of 4"):
+        check_topology("h100:6")
+    with pytest.raises(ConfigError, match=r"unknown topology 'a100:8'.*h100:8, an estimate"):
+        check_topology("a100:8")
+    run, _ = _config("trainer.batch_prompts=8")
+    plan = dataclasses.replace(_fake_plan(run, update_gib=70.0), topology="h200:8",
+                               chip=check_topology("h200:8"), chips=8)
+    # 71 GiB: within .95 x 140.4 GiB of an H200; refused by the 95 GiB stand-in or not
+    refused = dataclasses.replace(plan.programs[3], refused="RESOURCE_EXHAUSTED: ...")
+    plan = dataclasses.replace(plan, programs=(*plan.programs[:3], refused))
+    text = verdict(run, plan).splitlines()
+    assert text[0] == "verdict: fits: every program this config runs is within 133.4 GiB per chip"
+    assert text[-1] == "verdict: an ESTIMATE (above): confirm on one GPU host with rl.smoke"
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    h100_plan = dataclasses.replace(plan, topology="h100:8", chip=check_topology("h100:8"))
+    text = verdict(run, h100_plan)  # 71 GiB > .75 x 79.6
+    assert text.startswith("verdict: update does NOT fit: 71.00 GiB per chip (program 71.00 "
+                           "+ resident 0.00) > 59.7 GiB; try"), text
+    lines = header(run, h100_plan)
+    assert lines[0].endswith("NVIDIA H100 SXM 80GB: 79.6 GiB HBM, 989 TFLOP/s bf16, 3350 GB/s "
+                             "(NVIDIA datasheet); mesh data=2 fsdp=2 tensor=1"), lines[0]
+    assert lines[1].startswith("  ESTIMATE: no GPU compiler runs here; the programs were "
+                               "compiled by libtpu for a TPU slice of as many chips "
+                               "(v5p:2x2x2)"), lines[1]
+    assert "Held against 75% of each GPU's memory (59.7 GiB" in lines[1]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed (pip install -e '.[tpu-plan]'): the GPU "
+                           "estimate compiles for a TPU stand-in")
+def test_a_gpu_estimate_of_the_tiny_model_compiles_on_its_stand_in():
+    proc = _plan_cli(*TINY, "plan.topology=h100:8", "mesh=gpu_8", "plan.rollout_fit=false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "on h100:8: 8 chips, NVIDIA H100 SXM 80GB" in out and "(v5p:2x2x2)" in out, out
+    _check_table(out)
+    assert "verdict: an ESTIMATE" in out, out
+
+
 def test_a_pass_the_config_does_not_run_does_not_spoil_the_fit():
     run, _ = _config("trainer.batch_prompts=8")
     plan = _fake_plan(run, update_gib=1.0)

@@ -41,7 +41,8 @@ def test_prorubric_paper_is_the_authors_run():
     assert a["name"] == "prorubric_official" and cfg["task"]["aggregator"] == "prorubric_official"
     assert (a["overlong"]["enabled"], a["overlong"]["buffer_frac"], a["overlong"]["penalty"]) \
         == (True, 0.5, 0.5)
-    assert cfg["judge"]["name"] == "openai" and cfg["mesh"]["shape"]["fsdp"] == -1
+    assert cfg["judge"]["name"] == "openai"
+    assert cfg["mesh"]["shape"] == {"data": 1, "fsdp": 8, "tensor": 1}  # one node of 8 GPUs
     # the atomic arm against it is one override
     atomic = resolved_config(_compose("experiment=prorubric_paper", "algo=rubric_rl_official",
                                       "task.path=x", "judge.base_url=u", "judge.model=j",
@@ -126,3 +127,20 @@ def test_each_preset_runs_a_step_on_the_tiny_model_and_fixture_files(tmp_path):
     record = json.loads((tmp_path / "arbor" / "run" / "metrics.jsonl").read_text()
                         .splitlines()[0])
     assert "memory/drafts" in record or any(k.startswith("memory/") for k in record)
+
+
+@pytest.mark.parametrize(("mesh", "needs"), [(None, 8), ("v5e_16", 16)])
+def test_a_preset_on_too_few_devices_names_its_mesh_and_the_devices_there_are(
+        tmp_path, mesh, needs):
+    from rl.run.config import ConfigError
+    from rl.run.trainer import build_trainer
+
+    cfg = resolved_config(_compose(
+        "experiment=prorubric_paper", "model=tiny", "model.chat_template_kwargs={}",
+        "task.path=x.parquet", "judge.base_url=http://judge/v1", "judge.model=j",
+        f"trainer.run_dir={tmp_path / 'run'}", *([f"mesh={mesh}"] if mesh else [])))
+    with pytest.raises(ConfigError, match=rf"mesh.shape: mesh: shape {{'data': 1, 'fsdp': "
+                                          rf"{needs}, 'tensor': 1}} needs {needs} devices, "
+                                          rf"have 1 \(1 cpu device\(s\) in this job"):
+        build_trainer(cfg)
+    assert not (tmp_path / "run").exists()
