@@ -401,6 +401,7 @@ class Program:
     runs: bool        # whether this config runs the program each step
     refused: str = ""  # the compiler's out-of-memory message when it would not compile it
     ici_bytes: float = 0.0  # weight bytes a chip receives from the others (gathered_per_step)
+    calls: int = 1  # runs per step (the rollout's in trainer.rollout_chunks parts)
 
     @property
     def total(self) -> int:
@@ -808,6 +809,8 @@ def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
         except ValueError as e:
             raise ConfigError(f"mesh.rollout_shape: {e} (plan.topology={plan.topology})") from None
     lay = layout(run, plan, mesh)
+    chunks = run.trainer.rollout_chunks  # the rollout: this many sampler calls of a part each
+    rlay = dataclasses.replace(lay, prompts=lay.prompts // chunks, rows=lay.rows // chunks)
     params = abstract_params(cfg, mesh)
     state = abstract_state(params, make_optimizer(run.optim_config()), mesh)
     state_bytes = bytes_per_chip(state)
@@ -817,10 +820,11 @@ def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
     chip = chip or host_chip(len(devices))
     dparams = sampler_weights(run, params, rmesh)
     with jax.set_mesh(rmesh):  # the activation constraints (models.constraints), as rl.run.loop
-        rollout = rollout_programs(run, cfg, lay, rmesh, dparams, state_bytes + ref_bytes)
-        fit = rollout_fit(run, cfg, lay, rmesh, dparams, state_bytes + ref_bytes,
+        rollout = rollout_programs(run, cfg, rlay, rmesh, dparams, state_bytes + ref_bytes)
+        fit = rollout_fit(run, cfg, rlay, rmesh, dparams, state_bytes + ref_bytes,
                           usable_bytes(chip), rollout) \
             if plan.rollout_fit else None
+    rollout = [dataclasses.replace(p, calls=chunks) for p in rollout]
     gathered = gathered_per_step(dparams)
     with jax.set_mesh(mesh):
         programs = [*rollout, reference_program(run, cfg, lay, mesh, params, state_bytes),
@@ -834,15 +838,16 @@ def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
 def time_bound(plan: Plan, prog: Program) -> float | None:
     """Seconds at least: max(FLOPs / (chips x peak), bytes per chip / HBM bandwidth, weight
     bytes gathered per chip / ICI bandwidth): each a floor the program cannot beat, the
-    largest its bound (they may overlap, so not their sum). The ICI floor counts the layer
+    largest its bound (they may overlap, so not their sum), times the program's calls a step
+    (the rollout's trainer.rollout_chunks). The ICI floor counts the layer
     weights the rollout gathers (:func:`gathered_per_step`) against the chip's bidirectional
     bandwidth, where the docs state one; other collectives are not counted."""
     if plan.chip.peak_flops is None or plan.chip.hbm_bandwidth is None or not (
             prog.flops or prog.min_bytes):  # start-up: nothing to bound
         return None
     ici = prog.ici_bytes / plan.chip.ici_bandwidth if plan.chip.ici_bandwidth else 0.0
-    return max(prog.flops / (plan.chips * plan.chip.peak_flops),
-               prog.min_bytes / plan.chip.hbm_bandwidth, ici)
+    return prog.calls * max(prog.flops / (plan.chips * plan.chip.peak_flops),
+                            prog.min_bytes / plan.chip.hbm_bandwidth, ici)
 
 
 def splits(groups: int, size: int, slices: int) -> bool:
@@ -883,12 +888,17 @@ def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
                 "mini x micro parts)", logits]
     else:
         fit = plan.fit.trajectories // g if plan.fit and plan.fit.trajectories > 0 else 0
-        if 0 < fit < t.batch_prompts and ok(fit, t.mini_batches, t.micro_batches):
+        if (t.rollout_chunks == 1 and 0 < fit < t.batch_prompts
+                and ok(fit, t.mini_batches, t.micro_batches)):
             rows = f"trainer.batch_prompts={fit} (the largest rollout batch that fits)"
+        chunks = more_chunks(t.batch_prompts, t.rollout_chunks, fit)
+        in_parts = chunks and (f"trainer.rollout_chunks={chunks} (the same batch, rolled out "
+                               f"in {chunks} sampler calls of {t.batch_prompts // chunks} "
+                               "prompts one after another)")
         pin = [f"trainer.prefill_pin_rows={str(not t.prefill_pin_rows).lower()} (the "
                "prefill's other activation layout)"] if name == "prefill" else []
         keys = [None if t.kv_cache_dtype == "bfloat16" else "trainer.kv_cache_dtype=bfloat16 "
-                "(half the KV cache)", *pin, rows,
+                "(half the KV cache)", *pin, in_parts, rows,
                 None if t.rollout_dtype == "bfloat16" else "trainer.rollout_dtype=bfloat16",
                 more_fsdp, "a smaller response budget (plan.response_budget, the task's)"]
         if name in ("read", "continue", "part"):
@@ -898,6 +908,14 @@ def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
             keys.insert(0, "trainer.rollout_sub_batches=false (continuations run every row "
                            "in place: no gathered copy of the cache)")
     return [k for k in keys if k]
+
+
+def more_chunks(prompts: int, chunks: int, fit: int) -> int | None:
+    """The fewest rollout chunks above `chunks` that split `prompts` evenly into parts of at
+    most `fit` prompts (the largest rollout that fits; 0: unknown, then just the next
+    count that splits them); None when no count does."""
+    counts = [k for k in range(chunks + 1, prompts + 1) if prompts % k == 0]
+    return next((k for k in counts if not fit or prompts // k <= fit), None)
 
 
 def _gib(n: float) -> str:
@@ -936,7 +954,10 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
         f"{lay.mini_batches} mini-batch(es) of {lay.update_groups} groups x {lay.size}, "
         f"{t.micro_batches} micro-batches, remat {str(t.remat).lower()}, compute "
         f"{run.model.dtype}; rollout {t.rollout_dtype} weights, {t.kv_cache_dtype} KV cache, "
-        f"prefill rows {'pinned' if t.prefill_pin_rows else 'left to the compiler'}",
+        f"prefill rows {'pinned' if t.prefill_pin_rows else 'left to the compiler'}"
+        + (f"; the rollout in {t.rollout_chunks} sampler calls of "
+           f"{lay.prompts // t.rollout_chunks} prompts (trainer.rollout_chunks: the rollout "
+           f"rows below are one call's)" if t.rollout_chunks > 1 else ""),
         *([f"  filler: rl.grpo.batch adds {lay.filler} filler group(s) (loss mask 0) so that "
            f"{lay.rows} trajectories cut into {t.mini_batches} x {t.micro_batches} x "
            f"{plan.mesh['data'] * plan.mesh['fsdp']} equal slices: the update computes "
@@ -1032,6 +1053,7 @@ def fit_line(run: RunConfig, fit: RolloutFit) -> str:
 
 def _row(plan: Plan, p: Program) -> str:
     notes = ("" if p.runs else "   (not run by this config)") + (
+        f"   (x{p.calls} a step: trainer.rollout_chunks)" if p.calls > 1 else "") + (
         f"   (refused by {'the stand-in' if chip_is_gpu(plan) else 'the'} compiler: sizes from "
         "its message)" if p.refused else "")
     return (f"  {p.name:<10}{_gib(p.arguments)} {_gib(p.temporaries)} {_gib(p.outputs)} "

@@ -64,6 +64,7 @@ class TrainerConfig:
     kv_cache_dtype: str  # the rollout's KV cache: float32 | bfloat16 (attention in float32)
     prefill_pin_rows: bool  # the rollout prefill's activations pinned to the rows (sampler)
     rollout_sub_batches: bool  # continuations gather their rows (SamplingParams.sub_batches)
+    rollout_chunks: int  # the rollout in this many sampler calls (rl.run.loop.rollout_in_chunks)
     seed: int
     run_dir: str
     resume: Literal[False, True, "auto"]  # auto: resume when a checkpoint exists, else start
@@ -461,6 +462,9 @@ def check(run: RunConfig) -> None:
     _require(t.kv_cache_dtype in KV_CACHE_DTYPES, "trainer.kv_cache_dtype",
              f"must be one of {', '.join(KV_CACHE_DTYPES)}, got {t.kv_cache_dtype}")
     check_batch_layout(run)
+    _require(t.rollout_chunks >= 1 and t.batch_prompts % t.rollout_chunks == 0,
+             "trainer.rollout_chunks", f"must be >= 1 and divide trainer.batch_prompts = "
+             f"{t.batch_prompts}, got {t.rollout_chunks}")
     check_off_policy(run)
     for key in ("connect_timeout_s", "heartbeat_timeout_s", "wait_timeout_s"):
         _require(getattr(run.mesh, key) >= 1, f"mesh.{key}",

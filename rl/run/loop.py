@@ -154,9 +154,24 @@ def consistency_filtered(c: Components, col: Collected) -> tuple[Collected, dict
     return dataclasses.replace(col, groups=groups, out=kept), info
 
 
-def step_seed(seed: int, step: int, draw: int = 0) -> int:
-    """The rollout seed of a step's draw: a pure function of (trainer.seed, step, draw)."""
-    return int(np.random.default_rng([seed, step, draw]).integers(0, 2**31 - 1))
+def step_seed(seed: int, step: int, draw: int = 0, chunk: int = 0) -> int:
+    """The rollout seed of a step's draw (and of its chunk, trainer.rollout_chunks): a pure
+    function of (trainer.seed, step, draw, chunk); chunk 0's is the unchunked draw's."""
+    entropy = [seed, step, draw] + ([chunk] if chunk else [])
+    return int(np.random.default_rng(entropy).integers(0, 2**31 - 1))
+
+
+def rollout_in_chunks(rollout: Callable[[Sequence[Prompt], int], list[Group]],
+                      prompts: Sequence[Prompt], chunks: int,
+                      seed_of: Callable[[int], int]) -> list[Group]:
+    """The groups of `prompts` sampled in `chunks` consecutive equal parts, part k by one
+    ``rollout(part, seed_of(k))`` call: the sampler holds a KV cache for one part's rows at a
+    time (trainer.rollout_chunks), at the cost of decoding the parts one after another."""
+    if len(prompts) % chunks:
+        raise ValueError(f"trainer.rollout_chunks: {len(prompts)} prompts do not split into "
+                         f"{chunks} equal parts")
+    n = len(prompts) // chunks
+    return [g for k in range(chunks) for g in rollout(prompts[k * n:(k + 1) * n], seed_of(k))]
 
 
 # ------------------------------------------------------------------------------ phases
@@ -191,8 +206,10 @@ def collect(c: Components, loop: LoopState) -> tuple[LoopState, Collected]:
     def draw(i: int, state: Any) -> tuple[list[Group], RewardOutput]:
         prompts = c.stream.batch(loop.data_position + i)
         t0 = time.perf_counter()
-        groups = c.env.rollout(c.policy(rollout_params(loop)), prompts, a.group_size,
-                               step_seed(t.seed, loop.step, i))
+        policy = c.policy(rollout_params(loop))
+        groups = rollout_in_chunks(
+            lambda part, seed: c.env.rollout(policy, part, a.group_size, seed), prompts,
+            t.rollout_chunks, lambda k: step_seed(t.seed, loop.step, i, k))
         t1 = time.perf_counter()
         out = c.rewarder(groups, state, loop.step)
         spent["time/rollout_s"] += t1 - t0

@@ -58,6 +58,7 @@ ADDED_LATER = {"trainer.off_policy_steps": 0, "trainer.kv_cache_dtype": "float32
                "algo.rewarder_options.lineage_k": 3, "algo.consistency_filter": "none",
                "algo.consistency_remove": 2, "algo.consistency_correct": 1.0,
                "trainer.rollout_sub_batches": True, "model.revision": None,
+               "trainer.rollout_chunks": 1,
                "algo.rewarder_options.aggregator": "additive_abs"}
 
 

@@ -430,6 +430,15 @@ def test_rollout_remedies_offer_a_bfloat16_kv_cache_and_the_fitted_batch():
     fit = RolloutFit(15.75 * 2**30, 4, 4, (), (Affine(0, 1),) * 2, 16)
     keys = remedies(run, dataclasses.replace(plan, fit=fit), "decode")
     assert "trainer.batch_prompts=4 (the largest rollout batch that fits)" in keys, keys
+    # or the same 8 prompts in 2 sampler calls of 4 (the fewest parts within the fit)
+    assert ("trainer.rollout_chunks=2 (the same batch, rolled out in 2 sampler calls of 4 "
+            "prompts one after another)") in keys, keys
+    assert keys.index(next(k for k in keys if "rollout_chunks" in k)) < keys.index(
+        "trainer.batch_prompts=4 (the largest rollout batch that fits)")
+    # fits of 3 prompts: 8 prompts in parts of at most 3 -> 4 parts of 2 (3 does not divide)
+    fit3 = dataclasses.replace(fit, trajectories=12)
+    assert any(k.startswith("trainer.rollout_chunks=4 ") for k in remedies(
+        run, dataclasses.replace(plan, fit=fit3), "prefill"))
     assert any("task.max_obs_tokens" in k for k in remedies(run, plan, "continue"))
     assert not any("max_obs_tokens" in k for k in remedies(run, plan, "prefill"))
     # the gathered sub-batch's copy of the cache goes with the sub-batches: first for part

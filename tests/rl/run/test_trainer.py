@@ -240,6 +240,8 @@ def test_bfloat16_model_trains_float32_master_weights(tmp_path):
      "bfloat16"),
     ("trainer.prefill_pin_rows=maybe", "trainer.prefill_pin_rows: expected true or false"),
     ("trainer.rollout_sub_batches=2", "trainer.rollout_sub_batches: expected true or false"),
+    ("trainer.batch_prompts=4 trainer.rollout_chunks=3", "trainer.rollout_chunks: must be >= 1 "
+     "and divide trainer.batch_prompts = 4, got 3"),
     ("algo.loss_agg=token_mean", "algo.loss_agg"),
     ("algo.advantage=dr_grpo", "algo.advantage"),
     ("algo.std_ddof=2", "algo.std_ddof: must be 0 or 1"),
@@ -431,3 +433,50 @@ def test_several_eval_splits_are_logged_each_and_averaged(tmp_path):
     assert rec["eval/n"] == 6 and both.evaluations[0] == rec["eval/outcome_mean"]
     with pytest.raises(ConfigError, match=r"trainer.eval_split: name one split or several"):
         build_trainer(make_cfg(tmp_path / "dup", *common, "trainer.eval_split=[dev,dev]"))
+
+
+def test_a_rollout_in_chunks_samples_consecutive_parts_with_their_own_seeds():
+    from rl.run.loop import rollout_in_chunks, step_seed
+
+    prompts = [Prompt(id=f"p{i}", messages=()) for i in range(6)]
+    calls = []
+
+    def rollout(part, seed):
+        calls.append(([p.id for p in part], seed))
+        return [Group(p, ()) for p in part]
+
+    groups = rollout_in_chunks(rollout, prompts, 3, lambda k: step_seed(7, 2, 0, k))
+    assert [g.prompt.id for g in groups] == [p.id for p in prompts]  # in the batch's order
+    assert [ids for ids, _ in calls] == [["p0", "p1"], ["p2", "p3"], ["p4", "p5"]]
+    # chunk 0 draws the unchunked rollout's seed; the others their own (numpy's seeding of
+    # the entropy [seed, step, draw, chunk])
+    seeds = [seed for _, seed in calls]
+    assert seeds[0] == step_seed(7, 2, 0) == int(
+        np.random.default_rng([7, 2, 0]).integers(0, 2**31 - 1))
+    assert seeds[2] == int(np.random.default_rng([7, 2, 0, 2]).integers(0, 2**31 - 1))
+    assert len(set(seeds)) == 3
+    with pytest.raises(ValueError, match="6 prompts do not split into 4 equal parts"):
+        rollout_in_chunks(rollout, prompts, 4, lambda k: k)
+
+
+def test_a_step_whose_rollout_runs_in_two_chunks_trains_on_the_whole_batch(tmp_path,
+                                                                          monkeypatch):
+    from rl.tasks.envs import SingleTurnEnv
+
+    calls = []
+    real = SingleTurnEnv.rollout
+
+    def counted(self, policy, prompts, group_size, seed):
+        calls.append(len(prompts))
+        return real(self, policy, prompts, group_size, seed)
+
+    monkeypatch.setattr(SingleTurnEnv, "rollout", counted)
+    t = build_trainer(make_cfg(tmp_path / "chunks", *LEARN, "trainer.max_steps=1",
+                               "trainer.batch_prompts=4", "algo.group_size=2",
+                               "trainer.max_new_tokens=4", "trainer.rollout_chunks=2",
+                               "trainer.eval_at_ends=false"))
+    history = t.run()
+    t.close()
+    assert calls == [2, 2]  # two sampler calls of 2 prompts
+    # the update saw all 4 groups of 2: 8 trajectories of 1 to 4 new tokens
+    assert 8 <= history[0]["rollout/generated_tokens"] <= 32
