@@ -72,6 +72,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     how = "greedy" if e.samples == 1 else f"{e.samples} samples at temperature {e.temperature}"
     print(f"evaluation of {source} on task {task.name} ({how})")
     print(format_table(results))
+    if e.samples > 1:
+        k = e.samples
+        print(f"outcome: mean@{k} (the outcome averaged over the {k} samples); outcome_pass@j: "
+              f"the unbiased pass@j from {k} samples (Chen et al. 2021); outcome_maj@{k}: the "
+              f"majority answer's outcome")
     print(f"\n{e.confidence:.0%} bootstrap intervals over prompts ({e.bootstrap} resamples)")
     print(format_table(ranges, interval=True))
     if metric_sets:

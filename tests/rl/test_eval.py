@@ -316,3 +316,34 @@ def test_rubric_chat_evaluation_reports_the_tasks_scores_and_healthbench():
     assert row["outcome"] == 0.5 and "reward" not in row
     assert row["axis/mention"] == row["axis/explain"] == 0.5
     assert "coverage" in res["_intervals"]["dev"] and "healthbench" not in res["_intervals"]["dev"]
+
+
+def test_the_eval_command_reports_multiple_choice_mean_pass_and_majority_at_8(tmp_path, capsys):
+    """`python -m rl.eval task=prompts ... task.reward=choice eval.samples=8` on the MedQA-style
+    fixture (10 questions written by hand in MedQA's schema): mean@8 (the outcome), pass@1..8
+    and maj@8, each with its interval, and the choice reward, printed and in eval.json."""
+    from hydra import compose, initialize_config_dir
+
+    from rl.eval import run
+    from tests.paths import CONF, FIXTURES
+
+    medqa = FIXTURES / "choice" / "medqa_test.jsonl"
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "task=prompts", f"task.path={medqa}", f"task.test_path={medqa}",
+            "task.prompt_field=question", "task.answer_field=answer_idx",
+            "task.options_field=options", "task.reward=choice", "model=tiny", "eval.samples=8",
+            "eval.max_new_tokens=4", "eval.bootstrap=100", f"eval.out_dir={tmp_path}",
+            f"trainer.run_dir={tmp_path / 'run'}"])
+    run(cfg)
+    out = capsys.readouterr().out
+    columns = ["outcome", *(f"outcome_pass@{j}" for j in range(1, 9)), "outcome_maj@8"]
+    header = next(line for line in out.splitlines() if line.startswith("split"))
+    assert header.split() == ["split", *columns, "reward/choice"], out
+    assert "outcome: mean@8 (the outcome averaged over the 8 samples)" in out
+    assert "95% bootstrap intervals over prompts (100 resamples)" in out
+    saved = json.loads((tmp_path / "eval.json").read_text())
+    assert set(columns) <= set(saved["results"]["test"])
+    assert set(columns) <= set(saved["intervals"]["test"])
+    # the 10 questions, 8 answers each (eval_samples.jsonl: one record per answer)
+    assert len((tmp_path / "eval_samples.jsonl").read_text().splitlines()) == 80
