@@ -3,13 +3,19 @@
     python -m rl.eval task=search_qa                              # the base model
     python -m rl.eval task=search_qa eval.run=runs/my_run         # latest checkpoint of a run
     python -m rl.eval task=search_qa judge=rule eval.splits=[dev,test]
+    python -m rl.eval task=prompts task.path=medqa.jsonl task.test_path=medqa.jsonl \
+        task.prompt_field=question task.options_field=options task.answer_field=answer_idx \
+        task.reward=choice eval.samples=8
 
 Greedy rollouts on each split (for search_qa with `eval_paths`, each named dataset), or with
 ``eval.samples=k`` k sampled trajectories per prompt at ``eval.temperature``, reported as
-mean@k and pass@k (``rl.run.eval_stats``). Search tasks report EM, F1, format-valid rate, average
-turns and searches, and LLM-judge accuracy when a judge is configured; any task reports its
-outcome mean. Per split and averaged, each with a percentile bootstrap interval over prompts
-(``eval.confidence``, ``eval.bootstrap``); printed as two tables and written to
+mean@k (the ``outcome`` column), the unbiased pass@1..k and maj@k (``rl.run.eval_stats``).
+Search tasks report EM, F1, format-valid rate, average turns and searches, and LLM-judge
+accuracy when a judge is configured; prompt datasets their outcome reward (``task.reward``:
+multiple-choice letter accuracy, math answer equivalence, QA EM/F1); rubric tasks the rubric
+reward with coverage, fitness, length and, for HealthBench rows, HealthBench's scores; any task
+reports its outcome mean. Per split and averaged, each with a percentile bootstrap interval
+over prompts (``eval.confidence``, ``eval.bootstrap``); printed as two tables and written to
 `<out_dir>/eval.json` (default: the run folder, else the hydra folder); every answer goes to
 `<out_dir>/eval_samples.jsonl` (`split`, `id`, `question`, `response`, the task's scores, and
 `sample` with several per prompt), which `python -m rewards.compare` reads.
@@ -94,4 +100,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from rl.run.resolve import print_help_first
+
+    print_help_first(__doc__)
     main()

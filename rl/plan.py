@@ -1110,4 +1110,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from rl.run.resolve import print_help_first
+
+    print_help_first(__doc__)
     main()

@@ -238,4 +238,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from rl.run.resolve import print_help_first
+
+    print_help_first(__doc__)
     main()

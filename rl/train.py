@@ -207,6 +207,9 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    from rl.run.resolve import print_help_first
+
+    print_help_first(__doc__)
     if secrets := secret_overrides(sys.argv[1:]):
         sys.exit(f"rl.train: {', '.join(secrets)}: credentials are not accepted on the command "
                  "line (hydra writes overrides into .hydra/); put the key in the environment "

@@ -33,6 +33,9 @@ def test_the_site_builds_strictly(tmp_path):
     # a key from each kind of source: a typed section, a task option, a method key, rl.sft
     for key in ("trainer.max_steps", "task.max_turns", "algo.rubric_lambda", "sft.examples"):
         assert f"<code>{key}</code>" in page, key
+    # the build's own hook and Python caches are not published with the pages
+    assert not list((tmp_path / "site").rglob("*.py")), list((tmp_path / "site").rglob("*.py"))
+    assert not list((tmp_path / "site").rglob("__pycache__"))
 
 
 YAML = """\

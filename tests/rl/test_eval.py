@@ -347,3 +347,12 @@ def test_the_eval_command_reports_multiple_choice_mean_pass_and_majority_at_8(tm
     assert set(columns) <= set(saved["intervals"]["test"])
     # the 10 questions, 8 answers each (eval_samples.jsonl: one record per answer)
     assert len((tmp_path / "eval_samples.jsonl").read_text().splitlines()) == 80
+
+
+def test_help_prints_what_the_command_does_before_hydras_groups(capsys):
+    from rl.run.resolve import print_help_first
+
+    print_help_first("Evaluate a model.\n", ["task=x", "--help"])
+    assert capsys.readouterr().out == "Evaluate a model.\n\n"
+    print_help_first("Evaluate a model.\n", ["task=x"])
+    assert capsys.readouterr().out == ""
