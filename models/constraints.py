@@ -3,10 +3,9 @@
 Model code stays device-free: :func:`shard_rows` is a no-op unless the caller (``rl.run.loop``,
 ``rl.plan``) runs it under ``jax.set_mesh(mesh)``. There it pins an activation's batch axis to
 the data-parallel mesh axes, which GSPMD's propagation alone does not keep: with FSDP the
-weights' ``embed`` axis is sharded over ``fsdp`` too, and measured on an 8-device CPU mesh
-(SmolLM2-135M shapes, 64 trajectories x 128 tokens) the log-prob pass then computed the whole
-batch's logits on every device (3.0 GiB of temporaries per device, 0.30 GiB with the
-constraint).
+weights' ``embed`` axis is sharded over ``fsdp`` too, and the log-prob pass then computed the
+whole batch's logits on every device (ten times the temporaries; the measurement is on the
+benchmarks page, "Design measurements").
 """
 
 from __future__ import annotations

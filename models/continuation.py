@@ -135,8 +135,8 @@ def row_bucket(n: int, per_shard: int, sub_batches: bool = True) -> int:
 
 def read_group(per_shard: int) -> int:
     """The rows a read takes at a time, per shard of `per_shard` device rows: ceil(P/8). A read
-    costs about its rows' tokens (it is compute, like a prefill: on the 2-core CPU about
-    600-700 tokens/s at any block from 16 to 128 tokens), so its readers are not rounded up
+    costs about its rows' tokens (it is compute, like a prefill, at about the same rate for
+    any block from 16 to 128 tokens), so its readers are not rounded up
     to a decode bucket: of 16 rows, 2 readers read as 2, not 4, and 10 as 10, not 12; and a
     group's copy of the cache is an eighth of it. The price: every row's read is 8 passes
     over the weights, not 1 (on an accelerator a read of few rows reads the weights for
@@ -280,9 +280,9 @@ def _read_rows(cfg: ModelConfig, params: Params, sub: Frontier, lines: jax.Array
             tokens = jax.lax.dynamic_slice_in_dim(lines, first, width, axis=1)
             real = jax.lax.dynamic_slice_in_dim(mask, first, width, axis=1)
             positions = sub.n_tokens[:, None] + first + jnp.arange(width)
-            # activations pinned to the rows (as the prefill): left to GSPMD, the read of
-            # 320 rows x 2,304 slots on v5e-16 needed 16.5 GiB of temporaries per chip and
-            # was refused; pinned, 10.0 (rl.plan, Qwen3-4B, 2026-12-05)
+            # activations pinned to the rows (as the prefill): left to GSPMD, the read's
+            # temporaries were larger than a v5e chip's HBM (benchmarks, "Design
+            # measurements")
             hidden, cache = forward_with_cache(cfg, params, tokens, real, positions,
                                                cache=cache, cache_index=sub.next_slot + first,
                                                mesh=mesh, pin_rows=True)
@@ -310,9 +310,8 @@ def _read_rows(cfg: ModelConfig, params: Params, sub: Frontier, lines: jax.Array
 # The TPU compiler's latency-hiding scheduler overlaps the read's layers (weight gathers,
 # attention scores) into the HBM it takes to be free; it does not know of the train state
 # that stays resident through the rollout. Off, for this program only (a read runs once per
-# turn; the decode chunks keep it): Qwen3-4B, 320 rows x 2,304 slots on v5e-16, libtpu
-# 0.0.42, the read's temporaries per chip went from 7.4 GiB (17.5 in all, over the chip's
-# 15.75) to 2.3 (12.5 in all).
+# turn; the decode chunks keep it), the read's temporaries fall to a third and the rollout
+# fits beside the train state (benchmarks, "Design measurements").
 TPU_READ_OPTIONS = {"xla_tpu_enable_latency_hiding_scheduler": False}
 _READ_PROGRAMS = {
     platform: jax.jit(read_in_place, static_argnames=("cfg", "settings"),

@@ -196,10 +196,10 @@ def decode_params(params: Params, dtype: Any = None) -> Params:
     layer, kept as a [D,V] "unembed") for decoding: matmuls run on ``dtype`` inputs with
     float32 accumulation; embeddings, norms, the residual stream, softmax and logits stay
     float32, and so does the KV cache unless ``SamplingParams.kv_cache_dtype`` says otherwise
-    (a decode step's attention reads a float32 cache faster than it converts a bfloat16 one
-    on CPU: 11 vs 18 ms per step at batch 32; on a TPU a bfloat16 cache halves the rollout's
-    largest buffer). Half the bytes per
-    step for weights; on a CPU with AVX512-BF16, ~1.5x the matmul throughput at batch 32.
+    (on CPU a decode step's attention reads a float32 cache faster than it converts a
+    bfloat16 one; on a TPU a bfloat16 cache halves the rollout's largest buffer). Half the
+    bytes per step for weights, and faster matmuls where the CPU has bfloat16 instructions
+    (benchmarks, "Design measurements").
     Samples then come from a slightly different distribution than the float32 policy's (the
     trainer recomputes log-probabilities in float32, so its importance ratios stay exact)."""
     return _decode_params_jit(params, None if dtype is None else jnp.dtype(dtype))
@@ -314,9 +314,9 @@ def row_logits(cfg: ModelConfig, params: Params, x: jax.Array, mesh: Mesh | None
     (``models.sharding.vocab_sharding``: ``x`` gathered within the shard, B D / data values;
     the unembedding split along V, as the sampler's weights keep it), then the logits move to
     their rows (an all-to-all of B V / devices values). Left to GSPMD with FSDP weights, each
-    device instead gathered the whole [D,V] unembedding for its own rows: 1.45 GiB of
-    bfloat16 per chip for Qwen3-14B, most of the prefill's temporaries at Search-R1's batch
-    on 128 v5e chips (``rl.plan``). Each logit is the same full-D contraction either way. A
+    device instead gathered the whole [D,V] unembedding for its own rows, most of a large
+    model's prefill temporaries (``rl.plan``; benchmarks, "Design measurements"). Each logit
+    is the same full-D contraction either way. A
     vocabulary no weight axis divides keeps that gather."""
     vocab = None if mesh is None else vocab_sharding(mesh, unembedding(cfg, params).shape[1])
     if vocab is None:

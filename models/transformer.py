@@ -130,8 +130,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     the two dots: XLA:CPU runs a batched dot as one small matmul per (row, KV head), 96 per
     layer at batch 32, and their count, not the bytes read, set the cost. The reductions run
     over the cache's non-minor axis (hd for keys, slots for values), vectorised along its
-    minor axis; measured on 30 layers at batch 32 and 128 slots, 10 ms per step instead of
-    18 (1.8x at batch 8 too)."""
+    minor axis, nearly twice as fast on CPU (benchmarks, "Design measurements")."""
     b, t, h, hd = q.shape
     kv = k.shape[1]
     qg = q.reshape(b, t, kv, h // kv, hd)
@@ -227,8 +226,7 @@ def kv_layout(mesh: Any = None) -> str:
     (:func:`_write_each_row`). The TPU compiler gives a scatter's operand, and a dot's, a
     layout of its own choosing; a program that carries the cache through a loop of them (a
     decode chunk, the multi-turn read) then copied every layer of the cache into that layout
-    (Qwen3-4B, 320 rows x 2,304 slots on v5e-16, libtpu 0.0.42: a chunk's decode 7.1 GiB of
-    temporaries per chip, 0.6 this way; the read 10.1, 7.4 this way)."""
+    (the temporaries this saves are on the benchmarks page, "Design measurements")."""
     return TPU_LAYOUT if platform_of(mesh) == "tpu" else DEFAULT_LAYOUT
 
 
@@ -456,8 +454,8 @@ def _write_each_row(buffer: jax.Array, new: jax.Array, at: jax.Array, axis: int)
 
     Why not the scatter: the TPU compiler lays a scatter's operand out with its slots next to
     its rows, unlike the cache's own layout, so a loop carrying the cache through one (a
-    decode chunk) copied every layer of it (Qwen3-4B, 320 rows x 2,304 slots on v5e-16,
-    libtpu 0.0.42: 7.1 GiB of temporaries per chip; 0.4 this way). A window that overhangs
+    decode chunk) copied every layer of it (benchmarks, "Design measurements"). A window
+    that overhangs
     the buffer's end keeps the slots it would clamp onto (slots past the end are dropped, as
     the scatter drops them)."""
     s, t = buffer.shape[axis], new.shape[axis]
