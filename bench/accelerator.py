@@ -96,10 +96,10 @@ def decode_figures(cfg: Any, params: Any, args: argparse.Namespace) -> tuple[flo
     prompts = [rng.integers(100, min(cfg.vocab_size, 40000), args.prompt_len).tolist()
                for _ in range(args.batch)]
     sampling = SamplingParams(args.new_tokens, temperature=0.0, ignore_eos=True,
-                              kv_cache_dtype="bfloat16")
+                              kv_cache_dtype="bfloat16", decode_text=False)
 
     def run() -> None:
-        generate(cfg, weights, tok, prompts, sampling, decode_text=False)  # tokens on the host
+        generate(cfg, weights, tok, prompts, sampling)  # tokens on the host
 
     lay = Layout(prompts=args.batch, rows=args.batch, groups=args.batch, size=1,
                  prompt=args.prompt_len, response=args.new_tokens, mini_batches=1)

@@ -29,8 +29,8 @@ def ours(batch: int, prompt_len: int, new: int, dtype: str) -> dict:
     prompts = [rng.integers(100, 40000, prompt_len).tolist() for _ in range(batch)]
 
     def run(n):
-        sampling = SamplingParams(n, temperature=0, ignore_eos=True)
-        return lambda: generate(cfg, weights, tok, prompts, sampling, decode_text=False)
+        sampling = SamplingParams(n, temperature=0, ignore_eos=True, decode_text=False)
+        return lambda: generate(cfg, weights, tok, prompts, sampling)
 
     return {"ours_1": run(1), "ours_n": run(new)}
 

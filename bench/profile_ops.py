@@ -71,8 +71,8 @@ def main() -> None:
         b = a.batch or 16
         dp = decode_params(params)
         prompts = [rng.integers(100, 40000, a.seq).tolist() for _ in range(b)]
-        sp = SamplingParams(a.new, temperature=1.0, ignore_eos=True)
-        run = lambda: generate(cfg, dp, tok, prompts, sp, decode_text=False)  # noqa: E731
+        sp = SamplingParams(a.new, temperature=1.0, ignore_eos=True, decode_text=False)
+        run = lambda: generate(cfg, dp, tok, prompts, sp)  # noqa: E731
         hlo = ""  # generate's jitted functions are internal; names come from the trace only
     run()
     with tempfile.TemporaryDirectory() as d:

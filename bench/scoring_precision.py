@@ -60,7 +60,7 @@ def _run(setting: str, cfg: Any, params: Any, tok: Any, prompts: list[list[int]]
     try:
         with jax.default_matmul_precision("highest" if setting == "highest" else None):
             gen = generate(cfg, params, tok, prompts, SamplingParams(
-                new_tokens, temperature=1.0, ignore_eos=True), seed=0, decode_text=False)
+                new_tokens, temperature=1.0, ignore_eos=True, decode_text=False), seed=0)
             toks = np.concatenate([np.asarray(prompts, np.int32), gen.tokens], axis=1)
             both = np.concatenate([toks, toks if reference is None else reference])  # one shape
             mask = jnp.ones(both.shape, bool)

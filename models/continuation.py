@@ -68,6 +68,7 @@ from models.tokenizer import Tokenizer
 from models.transformer import (
     KVCache,
     Params,
+    Placement,
     forward_with_cache,
     kv_layout,
     platform_of,
@@ -285,7 +286,7 @@ def _read_rows(cfg: ModelConfig, params: Params, sub: Frontier, lines: jax.Array
             # measurements")
             hidden, cache = forward_with_cache(cfg, params, tokens, real, positions,
                                                cache=cache, cache_index=sub.next_slot + first,
-                                               mesh=mesh, pin_rows=True)
+                                               placement=Placement(mesh, pin_rows=True))
             at = read - 1 - first  # the row's last token, when it is in this block
             here = (at >= 0) & (at < width)
             h = jnp.take_along_axis(hidden, jnp.clip(at, 0, width - 1)[:, None, None], axis=1)
@@ -360,8 +361,7 @@ def _grown(state: Frontier, slots: int, layout: str) -> Frontier:
 def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
                         state: DecodeState, continuation: Continuation,
                         sampling: SamplingParams = SamplingParams(),  # noqa: B008 (frozen)
-                        seed: int | jax.Array = 0,
-                        decode_text: bool = True) -> Generation:
+                        seed: int | jax.Array = 0) -> Generation:
     """Extend rows of an earlier generation without re-reading their context.
 
     Output row i continues row ``continuation.rows[i]`` of the generation that produced
@@ -415,7 +415,7 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
                               settings=settings)
     if continuation.consume:
         _delete(state)  # donated above; freed here where a backend could not reuse them
-    return _result(tokenizer, decoded, len(device_rows), decode_text, sampling.stop,
+    return _result(tokenizer, decoded, len(device_rows), sampling.decode_text, sampling.stop,
                    layout.sub, mesh, layout=device_rows)
 
 

@@ -38,6 +38,7 @@ from models.tokenizer import Tokenizer
 from models.transformer import (
     KVCache,
     Params,
+    Placement,
     forward_with_cache,
     kv_layout,
     slot_axes,
@@ -70,7 +71,8 @@ class SamplingParams:
     row_buckets``; a read, groups of ``read_group`` rows), so a chunk costs about what its
     rows cost; False: every row of the cache runs, in place (rows not continued ride along,
     finished), so nothing but the cache is held: the memory of a tight accelerator
-    (``rl.plan``'s ``part`` program)."""
+    (``rl.plan``'s ``part`` program). ``decode_text``: the result carries the rows' texts
+    (False: token ids only, as benchmarks want; no effect on the programs)."""
 
     max_new_tokens: int = 128
     temperature: float = 1.0
@@ -83,6 +85,7 @@ class SamplingParams:
     capacity: int = 0
     prompt_bucket: int = 16
     sub_batches: bool = True
+    decode_text: bool = True
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -374,7 +377,8 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
         hidden, cache = forward_with_cache(
             cfg, params, tok[:, None], ~s.done[:, None],
             positions=(start.n_tokens + s.step)[:, None], cache=s.cache,
-            cache_index=first + (s.lengths if first_slot is None else s.step), mesh=mesh)
+            cache_index=first + (s.lengths if first_slot is None else s.step),
+            placement=Placement(mesh))
         return constrain_rows(DecodeLoop(
             step=s.step + 1, key=s.key,
             tokens=s.tokens.at[:, s.step].set(tok), logprobs=s.logprobs.at[:, s.step].set(logp),
@@ -498,7 +502,7 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
     cache = constrain_rows(KVCache.zeros(cfg, prompts.tokens.shape[0], width,
                                          jnp.dtype(cache_dtype), layout), mesh)
     hidden, cache = forward_with_cache(cfg, params, prompts.tokens, prompts.mask, cache=cache,
-                                       cache_index=0, mesh=mesh, pin_rows=pin_rows)
+                                       cache_index=0, placement=Placement(mesh, pin_rows))
 
     def grown(x: jax.Array, axis: int) -> jax.Array:  # a row's copy, empty slots after
         pad = [(0, 0)] * x.ndim
@@ -634,7 +638,7 @@ def _result(tokenizer: Tokenizer, decoded: Decoded, n_rows: int, decode_text: bo
 def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
              prompts: Sequence[Sequence[int]], sampling: SamplingParams = SamplingParams(),
              seed: int | jax.Array = 0, max_new_per_row: Sequence[int] | None = None,
-             decode_text: bool = True, mesh: Mesh | None = None) -> Generation:
+             mesh: Mesh | None = None) -> Generation:
     """Sample continuations of token-id prompts (apply chat templates beforehand).
 
     Generation of a row ends at an EOS token (the tokenizer's; none with
@@ -656,7 +660,8 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
         cfg, params, batch, _key(seed), stopping, settings=DecodeSettings.of(sampling, mesh),
         cache_len=cache_length(batch.tokens.shape[1], sampling))
     order = None if mesh is None else np.arange(len(prompts))  # the padding rows: not rows
-    return _result(tokenizer, decoded, len(prompts), decode_text, sampling.stop, order, mesh)
+    return _result(tokenizer, decoded, len(prompts), sampling.decode_text, sampling.stop, order,
+                   mesh)
 
 
 def cache_length(width: int, sampling: SamplingParams) -> int:

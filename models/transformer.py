@@ -345,10 +345,25 @@ def forward(cfg: ModelConfig, params: Params, tokens: jax.Array,
     return x if return_hidden else unembed(cfg, params, x)
 
 
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a cached forward pass runs. ``mesh``: the mesh of its program, whose devices'
+    platform sets the cache's layout (:func:`kv_layout`) and whether a bfloat16 cache is read
+    in float32 (:func:`_no_bf16_dot_on_buffers`). ``pin_rows``: pin the activations' rows to
+    the context mesh's batch axes after the embedding and every layer
+    (``models.constraints.shard_rows``, as ``forward`` does in training); otherwise they are
+    left to GSPMD. The prefill pins as its config says (``models.sampler.prefill``: which is
+    smaller depends on the model, prompts and shards); the continuation's read pins
+    (``models.continuation.read_in_place``)."""
+
+    mesh: Any = None
+    pin_rows: bool = False
+
+
 def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
                        attn_mask: jax.Array | None = None, positions: jax.Array | None = None,
                        *, cache: KVCache, cache_index: jax.Array | int,
-                       mesh: Any = None, pin_rows: bool = False) -> tuple[jax.Array, KVCache]:
+                       placement: Placement = Placement()) -> tuple[jax.Array, KVCache]:
     """(final hidden states [B,T,D], updated cache) for tokens [B,T] that follow the cache's
     contents: the T new tokens' keys and values are written at slots
     [cache_index, cache_index + T) and each token attends to the cache's valid slots before
@@ -360,18 +375,10 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
     dropped, not clamped onto the row's last ones): a multi-turn rollout's rows, each at its
     own length, write in place in one cache (``models.continuation``).
 
-    ``mesh``: the mesh the program runs on; its devices' platform decides whether a bfloat16
-    cache is read in float32 (:func:`_no_bf16_dot_on_buffers`).
-
-    ``pin_rows``: pin the activations' rows to the context mesh's batch axes after the
-    embedding and every layer (``models.constraints.shard_rows``, as ``forward`` does in
-    training); otherwise they are left to GSPMD. The prefill pins as its config says
-    (``models.sampler.prefill``: which is smaller depends on the model, prompts and
-    shards); the continuation's read pins (``models.continuation.read_in_place``).
-
-    The cache is in the layout of ``mesh``'s platform (:func:`kv_layout`).
+    ``placement``: the program's mesh and whether the rows are pinned (:class:`Placement`);
+    the cache is in the layout of its mesh's platform (:func:`kv_layout`).
     """
-    t = tokens.shape[1]
+    t, mesh = tokens.shape[1], placement.mesh
     attn_mask, positions = _mask_and_positions(tokens, attn_mask, positions)
     inv_freq = jnp.asarray(rope_inv_freq(cfg))
     at = jnp.asarray(cache_index, jnp.int32)
@@ -385,7 +392,7 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
     # a several-token forward reads a bfloat16 cache in float32 on CPU
     write = _cache_writer(layout, at, t > 1 and _no_bf16_dot_on_buffers(cache.k[0].dtype, mesh))
 
-    pin = shard_rows if pin_rows else (lambda a: a)
+    pin = shard_rows if placement.pin_rows else (lambda a: a)
     x, ks, vs = pin(params["embed"][tokens]), [], []
     layers = unstack_layers(params)["layers"]
     for p, ck, cv in zip(layers, cache.k, cache.v, strict=True):
