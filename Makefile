@@ -49,6 +49,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: any warning fails.
 docs: $(STAMP)

@@ -76,7 +76,7 @@ def job_settings(coordinator: str | None, num_processes: int | None, process_id:
                          coordinator or os.environ["JAX_COORDINATOR_ADDRESS"], num_processes,
                          process_id)
     elif (found := detect_cluster(connect_timeout_s)) is not None and (
-            found.num_processes > 1 or num_processes not in (None, 1)):
+            (found.num_processes or 1) > 1 or num_processes not in (None, 1)):
         job = ClusterJob(found.found_by, found.coordinator,
                          found.num_processes if num_processes is None else num_processes,
                          found.process_id if process_id is None else process_id)
@@ -150,7 +150,7 @@ def _wait_for_coordinator(job: ClusterJob, timeout_s: float) -> None:
     """Return once something listens at the job's coordinator (host:port); RuntimeError
     naming it after `timeout_s`. (JAX's own connect timeout aborts the process without
     saying which setting is wrong.)"""
-    host, _, port = job.coordinator.rpartition(":")
+    host, _, port = (job.coordinator or "").rpartition(":")
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -174,6 +174,7 @@ def _check_process_ids(coordinator: str | None, num_processes: int | None,
                          f"(got {num_processes} / {process_id})")
     if num_processes is not None and num_processes < 1:
         raise ValueError(f"mesh.num_processes: must be >= 1, got {num_processes}")
-    if process_id is not None and not 0 <= process_id < num_processes:
+    if process_id is not None and num_processes is not None and not (
+            0 <= process_id < num_processes):
         raise ValueError(f"mesh.process_id: must be in [0, mesh.num_processes="
                          f"{num_processes}), got {process_id}")

@@ -103,7 +103,8 @@ class Policy(Protocol):
     re-send the whole context otherwise.
     """
 
-    tokenizer: Any
+    @property
+    def tokenizer(self) -> Any: ...
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seed: int,
                  max_new_per_row: Sequence[int] | None = None) -> Generation: ...
@@ -131,7 +132,8 @@ class Rewarder(Protocol):
 class Task(Protocol):
     """A dataset of prompts, an environment to roll them out, and an outcome score."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def prompts(self, split: str) -> Sequence[Prompt]: ...
 

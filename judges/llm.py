@@ -109,7 +109,7 @@ class JudgeOptions:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # config values may arrive as strings or floats
-            object.__setattr__(self, f.name, as_type(f.type, getattr(self, f.name)))
+            object.__setattr__(self, f.name, as_type(str(f.type), getattr(self, f.name)))
         if self.check_mode not in ("json", "logprob"):
             raise ValueError(f"check_mode must be 'json' or 'logprob', got {self.check_mode!r}")
         if self.compare_mode not in ("json", "logprob"):
@@ -149,9 +149,14 @@ class LLMJudge:
     def __init__(self, backend: Backend, **options: Any):
         self.backend = backend
         self.options = JudgeOptions(**options)
-        # the options read as attributes (judge.seed, judge.max_reasks, ...)
-        vars(self).update(dataclasses.asdict(self.options))
         self._c = Counters(JUDGE_STAT_KEYS)
+
+    def __getattr__(self, name: str) -> Any:
+        """The options read as attributes (judge.seed, judge.max_reasks, ...)."""
+        options = self.__dict__.get("options")
+        if options is not None and name in JudgeOptions.__dataclass_fields__:
+            return getattr(options, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self) -> str:
         return (
@@ -389,8 +394,8 @@ class LLMJudge:
                 raise ParseError("; ".join(problems[:3]))
             return Bundle(dimensions=dims)
 
-        for i, r in zip(todo, self._run(convs, parse, P.BUNDLE.shape)):
-            results[i] = r
+        for i, got in zip(todo, self._run(convs, parse, P.BUNDLE.shape)):
+            results[i] = got
         return self._finish("bundle", results,
                             lambda i, f: Bundle((), error=f.reason, draft=drafts.get(i, ())))
 
@@ -420,8 +425,8 @@ class LLMJudge:
             eq = parse_equiv(text)
             return EquivResult(equivalent=eq, prob=1.0 if eq else 0.0)
 
-        for i, r in zip(todo, self._run(convs, parse, P.EQUIV.shape)):
-            results[i] = r
+        for i, got in zip(todo, self._run(convs, parse, P.EQUIV.shape)):
+            results[i] = got
 
         def fallback(i: int, _: _Failed) -> EquivResult:
             em = cover_match(reqs[i].prediction, reqs[i].golds)

@@ -92,11 +92,18 @@ class LocalOptions:
         for f in dataclasses.fields(self):  # config values may arrive as strings or floats
             value = getattr(self, f.name)
             if value is not None:
-                object.__setattr__(self, f.name, as_type(f.type, value))
+                object.__setattr__(self, f.name, as_type(str(f.type), value))
         if min(self.max_batch, self.max_new_tokens, self.max_batch_tokens,
                self.length_bucket) < 1:
             raise ValueError("need max_batch, max_new_tokens, max_batch_tokens, "
                              "length_bucket >= 1")
+
+
+def _firsts(prompts: Sequence[list[int] | None], chunk: Sequence[Sequence[int]]
+            ) -> list[list[int]]:
+    """The prompt each group of a chunk computes (its first item's; never a dropped one)."""
+    firsts = [prompts[g[0]] for g in chunk]
+    return [p for p in firsts if p is not None]
 
 
 class JaxBackend:
@@ -129,14 +136,13 @@ class JaxBackend:
         else:
             self.cfg, self.params, self.tokenizer = model
             self.model_name = "<loaded>"
-        limit = self.cfg.max_position_embeddings - o.max_new_tokens
-        o = dataclasses.replace(o, max_prompt_tokens=o.max_prompt_tokens or limit)
-        if o.max_prompt_tokens < 1:
+        limit = o.max_prompt_tokens or self.cfg.max_position_embeddings - o.max_new_tokens
+        o = dataclasses.replace(o, max_prompt_tokens=limit)
+        if limit < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1 (model context "
                              f"{self.cfg.max_position_embeddings}, max_new_tokens "
                              f"{o.max_new_tokens})")
         self.options = o
-        vars(self).update(dataclasses.asdict(o))  # the options read as attributes
         self._c = Counters((*BACKEND_STAT_KEYS, *LOCAL_STAT_KEYS))
         # JAX dispatch is thread-safe, but two batches interleaving on 2 CPU cores only thrash;
         # the lock also keeps the sampler's call counter (seeding) deterministic.
@@ -145,6 +151,13 @@ class JaxBackend:
         self._n_generate = 0
         self._choice_ids: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray] | None] = {}
         self._closed = False
+
+    def __getattr__(self, name: str) -> Any:
+        """The options read as attributes (backend.seed, backend.max_batch, ...)."""
+        options = self.__dict__.get("options")
+        if options is not None and name in LocalOptions.__dataclass_fields__:
+            return getattr(options, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self) -> str:
         return (f"JaxBackend(model={self.model_name!r}, max_batch={self.max_batch}, "
@@ -169,7 +182,7 @@ class JaxBackend:
         width = lambda n: -(-n // 16) * 16 + n_new  # noqa: E731  (the sampler's cache length)
         with self._lock:
             for chunk in self._chunks(groups, prompts, width):
-                comps = self._generate_chunk([prompts[g[0]] for g in chunk], sampling)
+                comps = self._generate_chunk(_firsts(prompts, chunk), sampling)
                 for g, comp in zip(chunk, comps):
                     for n, i in enumerate(g):
                         if n:
@@ -197,7 +210,7 @@ class JaxBackend:
         ids, id_mask = table
         with self._lock:
             for chunk in self._chunks(groups, prompts, width):
-                logmass = self._score_chunk([prompts[g[0]] for g in chunk], ids, id_mask)
+                logmass = self._score_chunk(_firsts(prompts, chunk), ids, id_mask)
                 for g, row in zip(chunk, logmass):
                     probs = self._normalise(choices, row)
                     for n, i in enumerate(g):

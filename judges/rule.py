@@ -137,12 +137,13 @@ class RuleJudge:
 
     def _rate_one(self, r: RateRequest) -> RateResult:
         preds = [compile_rule(c, self.predicates) for c in r.criteria]
+        rules = [p for p in preds if p is not None]
         total = sum(abs(float(w)) for w in r.weights)
-        if len(preds) != len(r.weights) or any(p is None for p in preds) or total <= 0:
+        if len(rules) != len(preds) or len(rules) != len(r.weights) or total <= 0:
             self._fallback("rate")
             return RateResult(RATING_MIN, fallback=True)
-        passed = sum(abs(float(w)) for p, w in zip(preds, r.weights)
-                     if bool(p(r.context, r.response)) == (w >= 0))
+        passed = sum((abs(float(w)) for p, w in zip(rules, r.weights)
+                      if bool(p(r.context, r.response)) == (w >= 0)), 0.0)
         return RateResult(RATING_MIN + math.floor(9 * passed / total + 0.5))
 
     def compare(self, reqs: Sequence[PairRequest]) -> list[PairResult]:

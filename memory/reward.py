@@ -187,9 +187,9 @@ class StepOutput(NamedTuple):
 class _Tally:
     """Local counters of one step (never escapes the function)."""
 
-    c: Counter = field(default_factory=Counter)
+    c: Counter[str] = field(default_factory=Counter)
 
-    def add(self, key: str, n: float = 1) -> None:
+    def add(self, key: str, n: int = 1) -> None:
         self.c[key] += n
 
 
@@ -251,7 +251,7 @@ def _score_items(items: Sequence[tuple[int, str, Draft]], ctx: _Step) -> list[_S
     cfg = ctx.cfg
     graph = GRAPHS.get(cfg.graph)
     plans = []
-    reqs = []
+    reqs: list[Any] = []
     for n, rid, rubric in items:
         g = ctx.groups[n]
         edges = graph(g.size, mix_seed(ctx.seed, ctx.step, "graph", g.qid, n, rid))

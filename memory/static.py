@@ -130,7 +130,7 @@ def load_static_rubrics(path: str | os.PathLike[str]) -> tuple[StaticRubric, ...
     as JSON Lines, a ``.json`` file as one JSON value; any other name is tried as JSON, then
     as JSON Lines."""
     name = str(path)
-    text = read_utf8(path)
+    text = read_utf8(Path(path))
     suffix = Path(name).suffix.lower()
     if suffix == ".jsonl":
         return _rubrics(_json_lines(name, text), name)
@@ -182,7 +182,7 @@ def static_rubric_step(
     weights = np.array([r.weight for r in rubrics], dtype=np.float64)
     reqs = [CheckRequest(context=g.question, response=t, criterion=r.text())
             for g in groups for t in g.texts for r in rubrics]
-    results = list(judge.check(reqs)) if reqs else []
+    results: list[CheckResult | None] = list(judge.check(reqs)) if reqs else []
     results += [None] * (len(reqs) - len(results))
     probs = np.array([float(r.prob) if isinstance(r, CheckResult) else np.nan for r in results])
     fallbacks = sum(bool(getattr(r, "fallback", False)) for r in results)

@@ -45,7 +45,7 @@ def shard_rows(x: jax.Array, axis: int = 0) -> jax.Array:
     axes = row_axes(dict(mesh.shape), x.shape[axis])
     if not axes:
         return x
-    spec = [None] * x.ndim
+    spec: list[str | tuple[str, ...] | None] = [None] * x.ndim
     spec[axis] = axes[0] if len(axes) == 1 else axes
     return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
 

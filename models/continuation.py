@@ -180,7 +180,7 @@ def read_layout(device_rows: np.ndarray, n_device: int, shards: int,
     if not sub_batches or group == per:
         return Layout(None, device_rows.astype(np.int32), n_device)
     layout = _gathered(device_rows, n_device, shards, round_up(per, group))
-    return dataclasses.replace(layout, index=layout.index.reshape(shards, -1, group))
+    return dataclasses.replace(layout, index=np.asarray(layout.index).reshape(shards, -1, group))
 
 
 def _gathered(device_rows: np.ndarray, n_device: int, shards: int, size: int) -> Layout:

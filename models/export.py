@@ -209,7 +209,8 @@ def _write_weights(tmp: Path, tensors: dict[str, np.ndarray], dtype: str,
     np_dtype = DTYPES[dtype]
     groups = shards(tensors, np.dtype(np_dtype).itemsize, max_shard_bytes)
     names = shard_names(len(groups))
-    weight_map, total = {}, 0
+    weight_map: dict[str, str] = {}
+    total = 0
     for name, group in zip(names, groups):
         arrays = {k: np.ascontiguousarray(v, dtype=np_dtype) for k, v in group.items()}
         save_file(arrays, str(tmp / name), metadata={"format": "pt"})

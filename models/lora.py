@@ -103,9 +103,9 @@ def check_model(lora: LoraConfig, cfg: ModelConfig) -> None:
 def adapter_shapes(params: Params, lora: LoraConfig) -> dict[str, dict[str, tuple[int, ...]]]:
     """{target: {"a": (L, D, rank), "b": (L, rank, F)}} for the stacked weights W [L, D, F]
     of `params` (arrays or shape structs)."""
-    out = {}
+    out: dict[str, dict[str, tuple[int, ...]]] = {}
     for t in lora.targets:
-        layers, d, f = params["layers"][t].shape
+        layers, d, f = (int(n) for n in params["layers"][t].shape)
         out[t] = {"a": (layers, d, lora.rank), "b": (layers, lora.rank, f)}
     return out
 
@@ -162,5 +162,5 @@ def base_fingerprint(params: Params) -> str:
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         a = np.ascontiguousarray(np.asarray(host_copy(leaf)))
         h.update(f"{jax.tree_util.keystr(path)}{a.dtype}{a.shape}".encode())
-        h.update(memoryview(a.reshape(-1).view(np.uint8)))
+        h.update(a.reshape(-1).view(np.uint8).tobytes())
     return h.hexdigest()

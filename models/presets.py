@@ -39,7 +39,8 @@ def cached_tokenizer(path: str) -> Tokenizer:
 
 def tiny_config(vocab_size: int = 49152, **overrides: Any) -> ModelConfig:
     """A small random Llama-shaped model with the shipped model's vocabulary."""
-    base = dict(arch="llama", vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
+    base: dict[str, Any] = dict(
+                arch="llama", vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
                 num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0,
                 rms_norm_eps=1e-5, tie_embeddings=True, max_position_embeddings=2048,
                 bos_token_id=1, eos_token_ids=(2,), pad_token_id=2)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -253,12 +253,19 @@ class DecodeSettings:
                               sampling.read_block, sampling.prefill_pin_rows)
 
 
-class Stopping(NamedTuple):
-    """What ends each row, as device arrays, and what a finished row writes."""
+def host_arrays(*arrays: np.ndarray) -> tuple[jax.Array, ...]:
+    """Host arrays for the fields of a value the programs receive as device arrays (typed as
+    those: ``place_rows`` puts them on the devices before any program reads them)."""
+    return cast(tuple[jax.Array, ...], arrays)
 
-    max_new_per_row: jax.Array  # [B] token budget; 0 (padding rows) is done before it starts
+
+class Stopping(NamedTuple):
+    """What ends each row, and what a finished row writes: built on the host
+    (:func:`stopping_tables`, :func:`host_arrays`), placed on the devices (``place_rows``)."""
+
+    max_new_per_row: jax.Array  # [B] token budget; 0 (padding rows) is done at once
     eos_ids: jax.Array          # [E] (-1 alone when no token ends a row)
-    stop_next: jax.Array        # [S,V] stop-string automaton: next state (see models.stops)
+    stop_next: jax.Array        # [S,V] stop-string automaton: next state (models.stops)
     stop_hit: jax.Array         # [S,V] True where the token completes a stop string
     pad_id: jax.Array           # [] the token written after a row has ended
 
@@ -301,7 +308,8 @@ class Decoded(NamedTuple):
 
 
 class PromptBatch(NamedTuple):
-    """The distinct prompts of a generation, left padded, and which one each row samples."""
+    """The distinct prompts of a generation, left padded, and which one each row samples:
+    built on the host (:func:`host_arrays`), placed on the devices (``place_rows``)."""
 
     tokens: jax.Array  # [P,T]
     mask: jax.Array    # [P,T] real tokens
@@ -322,7 +330,7 @@ def row_logits(cfg: ModelConfig, params: Params, x: jax.Array, mesh: Mesh | None
     is the same full-D contraction either way. A
     vocabulary no weight axis divides keeps that gather."""
     vocab = None if mesh is None else vocab_sharding(mesh, unembedding(cfg, params).shape[1])
-    if vocab is None:
+    if mesh is None or vocab is None:
         return unembed(cfg, params, x)
     data = dividing_axes(dict(mesh.shape), x.shape[0], ("data",))
     rows = data[0] if data else None
@@ -557,8 +565,8 @@ class DecodeState:
 
     def device_rows(self, rows: Sequence[int]) -> np.ndarray:
         """The device rows of output rows `rows`."""
-        rows = np.asarray(rows, np.int32)
-        return rows if self.layout is None else self.layout[rows]
+        index = np.asarray(rows, np.int32)
+        return index if self.layout is None else np.asarray(self.layout)[index]
 
     def frontier(self) -> Frontier:
         """This state as the jitted continuation reads it."""
@@ -582,9 +590,9 @@ def stopping_tables(cfg: ModelConfig, tokenizer: Tokenizer | None, sampling: Sam
         stop_hit = np.zeros((1, cfg.vocab_size), bool)
     eos_ids = () if sampling.ignore_eos or tokenizer is None else (tokenizer.eos_ids
                                                                   or cfg.eos_token_ids)
-    return Stopping(np.asarray(max_new_per_row, np.int32),
-                    np.asarray(tuple(eos_ids) or (-1,), np.int32), stop_next, stop_hit,
-                    np.asarray(0 if tokenizer is None else tokenizer.pad_id, np.int32))
+    return Stopping(*host_arrays(
+        np.asarray(max_new_per_row, np.int32), np.asarray(tuple(eos_ids) or (-1,), np.int32),
+        stop_next, stop_hit, np.asarray(0 if tokenizer is None else tokenizer.pad_id, np.int32)))
 
 
 def placed_stopping(stopping: Stopping, mesh: Mesh | None,
@@ -687,7 +695,7 @@ def prompt_batch(prompts: Sequence[Sequence[int]], sampling: SamplingParams, pad
     firsts = [list(p) for p in distinct]
     firsts += [firsts[0]] * (prompt_count_bucket(len(firsts)) - len(firsts))
     tokens, mask = left_pad(firsts, pad_id, sampling.prompt_bucket)
-    return PromptBatch(tokens, mask, rows), limits
+    return PromptBatch(*host_arrays(tokens, mask, rows)), limits
 
 
 def _sharded_prompts(prompts: Sequence[Sequence[int]], limits: np.ndarray, shards: int,
@@ -712,4 +720,4 @@ def _sharded_prompts(prompts: Sequence[Sequence[int]], limits: np.ndarray, shard
                              for k in range(width)], pad_id, bucket)
     padded = np.zeros(shards * per, np.int32)
     padded[:len(limits)] = limits
-    return PromptBatch(tokens, mask, rows), padded
+    return PromptBatch(*host_arrays(tokens, mask, rows)), padded

@@ -39,7 +39,8 @@ def place_sharded(leaves: Params, read: Callable[[Any, Index], np.ndarray], mesh
     def one(leaf: Any, sharding: Any) -> jax.Array:
         slices: dict[tuple, np.ndarray] = {}
 
-        def shard(index: Index) -> np.ndarray:
+        def shard(index: Index | None) -> np.ndarray:
+            index = index or ()  # None: the whole (scalar) leaf
             key = tuple((s.start, s.stop, s.step) for s in index)
             if key not in slices:
                 slices[key] = np.asarray(read(leaf, index), dtype)

@@ -104,7 +104,7 @@ def make_mesh(shape: Mapping[str, int] | None = None, devices: list | None = Non
 
 def _spec(shape: tuple[int, ...], names: tuple[str | None, ...], mesh: Mesh,
           rules: Mapping[str, Any]) -> PartitionSpec:
-    parts = []
+    parts: list[str | tuple[str, ...] | None] = []
     used: set[str] = set()
     for dim, name in zip(shape, names):
         target = rules.get(name) if name else None

@@ -10,7 +10,7 @@ import copy
 import functools
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from models.config import ModelLoadError
 
 log = logging.getLogger(__name__)
 
-Message = dict[str, str]
+Message = Mapping[str, str]
 
 
 def _raise(msg: str) -> None:
@@ -89,7 +89,7 @@ class Tokenizer:
         return self.backend.decode_batch([list(map(int, x)) for x in batch],
                                          skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[Message], add_generation_prompt: bool = True,
+    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True,
                             **kw: Any) -> str:
         """Render messages with the model's chat template (a plain fallback if it has none)."""
         if not self.chat_template:
@@ -114,7 +114,8 @@ class Tokenizer:
         out.template_kwargs = {**self.template_kwargs, **dict(kwargs)}
         return out
 
-    def encode_chat(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: Sequence[Message],
+                    add_generation_prompt: bool = True) -> list[int]:
         return self.encode(self.apply_chat_template(messages, add_generation_prompt))
 
     @functools.cached_property
@@ -182,7 +183,7 @@ def load_hf_tokenizer(folder: str | Path) -> Tokenizer:
     if gen_cfg.exists():
         eos = _read_json(gen_cfg).get("eos_token_id")
         ids = [eos] if isinstance(eos, int) else (eos or [])
-        extra_eos = tuple(backend.id_to_token(i) for i in ids if backend.id_to_token(i))
+        extra_eos = tuple(t for i in ids if (t := backend.id_to_token(i)))
     return Tokenizer(backend, chat_template=template,
                      bos_token=_token_content(cfg.get("bos_token")),
                      eos_token=_token_content(cfg.get("eos_token")),

@@ -196,7 +196,7 @@ def pass_rate(
 def _and_product(
     q: Array,
     weights: Array,
-    dim_index: Array,
+    dim_index: Array | None,
     fail: Array | None,
     mask: Array | None,
     num_dims: int | None,

@@ -25,7 +25,8 @@ import numpy as np
 PREFIXES = ("axis:", "theme:")
 
 
-def example_score(points: np.ndarray, met: np.ndarray) -> float | None:
+def example_score(points: Sequence[float] | np.ndarray, met: Sequence[float] | np.ndarray
+                  ) -> float | None:
     """``sum(points * met) / sum(points > 0)``; None without positive points."""
     points, met = np.asarray(points, np.float64), np.asarray(met, np.float64)
     possible = points[points > 0].sum()

@@ -285,7 +285,10 @@ def perturbation_analysis(
     cases = [c for c in all_cases if c["operator"] != PARAPHRASE]
     para = [c for c in all_cases if c["operator"] == PARAPHRASE]
     floor = {col: noise_floor_row(col, para, n_boot, level, seed) for col in cols}
-    rows, table, ci, exceeds = [], {}, {}, {}
+    rows: list[dict[str, Any]] = []
+    table: dict[str, Any] = {}
+    ci: dict[str, Any] = {}
+    exceeds: dict[str, Any] = {}
     for op in operators:
         sel = [c for c in cases if c["operator"] == op]
         table[op], ci[op], exceeds[op] = {}, {}, {}
@@ -610,7 +613,7 @@ def _id_text_rows(path: str | Path, prompt_ids: Sequence[str], what: str,
                                  f"missing or not text")
         if pid not in known:
             raise ValueError(f"{p}: row {n}: {ids[0]} {pid!r} is not in the rubric file")
-        out.append((pid, text))
+        out.append((str(pid), str(text)))
     return out
 
 
@@ -660,7 +663,7 @@ def _options(opts: Mapping[str, Any]) -> dict[str, Any]:
     from rewards.bundle import CliError
 
     try:
-        o = {"seed": int(opts.get("seed", 0)),
+        o: dict[str, Any] = {"seed": int(opts.get("seed", 0)),
              "aggregators": tuple(str(opts.get("aggregators",
                                                ",".join(DEFAULT_AGGREGATORS))).split(",")),
              "operators": _operators(str(opts.get("operators", ",".join(OPERATORS))),
@@ -727,7 +730,7 @@ def _report(result: Mapping[str, Any], config: Mapping[str, Any]) -> None:
     if config["edit_requests"]:
         print(f"edit writer: {config['edit_requests']} requests, "
               f"{config['edit_failures']} edits still missing after its retries")
-    f = next(iter(result["noise_floor"].values()), {})
+    f: dict[str, Any] = next(iter(result["noise_floor"].values()), {})
     print(f"paraphrase floor: {f.get('draws', 0)} paraphrases of {f.get('n', 0)} answers "
           f"({config['paraphrase_source']})")
     if result["skipped"]:

@@ -269,10 +269,10 @@ def aggregate_checks(name: str, rubrics: Sequence[Rubric], checks: Sequence[Chec
     if name in REWEIGHTED:
         return _reweighted_rewards(name, rubrics, checks, criteria_bucket)
     if name in AND_AGGREGATORS:
-        for r in rubrics:
-            if not r.dimensions:
+        for rubric in rubrics:
+            if not rubric.dimensions:
                 raise ValueError(f"aggregator {name!r} needs bundled rubrics but prompt "
-                                 f"{r.prompt_id!r} has no dimensions; bundle the rubric file "
+                                 f"{rubric.prompt_id!r} has no dimensions; bundle the rubric file "
                                  f"first: python -m rewards.bundle IN OUT judge=...")
     q, a, fail = padded_batch(rubrics, checks, criteria_bucket)
     fn = jitted_aggregator(name, MAX_DIMS)
@@ -330,7 +330,7 @@ def rated_rewards(judge: Judge, items: Sequence[ScoreItem]) -> tuple[np.ndarray,
     if len(results) != len(reqs):
         raise RuntimeError(f"judge.rate returned {len(results)} results for {len(reqs)} requests")
     ratings = np.asarray([r.rating for r in results], np.float64)
-    return (np.asarray(rating_reward(ratings), np.float64),
+    return (np.asarray(rating_reward(jnp.asarray(ratings)), np.float64),
             sum(bool(r.fallback) for r in results))
 
 

@@ -93,7 +93,8 @@ def export(args: argparse.Namespace) -> str:
     out_dir = Path(args.paths[-1])
     check_out_dir(out_dir, args.force)
     step = None if run_dir is None else checked_step(run_dir, args.step)
-    model_path, revision = (args.model, None) if args.model else run_model(run_dir)
+    model_path, revision = ((args.model, None) if args.model or run_dir is None
+                            else run_model(run_dir))
     cfg, params, tok = load_params(model_path, revision=revision)
     if run_dir is not None:
         params, step = restore_run_params(run_dir, params, step)

@@ -255,7 +255,7 @@ def batch_groups(prompts: int, size: int, slices: int) -> tuple[int, int, int]:
     groups of `size` cut into `slices` equal parts, as ``rl.grpo.batch.build_batch`` lays it out:
     filler copies of a group first when the trajectories do not divide, then sub-groups."""
     filler = -prompts % slices if (prompts * size) % slices else 0
-    groups = split_groups([[0] * size] * (prompts + filler), slices)
+    groups = split_groups([[0] * size] * (prompts + filler), slices)  # type: ignore[list-item]
     return len(groups), len(groups[0]), filler
 
 
@@ -691,7 +691,7 @@ def rollout_fit(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, dpara
     for _ in range(FIT_COMPILES):
         fits = sorted(n for n, y in known.items() if max(y) <= usable and n % unit == 0)
         over = sorted(n for n, y in known.items() if max(y) > usable)
-        lo, hi = (fits or [0])[-1], (over or [math.inf])[0]
+        lo, hi = (fits or [0])[-1], (over or [math.inf])[0]  # type: ignore[list-item]
         pair = [n for n in (lo, hi) if 0 < n < math.inf]
         pair = pair if len(pair) == 2 else sorted(known)[-2:]
         (n0, y0), (n1, y1) = ((n, known[n]) for n in pair)
@@ -745,7 +745,7 @@ def update_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, st
     step = make_train_step(cfg, run.loss_config(lay.response), make_optimizer(oc),
                            lr_schedule(oc))
     batch = update_batch(run, lay, mesh)
-    lowered = step.lower(state, batch)
+    lowered = step.lower(state, batch)  # type: ignore[attr-defined]
     flops = update_flops(cfg, lay.update_groups, lay.size, lay.prompt, lay.response,
                          run.trainer.remat)
     return compiled_program(
@@ -879,22 +879,22 @@ def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
     if name == "start-up":
         keys = [more_fsdp, "algo.beta=0 (no reference weights)" if run.algo.beta > 0 else None]
     elif name == "update":
-        keys = [micro and f"trainer.micro_batches={micro}",
+        keys = [f"trainer.micro_batches={micro}" if micro else None,
                 None if t.remat else "trainer.remat=true", more_fsdp,
-                mini and f"trainer.mini_batches={mini} (smaller updates)", rows, logits]
+                f"trainer.mini_batches={mini} (smaller updates)" if mini else None, rows, logits]
     elif name == "reference":
         keys = [rows, more_fsdp, None if t.remat else "trainer.remat=true",
-                micro and f"trainer.micro_batches={micro} (the reference pass runs in "
-                "mini x micro parts)", logits]
+                f"trainer.micro_batches={micro} (the reference pass runs in mini x micro "
+                "parts)" if micro else None, logits]
     else:
         fit = plan.fit.trajectories // g if plan.fit and plan.fit.trajectories > 0 else 0
         if (t.rollout_chunks == 1 and 0 < fit < t.batch_prompts
                 and ok(fit, t.mini_batches, t.micro_batches)):
             rows = f"trainer.batch_prompts={fit} (the largest rollout batch that fits)"
         chunks = more_chunks(t.batch_prompts, t.rollout_chunks, fit)
-        in_parts = chunks and (f"trainer.rollout_chunks={chunks} (the same batch, rolled out "
-                               f"in {chunks} sampler calls of {t.batch_prompts // chunks} "
-                               "prompts one after another)")
+        in_parts = (f"trainer.rollout_chunks={chunks} (the same batch, rolled out in {chunks} "
+                    f"sampler calls of {t.batch_prompts // chunks} prompts one after another)"
+                    if chunks else None)
         pin = [f"trainer.prefill_pin_rows={str(not t.prefill_pin_rows).lower()} (the "
                "prefill's other activation layout)"] if name == "prefill" else []
         keys = [None if t.kv_cache_dtype == "bfloat16" else "trainer.kv_cache_dtype=bfloat16 "
@@ -932,7 +932,7 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
     cfg, lay, chip = plan.cfg, plan.lay, plan.chip
     hbm = (f"{chip.name}: {chip.hbm_bytes / GiB:.{1 if chip.usable else 0}f} GiB HBM, "
            f"{chip.peak_flops / 1e12:.0f} TFLOP/s bf16, {chip.hbm_bandwidth / 1e9:.0f} GB/s "
-           f"({chip.source})" if chip.peak_flops else
+           f"({chip.source})" if chip.peak_flops and chip.hbm_bandwidth else
            f"{chip.name}: no peak figures, no time bound")
     mesh = " ".join(f"{k}={v}" for k, v in plan.mesh.items())
     rollout_mesh = ("the training mesh" if plan.rollout_mesh is None else "mesh.rollout_shape "
@@ -945,8 +945,8 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
            f"a TPU slice of as many chips ({stand_in_topology(plan.topology)}) standing in "
            f"for the GPUs: the same programs, sharded the same way; XLA:GPU's own fusions, "
            f"buffer assignment and library workspaces differ and were not compiled. Held "
-           f"against {chip.usable / chip.hbm_bytes:.0%} of each GPU's memory "
-           f"({chip.usable / GiB:.1f} GiB: XLA_PYTHON_CLIENT_MEM_FRACTION, JAX's "
+           f"against {usable_bytes(chip) / chip.hbm_bytes:.0%} of each GPU's memory "
+           f"({usable_bytes(chip) / GiB:.1f} GiB: XLA_PYTHON_CLIENT_MEM_FRACTION, JAX's "
            f"preallocation; set it on the GPU hosts and here alike)"]
           if stand_in_topology(plan.topology) else []),
         f"  batch: {lay.prompts} prompts x {run.algo.group_size} = {lay.rows} trajectories; "
@@ -1040,11 +1040,11 @@ def fit_line(run: RunConfig, fit: RolloutFit) -> str:
     if fit.trajectories == 0:
         return f"rollout: no rollout batch that fits was found ({how})"
     peaks = ", ".join(f"{name} {y / GiB:.2f} GiB"
-                      for name, y in zip(fit.names, fit.compiled(fit.trajectories)))
+                      for name, y in zip(fit.names, fit.compiled(fit.trajectories) or ()))
     text = (f"rollout: largest rollout batch that fits: {fit.trajectories} trajectories "
             f"({fit.trajectories // g} prompts x {g}; {peaks} per chip")
     if fit.exact:
-        up = fit.compiled(fit.trajectories + fit.unit)
+        up = fit.compiled(fit.trajectories + fit.unit) or (0.0,)
         text += f"; {fit.trajectories + fit.unit} needs {max(up) / GiB:.2f} GiB"
     else:
         text += "; the largest compiled, a larger one may fit"

@@ -189,4 +189,5 @@ def batch_advantages(algo: Any, rewards: np.ndarray, outcome: np.ndarray,
                      token_counts: np.ndarray) -> np.ndarray:
     """:func:`algo_advantages` run eagerly, on the host as a NumPy array (the training step
     runs it inside ``rl.grpo.reward_stage``'s one jitted program)."""
-    return np.asarray(algo_advantages(algo, rewards, outcome, token_counts))
+    return np.asarray(algo_advantages(algo, jnp.asarray(rewards), jnp.asarray(outcome),
+                                      jnp.asarray(token_counts)))

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from core.registry import Registry
 
-AggFn = Callable[..., jax.Array]
+AggFn = Callable[..., tuple[jax.Array, jax.Array]]  # (sum over units, their count)
 Axis = int | tuple[int, ...] | None
 LOSS_AGG: Registry[AggFn] = Registry("loss aggregation mode")
 PolicyLoss = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]

@@ -53,8 +53,8 @@ def staleness(step: int, behaviour: Behaviour) -> int:
     return step - behaviour.version
 
 
-def mismatch_stats(logp_sampler: np.ndarray, logp_trainer: np.ndarray,
-                   loss_mask: np.ndarray) -> dict[str, float]:
+def mismatch_stats(logp_sampler: np.ndarray | jax.Array, logp_trainer: np.ndarray | jax.Array,
+                   loss_mask: np.ndarray | jax.Array) -> dict[str, float]:
     """Per-token sampler/trainer disagreement over the tokens the loss sees (loss_mask = 1):
 
         d_t = log pi_trainer(y_t) - log pi_sampler(y_t)     (the trainer's current weights)

@@ -123,7 +123,8 @@ def train_state_shardings(state: Any, optimizer: optax.GradientTransformation,
     replicated = NamedSharding(mesh, PartitionSpec())
     opt = optax.tree_map_params(optimizer, lambda _, p: p.sharding, state.opt_state,
                                 state.params, transform_non_params=lambda _: replicated)
-    return TrainState(replicated, jax.tree.map(lambda p: p.sharding, state.params), opt)
+    return TrainState(replicated, jax.tree.map(lambda p: p.sharding, state.params),  # type: ignore[arg-type]
+                      opt)
 
 
 def policy_loss(cfg: ModelConfig, lc: LossConfig, params: Params, batch: Batch,
@@ -212,7 +213,8 @@ def make_train_step(cfg: ModelConfig, lc: LossConfig, optimizer: optax.GradientT
 
     def loss_of(base: Params | None) -> Callable[..., Any]:
         def loss(p: Params, b: Batch, c: jax.Array | None = None):
-            return policy_loss(cfg, lc, p if lora is None else adapted(base, p, lora), b, c)
+            weights = p if lora is None or base is None else adapted(base, p, lora)
+            return policy_loss(cfg, lc, weights, b, c)
         return jax.value_and_grad(loss, has_aux=True)
 
     def train_step(state: TrainState, batch: Batch,

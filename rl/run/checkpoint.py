@@ -51,7 +51,7 @@ class CorruptCheckpoint(CheckpointError):
 def _sha256(a: np.ndarray) -> str:
     a = np.ascontiguousarray(a)
     h = hashlib.sha256(f"{a.dtype}{a.shape}".encode())
-    h.update(memoryview(a.reshape(-1).view(np.uint8)))
+    h.update(a.reshape(-1).view(np.uint8).tobytes())
     return h.hexdigest()
 
 

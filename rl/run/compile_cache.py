@@ -21,5 +21,5 @@ def use_compile_cache(path: str | Path | None, max_bytes: int = 1 << 30) -> None
     folder = Path(path).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(folder))
-    if jax.config.jax_compilation_cache_max_size == -1:  # JAX's default: no bound
+    if jax.config.values["jax_compilation_cache_max_size"] == -1:  # JAX's default: no bound
         jax.config.update("jax_compilation_cache_max_size", max_bytes)

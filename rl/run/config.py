@@ -297,7 +297,7 @@ def _convert(value: Any, kind: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a list, got {value!r}")
         return tuple(_convert(v, typing.get_args(kind)[0], f"{key}[{i}]")
                      for i, v in enumerate(value))
-    if dataclasses.is_dataclass(kind):
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         return section(kind, value, key)
     if origin is Mapping or kind is Mapping:
         if value is None:

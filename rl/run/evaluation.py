@@ -40,18 +40,18 @@ def restore_run_params(run_dir: str | Path, params: Any,
     from rl.run.config import optim_config
     from rl.run.lora import restore_merged, run_lora_config
 
-    run_dir = run_path(str(run_dir))  # a local folder or a gs:// URL
-    run_cfg = run_config(run_dir)
+    folder = run_path(str(run_dir))  # a local folder or a gs:// URL
+    run_cfg = run_config(folder)
     lora = run_lora_config(run_cfg)
     if lora is not None:  # the checkpoint holds adapters: merged into the run's base
         init_from = dict(run_cfg.get("trainer") or {}).get("init_from")
         if init_from:  # the base that run trained on
             params, _ = restore_run_params(init_from, params)
-        return restore_merged(run_dir, run_cfg, params, lora, step)
-    ckpt = Checkpointer(run_dir / "checkpoints")
+        return restore_merged(folder, run_cfg, params, lora, step)
+    ckpt = Checkpointer(folder / "checkpoints")
     step = ckpt.latest_step() if step is None else step
     if step is None:
-        raise FileNotFoundError(f"{run_dir}/checkpoints: no checkpoint to load")
+        raise FileNotFoundError(f"{folder}/checkpoints: no checkpoint to load")
     # the optimizer state's structure, which the checkpoint holds beside the weights
     state = init_train_state(params, make_optimizer(optim_config(run_cfg["optim"], 1)))
     restored, _ = ckpt.restore_verified(step, {"state": state._asdict()})  # checksums checked
@@ -66,7 +66,8 @@ def run_config(run_dir: str | Path) -> dict[str, Any]:
     cfg_path = run_path(str(run_dir)) / "config.yaml"
     history = run_path(str(run_dir)) / "config_history.jsonl"
     if cfg_path.exists():
-        return OmegaConf.to_container(OmegaConf.create(cfg_path.read_text()), resolve=True)
+        data = OmegaConf.to_container(OmegaConf.create(cfg_path.read_text()), resolve=True)
+        return {str(k): v for k, v in data.items()} if isinstance(data, dict) else {}
     if history.exists():
         lines = [x for x in history.read_text().splitlines() if x.strip()]
         try:
@@ -280,7 +281,7 @@ def evaluate(task: Any, policy: SamplerPolicy, splits: Sequence[str], max_new_to
         else:
             records[split] = answer_records(groups, outcome)
             scores = [[{"outcome": o} for o in os_] for os_ in outcome]
-        summary = {}
+        summary: dict[str, float] = {}
         if report is not None:  # the task's own report (rubric tasks: coverage, ...)
             scores, summary = report_scores(report, scores)
         answer = getattr(task, "answer", None)  # each sample's final answer: maj@k

@@ -107,7 +107,8 @@ class WandbLogger:
             raise ValueError("trainer.loggers has wandb but trainer.wandb is not set")
         self._run = wandb.init(
             project=o.project, entity=o.entity, name=o.name or ctx.run_dir.name, group=o.group,
-            tags=list(o.tags), mode=o.mode, dir=str(ctx.run_dir), id=_wandb_id(ctx.run_dir),
+            tags=list(o.tags), mode=o.mode,  # type: ignore[arg-type]  # checked by the config
+            dir=str(ctx.run_dir), id=_wandb_id(ctx.run_dir),
             resume="allow", config=dict(ctx.config),
             settings=wandb.Settings(silent=True, x_disable_stats=True))
 

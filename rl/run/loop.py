@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from core.types import Environment, Group, Prompt, Rewarder, RewardOutput, Task
@@ -141,6 +142,9 @@ def consistency_filtered(c: Components, col: Collected) -> tuple[Collected, dict
         return col, {}
     out = col.out
     process = out.rubric_term()
+    if process is None:
+        raise RuntimeError("algo.consistency_filter=prof: the rewarder reported no rubric term "
+                           "(per_traj rubric_score) to filter by")
     correct = np.asarray(out.outcome, np.float64) >= a.consistency_correct
     keep = prof_keep(process, correct, a.consistency_remove)
     rows = [np.flatnonzero(k) for k in keep]
@@ -186,7 +190,7 @@ def rollout_params(loop: LoopState) -> Any:
 def service_counters(c: Components) -> dict[str, Any]:
     """The judge's (calls, retries, fallbacks, cache hits) and the retriever's (calls,
     failures, degraded searches, breaker) cumulative counters, as ``judge/*``, ``retrieval/*``."""
-    out = {}
+    out: dict[str, Any] = {}
     if c.judge is not None:
         out |= {f"judge/{k}": v for k, v in c.judge.stats().items()}
     retrieval = getattr(c.env, "retrieval_stats", None)
@@ -252,7 +256,8 @@ def shaped_rewards(c: Components, groups: Sequence[Group], rewards: np.ndarray,
         return rewards
     lengths = response_lengths(groups)
     failed = judge_failed_rows(per_traj, lengths.shape)
-    return np.asarray(overlong_shaped(shaping, rewards, lengths, failed))
+    return np.asarray(overlong_shaped(shaping, jnp.asarray(rewards), jnp.asarray(lengths),
+                                      jnp.asarray(failed)))
 
 
 def response_lengths(groups: Sequence[Group]) -> np.ndarray:
@@ -337,7 +342,8 @@ def with_old_and_reference(c: Components, loop: LoopState, batch: dict) -> dict:
 def off_policy_record(c: Components, loop: LoopState, batch: dict | None) -> dict[str, Any]:
     """offpolicy/staleness, and with a batch to train on the sampler/trainer mismatch of its
     tokens under the current weights (``rl.grpo.off_policy.mismatch_stats``; one forward pass)."""
-    record: dict[str, Any] = {"offpolicy/staleness": staleness(loop.step, loop.behaviour)}
+    record: dict[str, Any] = {} if loop.behaviour is None else {
+        "offpolicy/staleness": staleness(loop.step, loop.behaviour)}
     if batch is not None:
         current = logprobs_with(c, c.scoring_params(loop.train.params), batch)
         record |= mismatch_stats(batch["logp_old"], current, batch["loss_mask"])

@@ -90,7 +90,8 @@ def prompts_sha256(prompts: Sequence[Any]) -> str:
     """SHA-256 of the prompts' JSON (ids, messages, answers: everything they carry)."""
     import dataclasses
 
-    rows = [dataclasses.asdict(p) if dataclasses.is_dataclass(p) else p for p in prompts]
+    rows = [dataclasses.asdict(p) if dataclasses.is_dataclass(p) and not isinstance(p, type)
+            else p for p in prompts]
     return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -635,7 +635,8 @@ def _resume(parts: L.Components, ckpt: Checkpointer, fresh: L.LoopState,
             now: Mapping[str, Any]) -> Resumed:
     """The loop state of the newest valid checkpoint (older ones when newer ones are broken),
     restored onto the structure of `fresh`, once its settings agree with `now`."""
-    run, changed = parts.run, {}
+    run = parts.run
+    changed: dict[str, Any] = {}
 
     def check(step: int, meta: Mapping[str, Any]) -> None:
         where = f"at step {step} in {ckpt.dir}"

@@ -60,8 +60,9 @@ class SamplerPolicy:
 
     def _own(self, sampling: SamplingParams) -> SamplingParams:
         """`sampling` with this policy's settings where it has them (not None)."""
-        mine = {"kv_cache_dtype": self.kv_cache_dtype, "prefill_pin_rows": self.prefill_pin_rows,
-                "sub_batches": self.sub_batches}
+        mine: dict[str, Any] = {"kv_cache_dtype": self.kv_cache_dtype,
+                                "prefill_pin_rows": self.prefill_pin_rows,
+                                "sub_batches": self.sub_batches}
         return dataclasses.replace(sampling, **{k: v for k, v in mine.items() if v is not None})
 
 

@@ -126,7 +126,7 @@ class PromptsTask:
         answer = self._field(row, self.answer_field, "task.answer_field")
         source = field_value(row.data, self.source_field)
         source = None if source is MISSING else source
-        reward = self.reward
+        reward: str | None = self.reward
         if reward == AUTO:
             reward = reward_for(str(source)) if source is not None else None
             if reward is None:

@@ -420,7 +420,8 @@ def make_prompts(n: int, seed: int, max_words: int = 100) -> list[Prompt]:
         mention_w = rng.choice([3.0, 4.0, 5.0], size=len(order))
         explain_w = rng.choice([1.0, 2.0], size=len(order))
         pid = f"rubric_chat-{seed}-{j}"
-        rubric = build_rubric(pid, topic, question, order, k, mention_w, explain_w, max_words)
+        rubric = build_rubric(pid, topic, question, order, k, mention_w.tolist(),
+                              explain_w.tolist(), max_words)
         out.append(Prompt(id=pid, messages=({"role": "user", "content": question},),
                           answer=rubric.reference_answer,
                           meta={"question": question, "rubric": rubric, "topic": topic.name}))

@@ -80,7 +80,8 @@ def parse_source(rows: Sequence[Row], fmt: str | None, key: str) -> list[Rubric]
         except RubricError as e:
             raise RubricError(e.prompt_id, e.field, e.message, rows[0].where) from None
     parse = RUBRIC_FORMATS.get(fmt)
-    out, seen = [], {}
+    out: list[Rubric] = []
+    seen: dict[str, str] = {}
     for row in rows:
         try:
             rubric = parse(row.data)

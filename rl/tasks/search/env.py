@@ -219,10 +219,14 @@ class SearchEnv:
         if state is not None and decoding.chunked:
             # each state is continued once, in place; the first continuation of a rollout
             # compiles the read and every row bucket's decode (no later chunk or step compiles)
-            continuation = Continuation([r.slot for r in active], [r.unread for r in active],
+            slots = [r.slot for r in active if r.slot is not None]
+            if len(slots) != len(active):  # every row of a chunked rollout has its slot
+                raise RuntimeError("search rollout: a row to continue has no generation slot")
+            continuation = Continuation(slots, [r.unread for r in active],
                                         limits, consume=True, read_width=decoding.read_width,
                                         compile_buckets=first_continuation)
-            gen = policy.continue_from(state, continuation, sampling, seed=seed)
+            gen = policy.continue_from(  # type: ignore[attr-defined]  # chunked: SamplerPolicy
+                state, continuation, sampling, seed=seed)
         elif decoding.chunked:
             # one KV cache for the whole rollout: room for a whole trajectory after the
             # prompt (a row's tokens, generated and observed, stop at max_response_tokens)

@@ -146,7 +146,7 @@ class RetrievalGuard:
             if starts:
                 self._outage_since, self._outage_calls = now, 0
             self._outage_calls += 1
-            outage = now - self._outage_since
+            outage = now - (now if self._outage_since is None else self._outage_since)
             fraction = c["degraded"] / c["searches"]
             searches, degraded = c["searches"], c["degraded"]
         if starts:  # once per outage, not once per failed call

@@ -125,6 +125,7 @@ class RetrievalHTTPServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
+        host = host.decode() if isinstance(host, bytes) else host
         return f"http://{host}:{port}/retrieve"
 
 

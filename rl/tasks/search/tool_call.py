@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from models.tokenizer import Tokenizer
@@ -142,7 +142,7 @@ class ToolTemplate:
     eos_text: str
     tools: tuple[dict[str, Any], ...] = (SEARCH_TOOL,)
 
-    def render(self, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
+    def render(self, messages: Sequence[Mapping[str, str]], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(list(messages), generation_prompt,
                                                   tools=list(self.tools))
 

@@ -514,8 +514,9 @@ class _Gen:
 
     def _compare(self, kind: str, legs: list[tuple[int, list[str]]], ends: list[int],
                  template: str, opt_names: list[str], answer_from: str) -> WorldQuestion | None:
-        ents = [e for s, rels in legs for e in (self.walk(s, rels) or [None])]
-        if None in ents or len(set(ents)) != len(ents):
+        walked = [self.walk(s, rels) for s, rels in legs]
+        ents = [e for w in walked for e in (w or [])]
+        if any(not w for w in walked) or len(set(ents)) != len(ents):
             return None  # a missing relation, or a document needed twice
         attr = YEAR_ATTR[self.ent(ends[0]).kind]
         vals = [self.ent(e).attrs[attr] for e in ends]
