@@ -190,7 +190,8 @@ def incentive_report(
             raise RubricError(rubric.prompt_id, "dimensions", f"{name!r} needs a bundled rubric")
         kw: dict[str, Any] = {"num_dims": max(rubric.num_dims, 1)}
         g = expected_reward_grad(name, jnp.asarray(pv), jnp.asarray(w), jnp.asarray(d),
-                                 fail=jnp.asarray(f) if name == "prorubric" else None, **kw)
+                                 fail=None if f is None or name != "prorubric" else jnp.asarray(f),
+                                 **kw)
         grads[name] = np.asarray(g)
     rows = []
     for i, c in enumerate(rubric.criteria):
