@@ -134,14 +134,17 @@ class LLMJudge:
         backend: provides ``complete`` (and optionally ``choice_probs``, ``stats``, ``close``).
         seed: seeds the presentation-order and tie-break coins of pairwise comparisons.
         max_reasks: re-ask rounds after unparseable output (0 = fall back at once).
-        max_tokens, temperature: sampling for every judge call (temperature 0: reproducible,
-            and cacheable by the HTTP backend).
+        max_tokens: the tokens every judge call may generate.
+        temperature: sampling temperature of every judge call (0: reproducible, and
+            cacheable by the HTTP backend).
         check_mode: ``"json"`` (HealthBench-style ``criteria_met``) or ``"logprob"``
             (P(Yes) from ``choice_probs``; items the backend cannot score go the JSON way).
         compare_mode: ``"json"`` (winner 1 / 2 / tie, generated) or ``"logprob"`` (P("1") vs
             P("2") from ``choice_probs`` in one forward pass; no tie unless exactly 0.5).
-        max_drafts: rubrics per induction; max_common: rubrics per consolidation.
-        k_min, k_max: allowed number of bundle dimensions.
+        max_drafts: rubrics per induction.
+        max_common: rubrics per consolidation.
+        k_min: fewest bundle dimensions allowed.
+        k_max: most bundle dimensions allowed.
         equiv_exact_shortcut: answer equivalence without a call when the normalised prediction
             equals a normalised gold (saves judge calls on the easy cases).
     """

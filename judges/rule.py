@@ -78,9 +78,11 @@ class RuleJudge:
     Args:
         seed: seeds the presentation-order and tie-break coins of pairwise comparisons.
         predicates: extra named predicates ``(context, response) -> bool`` for ``fn:NAME``.
-        max_drafts: features per induction; max_common: rubrics per consolidation.
+        max_drafts: features per induction.
+        max_common: rubrics per consolidation.
         min_support: drafts a feature family needs to become a common rubric.
-        k_min, k_max: allowed number of bundle dimensions.
+        k_min: fewest bundle dimensions allowed.
+        k_max: most bundle dimensions allowed.
     """
 
     def __init__(

@@ -20,6 +20,7 @@ from typing import Any
 
 from core.registry import Registry
 from core.types import Rewarder, Task
+from judges.base import Judge
 from rl.rewarders.outcome import OutcomeRewarder
 
 TASKS: Registry[Callable[..., Task]] = Registry("task")
@@ -79,7 +80,7 @@ def _prompts(**kw: Any) -> Task:
     return PromptsTask(**kw)
 
 
-def _outcome(task: Task, judge: Any = None) -> Rewarder:
+def _outcome(task: Task, judge: Judge | None = None) -> Rewarder:
     del judge  # the verifiable outcome needs none
     return OutcomeRewarder(task)
 
@@ -119,19 +120,20 @@ def make_task(cfg: Mapping[str, Any]) -> Task:
     return TASKS.get(str(cfg["name"]))(**kw)
 
 
-def bind_judge(task: Task, judge: Any, judge_config: Mapping[str, Any]) -> Task:
+def bind_judge(task: Task, judge: Judge | None, judge_config: Mapping[str, Any]) -> Task:
     """`task` scoring with the run's `judge` where it scores with one (``task.with_judge``:
     a rubric dataset's outcome, evaluation and dimension bundling); other tasks as they are."""
     bind = getattr(task, "with_judge", None)
     return task if bind is None else bind(judge, judge_config)
 
 
-def make_rewarder(name: str, task: Task, options: Mapping[str, Any], judge: Any) -> Rewarder:
+def make_rewarder(name: str, task: Task, options: Mapping[str, Any],
+                  judge: Judge | None) -> Rewarder:
     """The rewarder named `name` (``algo.rewarder``) with ``algo.rewarder_options``."""
     return REWARDERS.get(name)(task=task, judge=judge, **dict(options))
 
 
-def make_judge(cfg: Mapping[str, Any]) -> Any:
+def make_judge(cfg: Mapping[str, Any]) -> Judge | None:
     """The judge of the ``judge`` config group; ``None`` for ``judge=none``."""
     if str(cfg.get("name", "none")) == "none":
         return None
