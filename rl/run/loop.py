@@ -27,10 +27,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from core.types import Environment, Group, Prompt, Rewarder, RewardOutput, Task
+from judges.base import Judge
 from judges.cost import prices, step_usage
+from models.config import ModelConfig
 from models.sharding import batch_sharding, batch_shards
+from models.tokenizer import Tokenizer
 from rl.grpo.advantages import batch_advantages
 from rl.grpo.batch import build_batch
 from rl.grpo.consistency import prof_keep, prof_metrics
@@ -44,6 +48,8 @@ from rl.grpo.reward_stage import (
 from rl.grpo.train_step import LossConfig, TrainState, batch_logprobs, in_compute_dtype
 from rl.run.config import RunConfig, overlong_shaping, reward_stage_config
 from rl.run.data import PromptStream
+from rl.run.lora import LoraRun
+from rl.run.multihost import Exchange
 from rl.tasks.envs import SamplerPolicy
 
 
@@ -65,8 +71,8 @@ class Components:
     """What stays fixed over a run, built once by ``rl.run.trainer.build_trainer``."""
 
     run: RunConfig
-    model_cfg: Any
-    tokenizer: Any
+    model_cfg: ModelConfig
+    tokenizer: Tokenizer
     task: Task
     env: Environment
     rewarder: Rewarder
@@ -74,14 +80,14 @@ class Components:
     train_step: Callable[[TrainState, dict], tuple[TrainState, dict]]
     ref_params: Any  # the KL reference in the compute dtype (None when beta = 0)
     loss_cfg: LossConfig
-    mesh: Any
-    judge: Any
+    mesh: Mesh | None
+    judge: Judge | None
     response_budget: int  # most tokens a trajectory holds after its prompt
     # (split, its prompts) of trainer.eval_split, read before the model loaded
     eval_prompts: tuple[tuple[str, tuple[Prompt, ...]], ...] = ()
-    lora: Any = None  # rl.run.lora.LoraRun when model.lora.rank > 0: train params are adapters
-    exchange: Any = None  # rl.run.multihost.Exchange in a multi-process job (None: one process)
-    rollout_mesh: Any = None  # mesh.rollout_shape over the same devices (None: `mesh`)
+    lora: LoraRun | None = None  # when model.lora.rank > 0: the train params are adapters
+    exchange: Exchange | None = None  # in a multi-process job (None: one process)
+    rollout_mesh: Mesh | None = None  # mesh.rollout_shape over the same devices (None: `mesh`)
 
     def policy(self, params: Any, evaluation: bool = False) -> SamplerPolicy:
         """The sampler on the train state's `params` (with LoRA: adapters merged into the

@@ -23,11 +23,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from core.cluster import join_cluster
-from core.types import Prompt, Task
+from core.types import Prompt, Rewarder, Task
+from judges.base import Judge
 from judges.cost import cost, prices
 from models import ModelLoadError, load_params, load_shapes
 from models.hub import hub_commit, is_hub_id
@@ -457,15 +459,15 @@ class Inputs:
     """Everything a run reads besides the model, read and checked before the model loads, so
     a bad file, split, option or mesh stops the start before any expensive work."""
 
-    task: Any
+    task: Task
     budget: int
     train_prompts: list[Prompt]
     eval_prompts: tuple[tuple[str, tuple[Prompt, ...]], ...]  # (split, its prompts) each
-    judge: Any
-    rewarder: Any
-    mesh: Any
-    exchange: Any = None  # rl.run.multihost.Exchange in a multi-process job
-    rollout_mesh: Any = None  # mesh.rollout_shape (None: the rollout uses `mesh`)
+    judge: Judge | None
+    rewarder: Rewarder
+    mesh: Mesh | None
+    exchange: Exchange | None = None  # in a multi-process job
+    rollout_mesh: Mesh | None = None  # mesh.rollout_shape (None: the rollout uses `mesh`)
 
 
 def join_job(run: RunConfig) -> Exchange | None:
