@@ -75,6 +75,17 @@ BACKEND_STAT_KEYS = (
 )
 
 
+class OptionAttributes:
+    """A judge or backend whose ``options`` (a frozen dataclass) read as its attributes
+    (``judge.seed``, ``backend.max_batch``, ...)."""
+
+    def __getattr__(self, name: str) -> Any:
+        options = self.__dict__.get("options")
+        if options is not None and name in getattr(options, "__dataclass_fields__", {}):
+            return getattr(options, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
 class Counters:
     """Thread-safe named integer counters with a fixed set of zero-initialised keys."""
 

@@ -32,6 +32,7 @@ from judges.base import (
     JUDGE_STAT_KEYS,
     Backend,
     Counters,
+    OptionAttributes,
     order_coin,
     tie_coin,
 )
@@ -127,7 +128,7 @@ def as_type(kind: str, value: Any) -> Any:
     return {"int": int, "float": float, "bool": bool, "str": str}[base](value)
 
 
-class LLMJudge:
+class LLMJudge(OptionAttributes):
     """The judge protocol implemented with prompts on an LLM backend.
 
     Args:
@@ -153,13 +154,6 @@ class LLMJudge:
         self.backend = backend
         self.options = JudgeOptions(**options)
         self._c = Counters(JUDGE_STAT_KEYS)
-
-    def __getattr__(self, name: str) -> Any:
-        """The options read as attributes (judge.seed, judge.max_reasks, ...)."""
-        options = self.__dict__.get("options")
-        if options is not None and name in JudgeOptions.__dataclass_fields__:
-            return getattr(options, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self) -> str:
         return (

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from judges.base import BACKEND_STAT_KEYS, Counters, Judge
+from judges.base import BACKEND_STAT_KEYS, Counters, Judge, OptionAttributes
 from judges.llm import LLMJudge, as_type, split_llm_options
 from judges.types import Completion, Messages
 from models import load_params
@@ -106,7 +106,7 @@ def _firsts(prompts: Sequence[list[int] | None], chunk: Sequence[Sequence[int]]
     return [p for p in firsts if p is not None]
 
 
-class JaxBackend:
+class JaxBackend(OptionAttributes):
     """Judge backend running a ``models`` LLM in this process (``complete`` + ``choice_probs``).
 
     Args:
@@ -151,13 +151,6 @@ class JaxBackend:
         self._n_generate = 0
         self._choice_ids: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray] | None] = {}
         self._closed = False
-
-    def __getattr__(self, name: str) -> Any:
-        """The options read as attributes (backend.seed, backend.max_batch, ...)."""
-        options = self.__dict__.get("options")
-        if options is not None and name in LocalOptions.__dataclass_fields__:
-            return getattr(options, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self) -> str:
         return (f"JaxBackend(model={self.model_name!r}, max_batch={self.max_batch}, "

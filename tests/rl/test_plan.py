@@ -62,6 +62,9 @@ from tests.paths import CONF, ROOT
 
 PROGRAMS = ("prefill", "decode", "reference", "update")
 TINY = ["model=tiny", "trainer.batch_prompts=4", "plan.prompt_len=20", "plan.response_budget=24"]
+NEEDS_LIBTPU = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason="libtpu is not installed (pip install -e '.[tpu-plan]'): no TPU topology to compile for")
 ROW = re.compile(r"^\s+(prefill|decode|reference|update)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+"
                  r"([\d.]+)\s+([\d.]+)\s+(\d+)%\s+([\d.e+]+)\s")
 
@@ -126,9 +129,7 @@ def test_plan_of_the_tiny_model_on_an_8_device_cpu_mesh():
     assert out32 - out16 == pytest.approx(cache32 / 2, abs=0.002), (out32, out16)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                    reason="libtpu is not installed (pip install -e '.[tpu-plan]'): no TPU "
-                           "topology to compile for")
+@NEEDS_LIBTPU
 def test_plan_of_the_tiny_model_on_a_v5e_2x2_slice():
     # no batch search (plan.rollout_fit, checked on the CPU mesh above): a tiny model's
     # largest batch is 66,000 trajectories, and the TPU compiler took 150 s for each program
@@ -347,9 +348,7 @@ def test_a_gpu_plan_is_an_estimate_held_against_jaxs_share_of_the_gpus_memory(mo
     assert "Held against 75% of each GPU's memory (59.7 GiB" in lines[1]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                    reason="libtpu is not installed (pip install -e '.[tpu-plan]'): the GPU "
-                           "estimate compiles for a TPU stand-in")
+@NEEDS_LIBTPU  # the GPU estimate compiles for a TPU stand-in
 def test_a_gpu_estimate_of_the_tiny_model_compiles_on_its_stand_in():
     proc = _plan_cli(*TINY, "plan.topology=h100:8", "mesh=gpu_8", "plan.rollout_fit=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
