@@ -62,7 +62,7 @@ from rewards.bootstrap import bootstrap_ci
 BAIT = "conf/rubrics/listing_bait.jsonl"
 ARMS: dict[str, tuple[str, ...]] = {
     "additive": ("algo.rubric_gate=none",),
-    "positive_only": ("algo.rubric_gate=positive_only", "algo.rubric_gate_f1=1.0"),
+    "positive_only": ("algo.rubric_gate=positive_only", "algo.correct_at=1.0"),
 }
 DEMO = Budget(steps=12, batch_prompts=2, group_size=6, max_new_tokens=48,
               max_response_tokens=320, eval_max_examples=40, save_every=4, sft_examples=96)

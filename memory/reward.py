@@ -564,7 +564,7 @@ def arbor_reward_step(
     else:
         out = _step_without_memory(memory, ctx)
     sc = out.scores
-    paid = paid_mask(ctx.groups, cfg.rubric_gate, cfg.rubric_gate_f1, sc.centred.shape[1:])
+    paid = paid_mask(ctx.groups, cfg.rubric_gate, cfg.correct_at, sc.centred.shape[1:])
     combined, total = combine_active(ctx.groups, sc.centred, cfg.rubric_lambda,
                                      cfg.active_combine, paid)
     metrics = _metrics(out.memory, ctx.groups, total, out.events, ctx.tally, out.n_active)

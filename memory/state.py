@@ -97,9 +97,10 @@ class MemoryConfig:
             rubrics, keeping ``|lambda * s~| <= lambda`` but halving the other rubric's term
             when one does not discriminate.
         rubric_gate: "none" (the paper) pays ``lambda * s~`` to every trajectory;
-            "positive_only" only to those with a valid format and an answer F1 of at least
-            ``rubric_gate_f1`` (LongTraceRL's positive-only strategy, ``memory.gating``).
-        rubric_gate_f1: the F1 an answer needs to count as correct under "positive_only".
+            "positive_only" only to those whose ``R_base`` reaches ``correct_at``
+            (LongTraceRL's positive-only strategy, ``memory.gating``).
+        correct_at: the outcome ``R_base`` at or above which an answer counts as correct
+            (``algo.correct_at``; ARBOR's ``R_base``: F1 with a valid format, else -1).
         lineage_in_induction: show the judge the ``lineage_k`` most recently mastered rubrics
             when it induces new drafts (``memory.lineage``; an LLM judge's prompt
             ``induce_lineage``, the rule judge ignores them). Off: the paper.
@@ -136,7 +137,7 @@ class MemoryConfig:
     rubric_lambda: float = 0.1
     active_combine: str = "sum"
     rubric_gate: str = "none"
-    rubric_gate_f1: float = 1.0
+    correct_at: float = 1.0
     lineage_in_induction: bool = False
     lineage_k: int = 3
     use_common_pool: bool = True
@@ -176,7 +177,7 @@ class MemoryConfig:
             raise ValueError("delta_v must be >= 0, bt_iters >= 1, bt_prior > 0")
         if self.rho_history_len < 0:
             raise ValueError("rho_history_len must be >= 0")
-        check_gate(self.rubric_gate, self.rubric_gate_f1)
+        check_gate(self.rubric_gate, self.correct_at)
         if self.lineage_k < 1:
             raise ValueError(f"lineage_k must be >= 1, got {self.lineage_k}")
 

@@ -171,7 +171,7 @@ def static_rubric_step(
     judge: Judge,
     rubric_lambda: float = 0.1,
     rubric_gate: str = "none",
-    rubric_gate_f1: float = 1.0,
+    correct_at: float = 1.0,
 ) -> StaticOutput:
     """Score every trajectory against the fixed rubrics (one batched ``judge.check``); the
     rubric term paid as ``rubric_gate`` says (``memory.gating``)."""
@@ -206,7 +206,7 @@ def static_rubric_step(
             cen[n, :g.size] = 0.0
         else:
             cen[n, :g.size] = centre(s)
-    paid = paid_mask(groups, rubric_gate, rubric_gate_f1, cen.shape)
+    paid = paid_mask(groups, rubric_gate, correct_at, cen.shape)
     total = gated_total(r_base, cen, paid, rubric_lambda)
     metrics = {
         "static/judge_calls_check": float(len(reqs)),

@@ -69,6 +69,13 @@ CSV columns ``ci_lo, ci_hi, floor, exceeds_floor``; JSON ``ci``, ``exceeds_floor
 ``noise_floor``; ``OUT_DIR/perturb_paraphrases.jsonl``.  The ProRubric authors' audit reads its
 edits against a paraphrase row and a re-score of the original the same way (their
 ``analysis/incentive_audit``); this is our own implementation.
+
+Failed judge calls: a value that rests on one (a criterion check or failure clause on the
+judge's fallback, an ``implicit`` rating that fell back, an official dimension arm's group
+that failed closed and scored 0) is no judgment, and would move the reward as if the edit
+had; it is left out of its column, as the authors leave errored variants out, and counted per
+operator x column (``judge_failed`` in the CSV and JSON rows, "judge failures left out" in the
+authors' layout).
 """
 
 from __future__ import annotations
@@ -276,12 +283,14 @@ def perturbation_analysis(
     usable, skipped = _sources(rubrics, audit.answers)
     n_boot, level = audit.n_boot, audit.level
     originals = [(r, "original", t, b) for b, (r, t) in enumerate(usable)]
-    first, checks = _score_columns([v[:3] for v in originals], judge, aggregators)
+    first, checks, failed_first = _score_columns([v[:3] for v in originals], judge, aggregators)
     rest, no_edit = _edited(originals, checks, operators, seed, audit)
     rest += _paraphrased(originals, seed, audit.paraphrases, audit.paraphrase_texts)
-    second, _ = _score_columns([v[:3] for v in rest], judge, aggregators)
+    second, _, failed_second = _score_columns([v[:3] for v in rest], judge, aggregators)
     cols = {c: np.concatenate([first[c], second.get(c, np.zeros(0))]) for c in first}
-    all_cases = _cases([*originals, *rest], cols)
+    failed = {c: np.concatenate([failed_first[c], failed_second.get(c, np.zeros(0, bool))])
+              for c in first}
+    all_cases = _cases([*originals, *rest], cols, failed)
     cases = [c for c in all_cases if c["operator"] != PARAPHRASE]
     para = [c for c in all_cases if c["operator"] == PARAPHRASE]
     floor = {col: noise_floor_row(col, para, n_boot, level, seed) for col in cols}
@@ -361,36 +370,45 @@ def _paraphrased(originals: Sequence[Variant], seed: int, paraphrases: int,
 
 
 def _score_columns(variants: Sequence[tuple[Rubric, str, str]], judge: Any,
-                   aggregators: Sequence[str]) -> tuple[dict[str, np.ndarray], list[Any]]:
+                   aggregators: Sequence[str]
+                   ) -> tuple[dict[str, np.ndarray], list[Any], dict[str, np.ndarray]]:
     """Per variant: each reward's value, the held-out ``fitness`` pass rate (when any rubric
-    carries fitness criteria) and ``words``, and the judge's checks.  The check aggregators
-    share one batched check call; a reward judged otherwise (an official dimension arm,
-    ``implicit``) makes its own calls (``dimension_rewards``, ``rated_rewards`` of
-    ``rewards.rubric_scoring``)."""
+    carries fitness criteria) and ``words``; the judge's checks; and per column which values
+    rest on a failed judge call (``rewards.rubric_scoring.judged_rewards``; fitness: a held-out
+    check on the fallback), NaN in the columns.  The check aggregators share one batched check
+    call; a reward judged otherwise (an official dimension arm, ``implicit``) makes its own
+    calls."""
     from rewards.rubric_scoring import (
         ScoreItem,
         fitness_criteria,
         fitness_rate,
-        item_rewards,
         judge_checks,
+        judged_rewards,
         word_count,
     )
 
     items = [ScoreItem(r.prompt_text(), t, r, fitness_criteria(r)) for r, _op, t in variants]
     checks = judge_checks(judge, items) if items else []
-    cols = {a: item_rewards(judge, items, checks, a)[0] if items else np.zeros(0)
-            for a in aggregators}
-    fit = fitness_rate(checks) if items else np.zeros(0)
+    cols: dict[str, np.ndarray] = {}
+    failed: dict[str, np.ndarray] = {}
+    for a in aggregators:
+        cols[a], failed[a] = (judged_rewards(judge, items, checks, a) if items
+                              else (np.zeros(0), np.zeros(0, bool)))
     if any(fitness_criteria(r) for r, _op, _t in variants):
-        cols["fitness"] = fit
+        cols["fitness"] = fitness_rate(checks) if items else np.zeros(0)
+        failed["fitness"] = np.asarray([ch.fitness_fallbacks > 0 for ch in checks], bool)
     cols["words"] = np.asarray([word_count(it.response) for it in items], np.float64)
-    return cols, checks
+    failed["words"] = np.zeros(len(items), bool)
+    for c in cols:
+        cols[c] = np.where(failed[c], np.nan, cols[c])
+    return cols, checks, failed
 
 
-def _cases(variants: Sequence[tuple[Rubric, str, str, int]], cols: Mapping[str, np.ndarray]
-           ) -> list[dict[str, Any]]:
+def _cases(variants: Sequence[tuple[Rubric, str, str, int]], cols: Mapping[str, np.ndarray],
+           failed: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
     """One case per edited (or paraphrased) answer: its text, whether it differs from the
-    original, and every column before (on the rubric's original) and after."""
+    original, every column before (on the rubric's original) and after, and per column
+    whether either rests on a failed judge call (``{col}_judge_failed``: left out)."""
     cases = []
     for j, (r, op, t, o) in enumerate(variants):
         if op == "original":
@@ -400,6 +418,7 @@ def _cases(variants: Sequence[tuple[Rubric, str, str, int]], cols: Mapping[str, 
             "text": t,
             **{f"{c}_before": float(v[o]) for c, v in cols.items()},
             **{f"{c}_after": float(v[j]) for c, v in cols.items()},
+            **{f"{c}_judge_failed": bool(f[o] or f[j]) for c, f in failed.items()},
         })
     return cases
 
@@ -459,7 +478,8 @@ def interval_row(col: str, sel: Sequence[Mapping[str, Any]], floor: float,
 
 def _change_row(op: str, col: str, sel: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The change of column ``col`` under operator ``op`` over its cases ``sel`` (a case
-    without a finite value before and after is left out of the statistics)."""
+    without a finite value before and after is left out of the statistics; ``judge_failed``
+    counts those left out because a judge call failed, on the original or the edit)."""
     before = np.asarray([c[f"{col}_before"] for c in sel], np.float64)
     after = np.asarray([c[f"{col}_after"] for c in sel], np.float64)
     ok = np.isfinite(before) & np.isfinite(after)
@@ -474,6 +494,7 @@ def _change_row(op: str, col: str, sel: Sequence[Mapping[str, Any]]) -> dict[str
         "mean_before": float(before[ok].mean()) if some else math.nan,
         "mean_after": float(after[ok].mean()) if some else math.nan,
         "frac_changed": float(np.mean([c["changed"] for c in sel])) if sel else math.nan,
+        "judge_failed": int(sum(c.get(f"{col}_judge_failed", False) for c in sel)),
     }
 
 
@@ -546,18 +567,21 @@ def format_audit(rows: Sequence[Mapping[str, Any]], level: float,
             iv = (f"[{100 * r['ci_lo']:+.1f}, {100 * r['ci_hi']:+.1f}]"
                   if ok and math.isfinite(r["ci_lo"]) else "")
             skip = (no_edit or {}).get(r["operator"], 0)
+            notes = [f"{skip} not editable"] if skip else []
+            if r.get("judge_failed"):
+                notes.append(f"{r['judge_failed']} judge failures left out")
             lines.append(
                 f"{str(r['operator']).ljust(w0)}  "
                 + (f"{100 * r['mean_delta']:+7.1f}  {iv:>17}  {r['frac_higher']:5.0%}  "
                    f"{r['frac_lower']:5.0%}" if ok else f"{'-':>7}  {'':>17}  {'':>5}  {'':>5}")
-                + f"  {r['n']:4d}  {r['unmoved']:7d}" + (f"  ({skip} not editable)" if skip
-                                                          else ""))
+                + f"  {r['n']:4d}  {r['unmoved']:7d}"
+                + (f"  ({'; '.join(notes)})" if notes else ""))
     return "\n".join(lines[1:])
 
 
 ROW_FIELDS = ["operator", "column", "mean_delta", "std_delta", "n", "frac_lower", "frac_higher",
               "unmoved", "mean_before", "mean_after", "frac_changed", "ci_lo", "ci_hi", "floor",
-              "exceeds_floor"]
+              "exceeds_floor", "judge_failed"]
 
 
 def _jsonl(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -733,6 +757,9 @@ def _report(result: Mapping[str, Any], config: Mapping[str, Any]) -> None:
     f: dict[str, Any] = next(iter(result["noise_floor"].values()), {})
     print(f"paraphrase floor: {f.get('draws', 0)} paraphrases of {f.get('n', 0)} answers "
           f"({config['paraphrase_source']})")
+    failed = sum(r.get("judge_failed", 0) for r in result["rows"])
+    if failed:
+        print(f"left out {failed} value(s) resting on a failed judge call (judge_failed per row)")
     if result["skipped"]:
         print(f"skipped {len(result['skipped'])} rubric(s) without a reference answer")
     if config["not_bundled"]:

@@ -321,9 +321,10 @@ class Scores:
     dimension_counts: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
-def rated_rewards(judge: Judge, items: Sequence[ScoreItem]) -> tuple[np.ndarray, int]:
+def rated_rewards(judge: Judge, items: Sequence[ScoreItem]) -> tuple[np.ndarray, np.ndarray]:
     """RaR implicit rewards ``(rating - 1) / 9`` from ONE batched ``judge.rate`` call (one
-    rating per item, the whole training checklist shown), and how many ratings fell back."""
+    rating per item, the whole training checklist shown), and [B] bool: which ratings fell
+    back (the judge gave no usable rating)."""
     reqs = [RateRequest(it.context, it.response, tuple(c.text for c in it.rubric.criteria),
                         tuple(float(c.weight) for c in it.rubric.criteria)) for it in items]
     results = judge.rate(reqs) if reqs else []
@@ -331,7 +332,7 @@ def rated_rewards(judge: Judge, items: Sequence[ScoreItem]) -> tuple[np.ndarray,
         raise RuntimeError(f"judge.rate returned {len(results)} results for {len(reqs)} requests")
     ratings = np.asarray([r.rating for r in results], np.float64)
     return (np.asarray(rating_reward(jnp.asarray(ratings)), np.float64),
-            sum(bool(r.fallback) for r in results))
+            np.asarray([bool(r.fallback) for r in results], bool))
 
 
 def dimension_rewards(judge: Judge, items: Sequence[ScoreItem], aggregator: str,
@@ -359,14 +360,28 @@ def item_rewards(judge: Judge, items: Sequence[ScoreItem], checks: Sequence[Chec
     ``implicit`` and the dimension arms make their own batched call (:func:`rated_rewards`,
     :func:`dimension_rewards`)."""
     if aggregator == JUDGE_RATED:
-        reward, fallbacks = rated_rewards(judge, items)
-        return reward, fallbacks, None, {}
+        reward, fell_back = rated_rewards(judge, items)
+        return reward, int(fell_back.sum()), None, {}
     if aggregator in DIMENSION_ARMS:
         reward, failed, counts = dimension_rewards(judge, items, aggregator, group_sizes,
                                                    group_retries)
         return reward, 0, failed, counts
     rubrics = [it.rubric for it in items]
     return aggregate_checks(aggregator, rubrics, checks, criteria_bucket, clip), 0, None, {}
+
+
+def judged_rewards(judge: Judge, items: Sequence[ScoreItem], checks: Sequence[Checks],
+                   aggregator: str) -> tuple[np.ndarray, np.ndarray]:
+    """(rewards [B], failed [B] bool) of ``items`` under ``aggregator``: ``failed`` marks a
+    reward that rests on a failed judge call, not on a judgment: a check aggregator's item
+    with a training check or failure clause on the judge's fallback, an ``implicit`` rating
+    that fell back, a dimension arm's group that failed closed. What an audit leaves out."""
+    if aggregator == JUDGE_RATED:
+        return rated_rewards(judge, items)
+    reward, _, failed, _ = item_rewards(judge, items, checks, aggregator)
+    if failed is None:
+        failed = np.asarray([ch.fallbacks > ch.fitness_fallbacks for ch in checks], bool)
+    return reward, np.asarray(failed, bool)
 
 
 def score_items(judge: Judge, items: Sequence[ScoreItem], aggregator: str = "prorubric",

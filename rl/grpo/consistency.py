@@ -22,9 +22,14 @@ exactly r from every group (the arithmetic above never runs out of trajectories)
 update trains on [N, G - r] trajectories, one shape every step, and the advantages are
 computed over the kept ones alone, as theirs are (they drop the rows before the advantage).
 
+The kept trajectories are paid their outcome ``R_base`` alone, as PROF's are (its reward is
+the outcome reward; the process score only chooses): ``algo.consistency_reward=outcome``, the
+default. ``total`` keeps the rewarder's ``R_base + lambda * s~``, which pays the process score
+twice (once in the choice, once in the reward) and is not PROF.
+
 What this library reads as the process score is the rubric rewarder's per-trajectory term
 (``per_traj[...]["rubric_score"]``: ARBOR's ``s~``, RaR's ``s - mean_G s``); a trajectory
-counts as correct when its outcome (``R_base``) reaches ``algo.consistency_correct``. A
+counts as correct when its outcome (``R_base``) reaches ``algo.correct_at``. A
 missing score (its judge call failed) is read as the least consistent on either side, so it
 goes first. Their step-count penalty (``len_step_reward_coef``) has no counterpart: our
 process scores are per trajectory, not per reasoning step.
@@ -35,6 +40,8 @@ from __future__ import annotations
 import numpy as np
 
 CONSISTENCY_FILTERS = ("none", "prof")
+# what the kept trajectories are paid (module docstring)
+CONSISTENCY_REWARDS = ("outcome", "total")
 # rewarders that report a per-trajectory process score (rl.rewarders.arbor's per_traj)
 PROCESS_SCORED = ("arbor", "static_rubrics")
 

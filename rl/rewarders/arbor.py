@@ -154,7 +154,7 @@ class ArborRewarder:
     def monitors(self, groups: Sequence[Group], out: RewardOutput
                  ) -> tuple[dict[str, float], tuple[dict[str, Any], ...]]:
         """The step's reward-gaming monitors and alerts (``rewards.gaming.step_monitors``)."""
-        return step_monitors(groups, out)
+        return step_monitors(groups, out, self.cfg.correct_at)
 
     def state_to_json(self, state: RubricMemory | None) -> dict[str, Any] | None:
         return None if state is None else state.to_dict()

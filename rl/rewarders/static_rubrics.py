@@ -46,7 +46,7 @@ class StaticRubricRewarder:
     rubrics: tuple[StaticRubric, ...]
     rubric_lambda: float = 0.1
     rubric_gate: str = "none"  # memory.gating: none | positive_only
-    rubric_gate_f1: float = 1.0
+    correct_at: float = 1.0
 
     def __post_init__(self) -> None:
         require_judge(self.judge, "rar")
@@ -57,7 +57,7 @@ class StaticRubricRewarder:
     def __call__(self, groups: Sequence[Group], state: Any, step: int) -> RewardOutput:
         inputs = group_inputs(self.task, groups)
         out = static_rubric_step(inputs, self.rubrics, self.judge, self.rubric_lambda,
-                                 self.rubric_gate, self.rubric_gate_f1)
+                                 self.rubric_gate, self.correct_at)
         return RewardOutput(rewards=np.asarray(out.total_rewards, np.float64),
                             outcome=base_matrix(inputs), metrics=dict(out.metrics),
                             state=None, per_traj=per_traj_scores(out.centred, inputs))
@@ -65,7 +65,7 @@ class StaticRubricRewarder:
     def monitors(self, groups: Sequence[Group], out: RewardOutput
                  ) -> tuple[dict[str, float], tuple[dict[str, Any], ...]]:
         """The step's reward-gaming monitors and alerts (``rewards.gaming.step_monitors``)."""
-        return step_monitors(groups, out)
+        return step_monitors(groups, out, self.correct_at)
 
     def state_to_json(self, state: Any) -> None:
         return None
@@ -76,7 +76,7 @@ class StaticRubricRewarder:
 
 def static_rubrics_rewarder(task: Task, judge: Any, rubrics_path: str = DEFAULT_STATIC_RUBRICS,
                             rubric_lambda: float = 0.1, seed: int = 0,
-                            rubric_gate: str = "none", rubric_gate_f1: float = 1.0,
+                            rubric_gate: str = "none", correct_at: float = 1.0,
                             aggregator: str = "additive_abs") -> Any:
     """Factory named ``static_rubrics`` in ``rl.run.wiring``. ``seed`` is accepted (and unused:
     static scoring draws nothing) so the RaR config can share the ARBOR configs' keys; any
@@ -94,8 +94,8 @@ def static_rubrics_rewarder(task: Task, judge: Any, rubrics_path: str = DEFAULT_
                  "list %s and rubric_lambda are for QA tasks)", getattr(task, "name", task),
                  aggregator, rubrics_path)
         return RubricRewarder(task=task, judge=judge, aggregator=aggregator)
-    check_gate(rubric_gate, float(rubric_gate_f1))
+    check_gate(rubric_gate, float(correct_at))
     rubrics = load_static_rubrics(resolve_path(rubrics_path))
     return StaticRubricRewarder(task=task, judge=judge, rubrics=rubrics,
                                 rubric_lambda=float(rubric_lambda), rubric_gate=rubric_gate,
-                                rubric_gate_f1=float(rubric_gate_f1))
+                                correct_at=float(correct_at))

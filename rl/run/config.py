@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -26,7 +27,7 @@ from models.lora import LoraConfig, lora_problem
 from models.sampler import SamplingParams
 from rewards.qa_metrics import METRIC_SETS, NORMALIZERS
 from rl.grpo.advantages import ADVANTAGE_EPS, ADVANTAGES
-from rl.grpo.consistency import CONSISTENCY_FILTERS, PROCESS_SCORED
+from rl.grpo.consistency import CONSISTENCY_FILTERS, CONSISTENCY_REWARDS, PROCESS_SCORED
 from rl.grpo.kl import KL_ESTIMATORS
 from rl.grpo.losses import LOSS_AGG, POLICY_LOSSES
 from rl.grpo.optim import OptimConfig
@@ -115,7 +116,8 @@ class AlgoConfig:
     filter_metric: str  # what dynamic sampling must see vary in a group: reward | outcome
     consistency_filter: str  # none | prof (rl.grpo.consistency)
     consistency_remove: int  # prof: trajectories removed from each group
-    consistency_correct: float  # prof: the outcome at or above which an answer is correct
+    consistency_reward: str  # prof: outcome (R_base alone, as PROF) | total (rubric term kept)
+    correct_at: float  # the outcome at or above which an answer is correct (PROF, gate, monitors)
     overlong: OverlongConfig
     rewarder: str
     rewarder_options: Mapping[str, Any]
@@ -526,6 +528,10 @@ def check_consistency_filter(a: AlgoConfig) -> None:
     and leaves at least 2 trajectories per group to compare."""
     _require(a.consistency_filter in CONSISTENCY_FILTERS, "algo.consistency_filter",
              f"must be one of {list(CONSISTENCY_FILTERS)}, got {a.consistency_filter!r}")
+    _require(a.consistency_reward in CONSISTENCY_REWARDS, "algo.consistency_reward",
+             f"must be one of {list(CONSISTENCY_REWARDS)}, got {a.consistency_reward!r}")
+    _require(math.isfinite(a.correct_at), "algo.correct_at",
+             f"must be a finite outcome value, got {a.correct_at}")
     if a.consistency_filter == "none":
         return
     _require(a.rewarder in PROCESS_SCORED, "algo.consistency_filter",

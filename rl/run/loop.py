@@ -142,7 +142,9 @@ class StepResult:
 def consistency_filtered(c: Components, col: Collected) -> tuple[Collected, dict[str, float]]:
     """The step's trajectories the update trains on: all of them, or under
     ``algo.consistency_filter=prof`` the G - r per group PROF keeps (``rl.grpo.consistency``), with
-    their rewards, outcomes and per-trajectory records; and the filter's ``prof/*`` metrics."""
+    their outcomes and per-trajectory records, paid their outcome ``R_base`` alone (PROF: the
+    process score selects, it is not added) or with ``algo.consistency_reward=total`` the
+    rewarder's reward; and the filter's ``prof/*`` metrics."""
     a = c.run.algo
     if a.consistency_filter == "none":
         return col, {}
@@ -151,15 +153,17 @@ def consistency_filtered(c: Components, col: Collected) -> tuple[Collected, dict
     if process is None:
         raise RuntimeError("algo.consistency_filter=prof: the rewarder reported no rubric term "
                            "(per_traj rubric_score) to filter by")
-    correct = np.asarray(out.outcome, np.float64) >= a.consistency_correct
+    correct = np.asarray(out.outcome, np.float64) >= a.correct_at
     keep = prof_keep(process, correct, a.consistency_remove)
     rows = [np.flatnonzero(k) for k in keep]
     groups = [dataclasses.replace(g, trajectories=tuple(g.trajectories[i] for i in r))
               for g, r in zip(col.groups, rows)]
     per_traj = tuple(tuple(p[i] for i in r) for p, r in zip(out.per_traj, rows))
+    outcome = np.stack([out.outcome[n, r] for n, r in enumerate(rows)])
+    paid = out.rewards if a.consistency_reward == "total" else out.outcome
     kept = dataclasses.replace(
-        out, rewards=np.stack([out.rewards[n, r] for n, r in enumerate(rows)]),
-        outcome=np.stack([out.outcome[n, r] for n, r in enumerate(rows)]), per_traj=per_traj)
+        out, rewards=np.stack([np.asarray(paid)[n, r] for n, r in enumerate(rows)]),
+        outcome=outcome, per_traj=per_traj)
     info = prof_metrics(keep, correct) | {"prof/reward_mean_before": float(np.mean(out.rewards))}
     return dataclasses.replace(col, groups=groups, out=kept), info
 

@@ -50,16 +50,38 @@ NEVER_ALLOWED = ("model_config",)
 # keys added after checkpoints were written without them, with the value those runs computed
 # with: a checkpoint lacking the key compares as having it
 ADDED_LATER = {"trainer.off_policy_steps": 0, "trainer.kv_cache_dtype": "float32",
-               "algo.rubric_gate": "none", "algo.rubric_gate_f1": 1.0,
+               "algo.rubric_gate": "none", "algo.correct_at": 1.0,
                "algo.rewarder_options.rubric_gate": "none",
-               "algo.rewarder_options.rubric_gate_f1": 1.0, "algo.filter_metric": "reward",
+               "algo.rewarder_options.correct_at": 1.0, "algo.filter_metric": "reward",
                "algo.lineage_in_induction": False, "algo.lineage_k": 3,
                "algo.rewarder_options.lineage_in_induction": False,
                "algo.rewarder_options.lineage_k": 3, "algo.consistency_filter": "none",
-               "algo.consistency_remove": 2, "algo.consistency_correct": 1.0,
+               "algo.consistency_remove": 2, "algo.consistency_reward": "outcome",
                "trainer.rollout_sub_batches": True, "model.revision": None,
                "trainer.rollout_chunks": 1,
                "algo.rewarder_options.aggregator": "additive_abs"}
+# keys renamed after checkpoints were written under the old name: (old names, new name). A
+# checkpoint's value moves to the new name when its old names agree on it (the positive-only
+# gate's F1 threshold and PROF's correctness threshold became the one algo.correct_at)
+RENAMED = ((("algo.consistency_correct", "algo.rubric_gate_f1"), "algo.correct_at"),
+           (("algo.rewarder_options.rubric_gate_f1",), "algo.rewarder_options.correct_at"))
+
+
+def renamed(old: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint's settings under today's key names (:data:`RENAMED`), and the value of
+    ``algo.consistency_reward`` a PROF run computed with before the key existed (it paid the
+    rewarder's total)."""
+    out = dict(old)
+    if out.get("algo.consistency_filter") == "prof" and "algo.consistency_reward" not in out:
+        out["algo.consistency_reward"] = "total"
+    for names, new in RENAMED:
+        values = {repr(out[k]) for k in names if k in out}
+        if new not in out and len(values) == 1:
+            value = next(out[k] for k in names if k in out)
+            for k in names:
+                out.pop(k, None)
+            out[new] = value
+    return out
 
 
 def _under(key: str, prefixes: Sequence[str]) -> bool:
@@ -124,7 +146,7 @@ _ABSENT = "(absent)"
 def changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """{key: (checkpoint's value, this run's value)} of the settings that differ and are not
     free to change."""
-    old = {**{k: v for k, v in ADDED_LATER.items() if k in new}, **old}
+    old = {**{k: v for k, v in ADDED_LATER.items() if k in new}, **renamed(old)}
     keys = sorted(set(old) | set(new))
     return {k: (old.get(k, _ABSENT), new.get(k, _ABSENT)) for k in keys
             if old.get(k, _ABSENT) != new.get(k, _ABSENT) and not free(k, old, new)}

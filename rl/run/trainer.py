@@ -162,10 +162,10 @@ class Trainer:
             self.runlog.events(step, result.events)
         if result.samples:
             self.runlog.samples(step, result.samples)
-        for alert in result.alerts:  # rewards.gaming: a monitor past its threshold
-            log.warning("step %d: %s = %.3f is %s its alert threshold %g (rewards.gaming)",
-                        step, alert["metric"], alert["value"], alert["direction"],
-                        alert["threshold"])
+        for alert in result.alerts:  # rewards.gaming: a monitor's bound past its margin
+            log.warning("step %d: %s = %.3f, its %g-level bound %.3f %s %.3f (rewards.gaming)",
+                        step, alert["metric"], alert["value"], 1 - alert["alpha"],
+                        alert["bound"], alert["direction"], alert["threshold"])
         if result.alerts:
             self.runlog.alerts(step, result.alerts)
         lineage = getattr(self.parts.rewarder, "lineage", None)  # ARBOR: memory.lineage

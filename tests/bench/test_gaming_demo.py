@@ -36,7 +36,7 @@ def test_the_arms_differ_only_in_the_gate(tmp_path):
     assert f"algo.rubrics_path={BAIT}" in cmds["additive"]
     differ = set(cmds["additive"]) ^ set(cmds["positive_only"])
     assert {c for c in differ if str(tmp_path) not in c} == {
-        "algo.rubric_gate=none", "algo.rubric_gate=positive_only", "algo.rubric_gate_f1=1.0"}
+        "algo.rubric_gate=none", "algo.rubric_gate=positive_only", "algo.correct_at=1.0"}
 
 
 def test_scripted_trajectories_and_the_listing_premium_by_hand():

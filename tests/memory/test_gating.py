@@ -51,8 +51,8 @@ def test_rar_under_the_gate_by_hand():
 def test_bad_gate_settings_are_refused_by_name():
     with pytest.raises(ValueError, match="rubric_gate must be one of"):
         MemoryConfig(rubric_gate="always")
-    with pytest.raises(ValueError, match="rubric_gate_f1 must be in"):
-        check_gate("positive_only", 1.5)
+    with pytest.raises(ValueError, match="correct_at must be a finite outcome value"):
+        check_gate("positive_only", float("nan"))
 
 
 def test_arbor_reports_the_share_it_withheld():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from judges.rule import RuleJudge
+from judges.types import CheckResult
 from rewards.perturb import (
     FILLER_SENTENCES,
     HIGH_RISK_SENTENCES,
@@ -264,3 +265,31 @@ def test_cli_paraphrase_file_and_its_bad_rows(tmp_path, capsys):
     para.write_text(json.dumps({"prompt_id": "r1"}) + "\n")
     with pytest.raises(ValueError, match=r"row 1: field 'text'"):
         main([str(tmp_path / "r.jsonl"), str(out), f"paraphrase_file={para}"])
+
+
+class _FailsOnOneEdit(RuleJudge):
+    """The rule judge, except that every check of one edited answer ends on the judge's
+    fallback (not met, P .5), as an LLM judge's unparseable reply does."""
+
+    def check(self, requests):
+        out = list(super().check(requests))
+        return [CheckResult(False, 0.5, fallback=True) if q.response.startswith("Do not nap. Rest")
+                else r for q, r in zip(requests, out)]
+
+
+def test_a_failed_judge_call_is_left_out_and_counted():
+    """Three references; deleting "Keep it dark." costs 2/3 of the additive reward in each. The
+    judge fails on r2's edit: scored as a fallback it would read as a loss of 1, not 2/3; it is
+    left out of the row (n 2, mean -2/3) and counted."""
+    rubrics = [_surface_rubric("r1"), _surface_rubric("r3"),
+               Rubric("r2", "q", _surface_rubric("x").criteria,
+                      reference_answer="Keep it dark. Do not nap. Rest.")]
+    res = perturbation_analysis(rubrics, _FailsOnOneEdit(), ("additive",),
+                                ("delete_key_recommendation",))
+    row = next(r for r in res["rows"] if r["column"] == "additive")
+    assert (row["n"], row["judge_failed"]) == (2, 1)
+    assert row["mean_delta"] == pytest.approx(-2 / 3)
+    words = next(r for r in res["rows"] if r["column"] == "words")
+    assert (words["n"], words["judge_failed"]) == (3, 0)  # no judge behind a word count
+    case = next(c for c in res["cases"] if c["prompt_id"] == "r2")
+    assert case["additive_judge_failed"] and np.isnan(case["additive_after"])

@@ -1,5 +1,6 @@
 """The ProRubric authors' arms bring the authors' GRPO settings (their configs/prorubric.yaml:
-rollout.n 8, clip_ratio_high 0.28, verl's token-mean loss, ppo_mini_batch_size 32 of
+rollout.n 8, clip_ratio_high 0.28, verl's token-mean loss and its dual clip clip_ratio_c 3.0
+(a verl default their config does not override), ppo_mini_batch_size 32 of
 train_batch_size 64, clip_grad 0.1, weight_decay 0.1) where this library has the key; other
 algorithms keep the library's defaults, and the command line still wins."""
 
@@ -10,8 +11,8 @@ from tests.rl.rewarders.test_arbor_e2e import compose_cfg
 AUTHORS = {"algo.group_size": 8, "algo.eps_low": 0.2, "algo.eps_high": 0.28,
            "algo.loss_agg": "token-mean", "algo.beta": 0.0, "trainer.mini_batches": 2,
            "trainer.ppo_epochs": 1, "optim.grad_clip": 0.1, "optim.weight_decay": 0.1,
-           "trainer.temperature": 1.0}
-OURS = {"algo.group_size": 4, "algo.eps_high": 0.2, "algo.loss_agg": "auto",
+           "trainer.temperature": 1.0, "algo.dual_clip": 3.0}
+OURS = {"algo.group_size": 4, "algo.eps_high": 0.2, "algo.loss_agg": "auto", "algo.dual_clip": None,
         "trainer.mini_batches": 1, "optim.grad_clip": 1.0, "optim.weight_decay": 0.0}
 
 

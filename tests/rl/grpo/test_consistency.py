@@ -131,6 +131,12 @@ def test_prof_step_updates_on_the_kept_trajectories(tmp_path, world_dir):  # noq
     for g, kept, mask in zip(seen["groups"], col.groups, expected):
         assert g.trajectories == tuple(t for t, k in zip(kept.trajectories, mask) if k)
     assert seen["advantages"].shape == (2, 2)
+    # PROF pays the kept trajectories their outcome alone (algo.consistency_reward=outcome):
+    # GRPO's advantage of the kept outcomes, (o - mean) / (sample std + eps), written here
+    for adv, mask, out in zip(seen["advantages"], expected, col.out.outcome):
+        o = np.asarray(out)[np.asarray(mask)]
+        want = np.zeros(2) if o[0] == o[1] else (o - o.mean()) / (np.std(o, ddof=1) + 1e-6)
+        np.testing.assert_allclose(adv, want, rtol=1e-5, atol=1e-6)
     rec = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     removed = ~np.array(expected)
     assert rec[-1]["prof/removed_correct"] == (removed & correct).sum()

@@ -180,7 +180,7 @@ def test_algo_configs_expose_top_level_keys():
                                      "embedder": "minilm", "seed": 7, "rubric_outcome": "f1",
                                      "rho_r": "cumulative", "min_drift_activations": 1,
                                      "active_combine": "sum", "rubric_gate": "none",
-                                     "rubric_gate_f1": 1.0, "lineage_in_induction": False,
+                                     "correct_at": 1.0, "lineage_in_induction": False,
                                      "lineage_k": 3}
     # the version-1 behaviour, one override each
     old = compose_cfg("algo=arbor", "algo.rubric_outcome=r_base", "algo.rho_r=centred",
@@ -202,7 +202,7 @@ def test_algo_configs_expose_top_level_keys():
     assert rar["rewarder"] == "static_rubrics"
     assert rar["rewarder_options"] == {"rubric_lambda": 0.1,
                                        "rubrics_path": "conf/rubrics/rar_search.jsonl",
-                                       "rubric_gate": "none", "rubric_gate_f1": 1.0,
+                                       "rubric_gate": "none", "correct_at": 1.0,
                                        "aggregator": "additive_abs"}
 
 

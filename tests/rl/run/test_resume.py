@@ -347,3 +347,20 @@ def test_a_resumed_run_reuses_the_rollout_program_of_the_run_before(tmp_path):
     compiled = _generate._cache_size()
     train(run, *common, "trainer.resume=true")
     assert _generate._cache_size() == compiled
+
+
+def test_a_checkpoint_with_the_old_correctness_keys_resumes_under_algo_correct_at():
+    """The positive-only gate's F1 threshold and PROF's correctness threshold became the one
+    algo.correct_at (2026-12-06); a PROF run from before paid the rewarder's total."""
+    old = {"algo.rubric_gate_f1": 1.0, "algo.consistency_correct": 1.0,
+           "algo.rewarder_options.rubric_gate_f1": 1.0, "algo.consistency_filter": "none"}
+    new = {"algo.correct_at": 1.0, "algo.rewarder_options.correct_at": 1.0,
+           "algo.consistency_filter": "none", "algo.consistency_reward": "outcome"}
+    assert changes(old, new) == {}
+    assert changes(old, {**new, "algo.correct_at": 0.5}) == {"algo.correct_at": (1.0, 0.5)}
+    # two old thresholds that disagree stay under their names: both show as removed
+    split = changes({**old, "algo.rubric_gate_f1": 0.5}, new)
+    assert set(split) == {"algo.rubric_gate_f1", "algo.consistency_correct"}
+    prof = {**old, "algo.consistency_filter": "prof"}
+    assert changes(prof, {**new, "algo.consistency_filter": "prof"}) == {
+        "algo.consistency_reward": ("total", "outcome")}
