@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 REJECT_REASONS = ("empty_text", "group_too_small", "judge_fallback", "nan_scores",
                   "low_variance", "low_correlation")
-RETIRE_REASONS = ("mastered", "drifted")
+RETIRE_REASONS = ("mastered", "abandoned", "drifted")
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,9 @@ class Activated(Event):
 
 @dataclass(frozen=True)
 class Retired(Event):
-    """Common rubric ``common_id`` left ``P``; ``reason`` is "mastered" or "drifted"."""
+    """Common rubric ``common_id`` left ``P``; ``reason`` is "mastered", "abandoned" or
+    "drifted" (``memory.retirement``); ``pass_rate``: the judge's pass rate of a low-variance
+    retirement (None: not measured)."""
 
     kind: ClassVar[str] = "retired"
     common_id: str
@@ -118,6 +120,7 @@ class Retired(Event):
     n_low_var: int
     rho: float
     uses: int
+    pass_rate: float | None = None
 
 
 EVENT_TYPES: dict[str, type[Event]] = {

@@ -1,10 +1,13 @@
 """Rubric lineage: which rubrics the policy has mastered, in what order, and which drifted.
 
-A common rubric leaves the pool ``P`` for one of two reasons (``memory.retirement``):
-"mastered" (it stopped separating trajectories: the policy now does what it asks) or
-"drifted" (its correlation with the outcome turned bad). The memory keeps every retired
-rubric with its step and reason (``CommonRubric.retired_step`` / ``retired_reason``). The
-order of mastery is a curriculum the run discovered. :func:`retired_at` turns one step's
+A common rubric leaves the pool ``P`` for one of three reasons (``memory.retirement``): it
+stopped separating trajectories and the judge finds most of them meeting it, "mastered" (the
+policy now does what it asks); it stopped separating them and most fail it, "abandoned" (the
+policy gave up on it, or nobody can meet it); or its correlation with the outcome turned bad,
+"drifted". Low variance alone cannot tell the first two apart, so the judge's pass rate at
+retirement decides (``CommonRubric.retired_pass_rate``). The memory keeps every retired rubric
+with its step and reason (``retired_step`` / ``retired_reason``). The order of mastery, of the
+mastered rubrics only, is a curriculum the run discovered. :func:`retired_at` turns one step's
 retirements into the records of ``memory_lineage.jsonl``.
 """
 
@@ -24,7 +27,8 @@ def mastery_order(memory: RubricMemory) -> list[str]:
 
 def retired_at(memory: RubricMemory, step: int) -> list[dict[str, Any]]:
     """One record per rubric retired at `step`: id, title, why, when it was created, how
-    often it was used, its last ``rho_r``, and for a mastered one its rank in the order of
+    often it was used, its last ``rho_r``, the judge's pass rate at a low-variance retirement
+    (None otherwise or without a verdict), and for a mastered one its rank in the order of
     mastery (1 = the first rubric the policy mastered)."""
     order = {cid: i + 1 for i, cid in enumerate(mastery_order(memory))}
     out = []
@@ -33,7 +37,7 @@ def retired_at(memory: RubricMemory, step: int) -> list[dict[str, Any]]:
             continue
         out.append({"common_id": c.id, "title": c.draft.title, "reason": c.retired_reason,
                     "created_step": c.created_step, "uses": c.uses, "rho": c.rho,
-                    "mastery_rank": order.get(c.id)})
+                    "pass_rate": c.retired_pass_rate, "mastery_rank": order.get(c.id)})
     return out
 
 

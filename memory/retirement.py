@@ -28,6 +28,15 @@ the rubric's direction, so it is not drift (a rubric whose scores never vary is 
 ``n_r``). "Mastered" is checked first. An activation with no usable group (all groups too
 small or with NaN scores) changes nothing but ``uses`` (counted by selection).
 
+Low variance cannot tell all-pass from all-fail: a rubric every trajectory meets and one none
+meets both stop separating them (in pairwise judging both are all ties). So a low-variance
+retirement is settled by the judge's pass rate (``settle_low_variance``): the reward step checks
+the retiring rubric on the members of up to ``PASS_RATE_GROUPS`` of the step's groups
+(``judge.check``, real verdicts only) and calls it "mastered" when at least
+``MASTERED_PASS_RATE`` of them meet it, "abandoned" below (the policy gave up on what it asks,
+or the rubric asks for something no trajectory does). Without a verdict it stays "mastered"
+with no pass rate. Only mastered rubrics enter the lineage's order of mastery.
+
 Only evidence counts: the reward step passes ``pairwise.evidence_scores`` (real verdicts only),
 so a member compared through judge fallbacks alone has a NaN score and its group is not usable.
 A judge outage therefore leaves ``n_r``, ``rho_r`` and the informative-activation count as they
@@ -43,6 +52,11 @@ import numpy as np
 
 from memory.events import Event, Retired
 from memory.state import MIN_GROUP_SIZE, VAR_EPS, CommonRubric, MemoryConfig, RubricMemory
+
+#: groups whose members the judge checks to settle a low-variance retirement
+PASS_RATE_GROUPS = 8
+#: the judge's pass rate at or above which a low-variance retirement is "mastered"
+MASTERED_PASS_RATE = 0.5
 
 
 @dataclass(frozen=True)
@@ -131,3 +145,17 @@ def apply_activation(
     event = Retired(step=step, common_id=rubric_id, reason=reason, n_low_var=rubric.n_low_var,
                     rho=rubric.rho, uses=rubric.uses)
     return new, (event,)
+
+
+def settle_low_variance(memory: RubricMemory, event: Retired, pass_rate: float | None
+                        ) -> tuple[RubricMemory, Retired]:
+    """A "mastered" (low-variance) retirement read by the judge's pass rate of the retired
+    rubric: "mastered" at or above ``MASTERED_PASS_RATE``, "abandoned" below, unchanged
+    without one (module docstring); the pass rate recorded on the rubric and the event."""
+    if event.reason != "mastered" or pass_rate is None:
+        return memory, event
+    reason = "mastered" if pass_rate >= MASTERED_PASS_RATE else "abandoned"
+    retired = tuple(replace(c, retired_reason=reason, retired_pass_rate=pass_rate)
+                    if c.id == event.common_id and c.retired_step == event.step else c
+                    for c in memory.retired)
+    return replace(memory, retired=retired), replace(event, reason=reason, pass_rate=pass_rate)

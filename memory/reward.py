@@ -74,7 +74,7 @@ from judges.types import CheckRequest, CheckResult, Draft, FallbackDrafts, Induc
 from memory.admission import Candidate, admit, is_empty
 from memory.consolidation import consolidate
 from memory.embed import Embedder, check_embedder, get_embedder
-from memory.events import REJECT_REASONS, RETIRE_REASONS, Event
+from memory.events import REJECT_REASONS, RETIRE_REASONS, Event, Retired
 from memory.gating import gated_total, paid_mask
 from memory.lineage import recently_mastered
 from memory.pairwise import (
@@ -87,7 +87,12 @@ from memory.pairwise import (
     group_scores,
     mix_seed,
 )
-from memory.retirement import GroupScores, apply_activation
+from memory.retirement import (
+    PASS_RATE_GROUPS,
+    GroupScores,
+    apply_activation,
+    settle_low_variance,
+)
 from memory.selection import select_active
 from memory.state import (
     MIN_GROUP_SIZE,
@@ -471,15 +476,30 @@ def _record_activations(memory: RubricMemory, ctx: _Step, active_ids: Sequence[s
                         slots: _Slots, evidence: np.ndarray
                         ) -> tuple[RubricMemory, tuple[Event, ...]]:
     """Step 4: one activation per active rubric with every scored group's ``(s, y)`` (``y``:
-    ``rubric_outcome``), on evidence scores only (a member without a real verdict is NaN)."""
+    ``rubric_outcome``), on evidence scores only (a member without a real verdict is NaN). A
+    low-variance retirement is settled by the judge's pass rate (``_pass_rate``)."""
     events: list[Event] = []
     for s, rid in enumerate(active_ids):
         acts = [GroupScores(scores=tuple(float(x) for x in evidence[s, n, :ctx.groups[n].size]),
                             outcome=ctx.groups[n].outcome(ctx.cfg.rubric_outcome))
                 for n, _rid, _d in slots[s]]
         memory, ev = apply_activation(memory, rid, acts, ctx.cfg, ctx.step)
-        events.extend(ev)
+        for e in ev:
+            if isinstance(e, Retired) and e.reason == "mastered":
+                draft = next(c.draft for c in memory.retired if c.id == rid)
+                memory, e = settle_low_variance(memory, e, _pass_rate(draft, slots[s], ctx))
+            events.append(e)
     return memory, tuple(events)
+
+
+def _pass_rate(draft: Draft, slot: Sequence[tuple[int, str, Draft]], ctx: _Step) -> float | None:
+    """The share of the members of the slot's first ``PASS_RATE_GROUPS`` groups that meet
+    `draft` (mean ``P(met)`` of the judge's real verdicts; one batched check, counted with the
+    step's other checks), or None without any."""
+    checked = _check_scores([(n, draft) for n, _rid, _d in slot[:PASS_RATE_GROUPS]], ctx)
+    verdicts = np.concatenate([sc.evidence for sc in checked]) if checked else np.zeros(0)
+    verdicts = verdicts[np.isfinite(verdicts)]
+    return float(verdicts.mean()) if verdicts.size else None
 
 
 def _consolidate(memory: RubricMemory, ctx: _Step, embedder: Embedder

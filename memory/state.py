@@ -277,7 +277,9 @@ class CommonRubric:
         uses: batches in which it was active; last_used_step / last_used_clock: when, last
             (the clock is the memory's selection counter, used for LRU; -1 = never used).
         rho_history: the last ``rho_history_len`` values of ``rho`` after each activation.
-        retired_step / retired_reason: set when it leaves ``P`` ("mastered" | "drifted").
+        retired_step / retired_reason: set when it leaves ``P`` ("mastered" | "abandoned" |
+            "drifted"); retired_pass_rate: the judge's pass rate when it retired for low
+            variance (``memory.retirement.settle_low_variance``; None: not measured).
     """
 
     id: str
@@ -294,6 +296,7 @@ class CommonRubric:
     rho_history: tuple[float, ...] = ()
     retired_step: int | None = None
     retired_reason: str | None = None
+    retired_pass_rate: float | None = None
 
     @property
     def rho(self) -> float:
@@ -431,6 +434,8 @@ def _common_from_dict(d: dict[str, Any]) -> CommonRubric:
         rho_history=tuple(float(x) for x in d.get("rho_history", ())),
         retired_step=None if d.get("retired_step") is None else int(d["retired_step"]),
         retired_reason=d.get("retired_reason"),
+        retired_pass_rate=(None if d.get("retired_pass_rate") is None
+                           else float(d["retired_pass_rate"])),
     )
 
 

@@ -81,3 +81,41 @@ def test_the_judge_is_shown_the_mastered_rubrics_only_when_asked():
     plain, shown = (m[1]["content"] for m in backend.batches[0])
     assert "already mastered" not in plain
     assert "already mastered" in shown and "1. Plan first: make a plan" in shown
+
+
+def _retire_once(check):
+    """One ARBOR step on q3 whose only common rubric is at its last low-variance activation
+    (retire_k 0, every comparison a tie: within-group variance 0 -> n_r 1 > 0, retired). The
+    judge's checks of the retiring rubric on q3's four members are `check`'s answer."""
+    from judges.types import PairResult
+    from memory.events import Retired
+    from memory.reward import arbor_reward_step
+    from memory.state import MemoryConfig
+    from tests.memory.helpers import ENTITY, Recorder, g3
+
+    mem = RubricMemory(commons=(CommonRubric("c0", ENTITY, ("d9",), 0),), next_id=1)
+    judge = Recorder(compare=lambda reqs: [PairResult(-1, 0.5, True) for _ in reqs],
+                     check=lambda reqs: [check] * len(reqs))
+    out = arbor_reward_step(mem, [g3()], judge, MemoryConfig(retire_k=0, embedder="hash"),
+                            step=5, seed=0)
+    (event,) = [e for e in out.events if isinstance(e, Retired)]
+    return out.memory.retired[0], event, judge.calls
+
+
+def test_a_low_variance_retirement_is_settled_by_the_judges_pass_rate():
+    """All met (pass rate 1): mastered, ranked in the lineage. None met (0): abandoned, not in
+    the order of mastery. No real verdict (all fallbacks): mastered as the paper says, no pass
+    rate. Each costs one batched check of the four members."""
+    from judges.types import CheckResult
+
+    rubric, event, calls = _retire_once(CheckResult(True, 1.0))
+    assert (rubric.retired_reason, rubric.retired_pass_rate) == ("mastered", 1.0)
+    assert (event.reason, event.pass_rate) == ("mastered", 1.0) and ("check", 4) in calls
+    rubric, event, _ = _retire_once(CheckResult(False, 0.0))
+    assert (rubric.retired_reason, rubric.retired_pass_rate, event.reason) == (
+        "abandoned", 0.0, "abandoned")
+    assert mastery_order(RubricMemory(retired=(rubric,))) == []
+    assert retired_at(RubricMemory(retired=(rubric,)), 5)[0]["reason"] == "abandoned"
+    rubric, event, _ = _retire_once(CheckResult(False, 0.5, fallback=True))
+    assert (rubric.retired_reason, rubric.retired_pass_rate, event.pass_rate) == (
+        "mastered", None, None)
