@@ -402,6 +402,45 @@ def score_items(judge: Judge, items: Sequence[ScoreItem], aggregator: str = "pro
                   dimension_counts=counts)
 
 
+@dataclasses.dataclass(frozen=True)
+class RubricReport:
+    """A rubric task's evaluation of answers: per answer ``reward``, ``coverage`` (g),
+    ``fitness`` (c) and ``length`` (words); the split's means and HealthBench's scores in
+    ``summary``; and per answer the values HealthBench's scores average
+    (``rewards.healthbench.healthbench_values``, NaN where undefined), for their intervals."""
+
+    reward: np.ndarray
+    coverage: np.ndarray
+    fitness: np.ndarray
+    length: np.ndarray
+    summary: dict[str, float]
+    healthbench: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+def rubric_report(s: Scores, rubrics: Sequence[Rubric],
+                  example_tags: Sequence[Sequence[str] | None]) -> RubricReport:
+    """The report of scored answers ``s`` to prompts with ``rubrics``; ``example_tags[b]``:
+    the HealthBench example tags of answer b's prompt (its themes), None where the prompt is
+    not scored the HealthBench way (no scores of its own in ``healthbench``)."""
+    from rewards.healthbench import clipped_means, healthbench_values
+
+    summary = {"reward": nanmean(s.reward), "coverage": nanmean(s.coverage),
+               "fitness": nanmean(s.fitness), "length": nanmean(s.length)}
+    rows = [b for b, tags in enumerate(example_tags) if tags is not None]
+    per_answer: dict[str, np.ndarray] = {}
+    if rows:
+        values = healthbench_values(
+            [[c.weight for c in rubrics[b].criteria] for b in rows],
+            [s.checks[b].q[:rubrics[b].num_criteria] for b in rows],
+            [[c.tags for c in rubrics[b].criteria] for b in rows],
+            [tuple(example_tags[b] or ()) for b in rows])
+        summary |= clipped_means(values)
+        for key, v in values.items():
+            per_answer[key] = np.full(len(example_tags), np.nan)
+            per_answer[key][rows] = v
+    return RubricReport(s.reward, s.coverage, s.fitness, s.length, summary, per_answer)
+
+
 def nanmean(x: np.ndarray) -> float:
     """The mean of the finite entries of ``x`` (NaN when there are none)."""
     x = np.asarray(x, np.float64)

@@ -15,7 +15,8 @@ accuracy when a judge is configured; prompt datasets their outcome reward (``tas
 multiple-choice letter accuracy, math answer equivalence, QA EM/F1); rubric tasks the rubric
 reward with coverage, fitness, length and, for HealthBench rows, HealthBench's scores; any task
 reports its outcome mean. Per split and averaged, each with a percentile bootstrap interval
-over prompts (``eval.confidence``, ``eval.bootstrap``); printed as two tables and written to
+over prompts (``eval.confidence``, ``eval.bootstrap``; HealthBench's clipped scores over the
+prompts where each is defined, the ends clipped too); printed as two tables and written to
 `<out_dir>/eval.json` (default: the run folder, else the hydra folder); every answer goes to
 `<out_dir>/eval_samples.jsonl` (`split`, `id`, `question`, `response`, the task's scores, and
 `sample` with several per prompt), which `python -m rewards.compare` reads.

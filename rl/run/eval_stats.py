@@ -81,7 +81,9 @@ def intervals(values: Mapping[str, Mapping[str, np.ndarray]], n_boot: int = N_BO
               level: float = LEVEL, seed: int = 0) -> dict[str, dict[str, list[float]]]:
     """``{split: {metric: [lo, hi]}, "average": {...}}``: percentile bootstrap intervals of
     each split's metric means (``values[split][metric]``: [P] per-prompt values) and of their
-    average over the splits that report the metric (module docstring)."""
+    average over the splits that report the metric (module docstring). A NaN value (a metric
+    undefined on that prompt) is left out of its resample's mean, and a resample with no
+    defined value out of the quantiles."""
     if not 0.0 < level < 1.0:
         raise ValueError(f"confidence level must be in (0, 1), got {level}")
     q = [(1.0 - level) / 2.0, (1.0 + level) / 2.0]
@@ -92,9 +94,23 @@ def intervals(values: Mapping[str, Mapping[str, np.ndarray]], n_boot: int = N_BO
         if n == 0:
             continue
         idx = bootstrap_indices(n, n_boot, seed + i)
-        means[split] = {m: np.asarray(v, np.float64)[idx].mean(axis=1) for m, v in metrics.items()}
-        out[split] = {m: [float(x) for x in np.quantile(b, q)] for m, b in means[split].items()}
+        means[split] = {m: _defined_means(np.asarray(v, np.float64)[idx])
+                        for m, v in metrics.items()}
+        out[split] = {m: _quantiles(b, q) for m, b in means[split].items()}
     names = list(dict.fromkeys(m for split in means for m in means[split]))
-    out["average"] = {m: [float(x) for x in np.quantile(
-        np.mean([means[s][m] for s in means if m in means[s]], axis=0), q)] for m in names}
+    out["average"] = {m: _quantiles(np.mean([means[s][m] for s in means if m in means[s]],
+                                            axis=0), q) for m in names}
     return out
+
+
+def _defined_means(resampled: np.ndarray) -> np.ndarray:
+    """[B] each resample's mean over its finite values (NaN: none)."""
+    finite = np.isfinite(resampled)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(finite, resampled, 0.0).sum(axis=1) / finite.sum(axis=1)
+
+
+def _quantiles(means: np.ndarray, q: list[float]) -> list[float]:
+    """The `q` quantiles of the defined resample means (NaN, NaN without any)."""
+    defined = means[np.isfinite(means)]
+    return [float(x) for x in np.quantile(defined, q)] if defined.size else [math.nan] * 2

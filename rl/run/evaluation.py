@@ -21,6 +21,7 @@ from core.types import Group, Prompt
 from models import load_params
 from models.sampler import SamplingParams
 from rewards.bootstrap import LEVEL, N_BOOT
+from rewards.healthbench import is_healthbench_score
 from rewards.qa_metrics import METRIC_SETS, MetricChoice, MetricSet
 from rl.run.eval_stats import intervals, prompt_values
 from rl.run.folder import run_path
@@ -173,7 +174,7 @@ def greedy_rollouts(env: Any, policy: Any, prompts: Sequence[Prompt], batch_size
     return groups
 
 
-# a task report's per-answer values (EvalReport fields) beside the outcome
+# a task report's per-answer values (rewards.rubric_scoring.RubricReport) beside the outcome
 REPORT_FIELDS = ("coverage", "fitness", "length")
 
 
@@ -197,18 +198,20 @@ def outcomes(task: Any, groups: Sequence[Group], report: Any) -> list[list[float
 
 def report_scores(report: Any, scores: list[list[dict]]
                   ) -> tuple[list[list[dict]], dict[str, float]]:
-    """A task report's per-answer values (:data:`REPORT_FIELDS`) joined to each answer's
-    scores (so they get mean@k and intervals), and its summary's other aggregates
-    (rubric tasks: HealthBench's clipped ``healthbench``, ``axis/*``, ``theme/*``) as the
-    split's values."""
+    """A task report's per-answer values (:data:`REPORT_FIELDS`, and the values HealthBench's
+    scores average, NaN where undefined) joined to each answer's scores (so they get mean@k
+    and intervals), and its summary's other aggregates (rubric tasks: HealthBench's clipped
+    ``healthbench``, ``axis/*``, ``theme/*``) as the split's values."""
+    summary = {k: float(v) for k, v in report.summary.items()
+               if k not in REPORT_FIELDS and k != "reward"}
+    per_answer = {k: v for k, v in getattr(report, "healthbench", {}).items() if k in summary}
     i = 0
     for row in scores:
         for answer in row:
             answer |= {f: float(getattr(report, f)[i]) for f in REPORT_FIELDS
                        if hasattr(report, f)}
+            answer |= {k: float(v[i]) for k, v in per_answer.items()}
             i += 1
-    summary = {k: float(v) for k, v in report.summary.items()
-               if k not in REPORT_FIELDS and k != "reward"}
     return scores, summary
 
 
@@ -296,8 +299,16 @@ def evaluate(task: Any, policy: SamplerPolicy, splits: Sequence[str], max_new_to
                           for k in keys}
     results["_records"] = records
     results["_metric_sets"] = metric_sets
-    results["_intervals"] = intervals(values, o.bootstrap, o.confidence)
+    results["_intervals"] = clip_healthbench(intervals(values, o.bootstrap, o.confidence))
     return results
+
+
+def clip_healthbench(ranges: dict[str, dict[str, list[float]]]
+                     ) -> dict[str, dict[str, list[float]]]:
+    """The intervals with HealthBench's clipped scores' ends clipped to [0, 1], as the scores
+    are (``rewards.healthbench``)."""
+    return {split: {k: [float(np.clip(x, 0.0, 1.0)) for x in v] if is_healthbench_score(k)
+                    else v for k, v in metrics.items()} for split, metrics in ranges.items()}
 
 
 def format_table(results: Mapping[str, Any], interval: bool = False) -> str:

@@ -48,17 +48,19 @@ import functools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from core.types import Group, Prompt, Trajectory
 from models.sampler import SamplingParams
-from rewards.healthbench import healthbench_scores
 from rewards.perturb import REASON_PATTERN
 from rewards.rubric import Criterion, Dimension, Rubric
 from rewards.rubric_io import save_rubrics
 from rl.tasks.envs import SingleTurnEnv
+
+if TYPE_CHECKING:
+    from rewards.rubric_scoring import RubricReport
 
 SPLIT_SEEDS = {"train": 0, "dev": 1, "test": 2}
 
@@ -436,18 +438,6 @@ def _rule_judge() -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalReport:
-    """Per-response ``reward``, ``coverage`` (g), ``fitness`` (c), ``length`` (words), and their
-    means in ``summary``."""
-
-    reward: np.ndarray
-    coverage: np.ndarray
-    fitness: np.ndarray
-    length: np.ndarray
-    summary: dict[str, float]
-
-
-@dataclasses.dataclass(frozen=True)
 class RubricChatTask:
     """``size`` train prompts; dev/test from other seeds (``1000 * seed + split``).
 
@@ -486,7 +476,7 @@ class RubricChatTask:
         return SingleTurnEnv(tokenizer, sampling)
 
     def evaluate(self, prompts: Sequence[Prompt], responses: Sequence[str],
-                 judge: Any = None) -> EvalReport:
+                 judge: Any = None) -> RubricReport:
         """Coverage g, fitness c, length and the training reward of ``responses[b]`` to
         ``prompts[b]`` (one batched check with ``judge``, default: a rule judge), and in the
         summary HealthBench's clipped scores (``rewards.healthbench``): ``healthbench``,
@@ -494,8 +484,8 @@ class RubricChatTask:
         from rewards.rubric_scoring import (
             ScoreItem,
             fitness_criteria,
-            nanmean,
             prompt_rubric,
+            rubric_report,
             score_items,
         )
 
@@ -504,17 +494,10 @@ class RubricChatTask:
             r = prompt_rubric(p)
             items.append(ScoreItem(r.prompt_text(), text, r, fitness_criteria(r)))
         s = score_items(judge or _rule_judge(), items, self.aggregator, clip=bool(self.clip))
-        summary = {"reward": nanmean(s.reward), "coverage": nanmean(s.coverage),
-                   "fitness": nanmean(s.fitness), "length": nanmean(s.length)}
-        rubrics = [it.rubric for it in items]
         # HealthBench's clipped scores: overall, by criterion kind (mention / explain; the
         # pitfalls alone have no positive points) and by topic
-        summary |= healthbench_scores(
-            [[c.weight for c in r.criteria] for r in rubrics],
-            [ch.q[:r.num_criteria] for r, ch in zip(rubrics, s.checks)],
-            [[c.tags for c in r.criteria] for r in rubrics],
-            [(f"theme:{r.meta.get('topic', '')}",) for r in rubrics])
-        return EvalReport(s.reward, s.coverage, s.fitness, s.length, summary)
+        return rubric_report(s, [it.rubric for it in items],
+                             [(f"theme:{it.rubric.meta.get('topic', '')}",) for it in items])
 
     def outcome(self, prompt: Prompt, traj: Trajectory) -> float:
         """The configured aggregator's reward of one trajectory (private rule judge)."""

@@ -41,31 +41,19 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from core.types import Prompt, Trajectory
 from models.sampler import SamplingParams
-from rewards.healthbench import healthbench_scores
 from rewards.rubric import Rubric, RubricError
 from rewards.rubric_io import RUBRIC_FORMATS, detect_format
 from rl.tasks.envs import SingleTurnEnv
 from rl.tasks.sources import SPLITS, Row, SourceError, read_splits
 
+if TYPE_CHECKING:
+    from rewards.rubric_scoring import RubricReport
+
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class RubricReport:
-    """Per-answer ``reward``, ``coverage``, ``fitness`` and ``length`` (words), and the
-    split's means (and HealthBench scores) in ``summary``."""
-
-    reward: np.ndarray
-    coverage: np.ndarray
-    fitness: np.ndarray
-    length: np.ndarray
-    summary: dict[str, float]
 
 
 def parse_source(rows: Sequence[Row], fmt: str | None, key: str) -> list[Rubric]:
@@ -301,8 +289,8 @@ class RubricDataTask:
         from rewards.rubric_scoring import (
             ScoreItem,
             fitness_criteria,
-            nanmean,
             prompt_rubric,
+            rubric_report,
             score_items,
         )
 
@@ -314,16 +302,10 @@ class RubricDataTask:
         items = [ScoreItem(r.context_text(), text, r, fitness_criteria(r))
                  for r, text in zip(rubrics, responses, strict=True)]
         s = score_items(judge, items, self.aggregator, clip=bool(self.clip))
-        summary = {"reward": nanmean(s.reward), "coverage": nanmean(s.coverage),
-                   "fitness": nanmean(s.fitness), "length": nanmean(s.length)}
-        tagged = [i for i, r in enumerate(rubrics) if "example_tags" in r.meta]
-        if tagged:  # HealthBench rows: its clipped score, by theme and by axis
-            summary |= healthbench_scores(
-                [[c.weight for c in rubrics[i].criteria] for i in tagged],
-                [s.checks[i].q[:rubrics[i].num_criteria] for i in tagged],
-                [[c.tags for c in rubrics[i].criteria] for i in tagged],
-                [tuple(rubrics[i].meta["example_tags"]) for i in tagged])
-        return RubricReport(s.reward, s.coverage, s.fitness, s.length, summary)
+        # HealthBench rows (they carry its example tags): its clipped score, by theme and axis
+        return rubric_report(s, rubrics, [tuple(r.meta["example_tags"])
+                                          if "example_tags" in r.meta else None
+                                          for r in rubrics])
 
     def outcome(self, prompt: Prompt, traj: Trajectory) -> float:
         """The configured reward of one trajectory, judged by the bound judge."""

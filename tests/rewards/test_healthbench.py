@@ -45,3 +45,50 @@ def test_rubric_chat_reports_healthbench_scores_of_its_answers():
         assert summary["axis/mention"] == summary["axis/explain"] == value
         assert {k for k in summary if k.startswith("theme/")} == topics
         assert all(summary[t] == value for t in topics)
+
+
+def test_per_example_values_and_their_intervals_by_hand():
+    """The examples of test_overall_axis_and_theme_scores_by_hand, each score's per-example
+    values (NaN where undefined), and the interval rl.eval reports for them: resample the
+    examples, mean of the defined values, quantiles, ends clipped to [0, 1]."""
+    import numpy as np
+
+    from rewards.healthbench import healthbench_values
+    from rewards.rubric_scoring import RubricReport
+    from rl.run.eval_stats import intervals
+    from rl.run.evaluation import clip_healthbench, report_scores
+
+    nan = float("nan")
+    points = [[5, 3, -4], [2, 2], [4, -8]]
+    met = [[1, 1, 0], [1, 0], [0, 1]]
+    item_tags = [[("axis:accuracy",), ("axis:completeness",), ("axis:accuracy",)],
+                 [("axis:completeness",), ("axis:completeness", "axis:accuracy")],
+                 [("axis:accuracy",), ("axis:safety",)]]
+    example_tags = [("theme:hedging",), ("theme:hedging",), ("theme:emergency referrals",)]
+    v = healthbench_values(points, met, item_tags, example_tags)
+    np.testing.assert_allclose(v["healthbench"], [1.0, 0.5, -2.0])
+    np.testing.assert_allclose(v["axis/accuracy"], [1.0, 0.0, 0.0])
+    np.testing.assert_allclose(v["axis/completeness"], [1.0, 0.5, nan])
+    np.testing.assert_allclose(v["axis/safety"], [nan, nan, nan])
+    np.testing.assert_allclose(v["theme/hedging"], [1.0, 0.5, nan])
+    summary = healthbench_scores(points, met, item_tags, example_tags)
+    report = RubricReport(np.zeros(3), np.zeros(3), np.zeros(3), np.zeros(3),
+                          {"reward": 0.0, **summary}, v)
+    scores, split = report_scores(report, [[{"outcome": 0.0}] for _ in range(3)])
+    assert split == summary and "axis/safety" not in scores[0][0]  # undefined everywhere
+    assert scores[1][0]["axis/completeness"] == 0.5 and np.isnan(scores[2][0]["theme/hedging"])
+    values = {k: np.asarray([row[0][k] for row in scores]) for k in scores[0][0]}
+    got = clip_healthbench(intervals({"test": values}, n_boot=500, level=0.9))["test"]
+    idx = np.random.default_rng(0).integers(0, 3, size=(500, 3))  # rl.eval's resamples, seed 0
+
+    def reference(x):
+        means = []
+        for row in np.asarray(x)[idx]:
+            ok = row[np.isfinite(row)]
+            if ok.size:
+                means.append(ok.mean())
+        return np.clip(np.quantile(means, [0.05, 0.95]), 0.0, 1.0).tolist()
+
+    for key in ("healthbench", "axis/accuracy", "axis/completeness", "theme/hedging"):
+        assert got[key] == pytest.approx(reference(v[key])), key
+    assert got["healthbench"][0] == 0.0  # the lower end of a mean of 1, .5, -2 clipped

@@ -297,7 +297,8 @@ def test_eval_config_refuses_bad_sampling_and_interval_settings():
 
 def test_rubric_chat_evaluation_reports_the_tasks_scores_and_healthbench():
     """A task with a report (rubric_chat): its per-answer coverage, fitness and length join
-    the row with intervals, and its HealthBench scores are the split's values."""
+    the row with intervals, and its HealthBench scores are the split's values, with
+    intervals over the prompts."""
     from rl.tasks.rubric_chat import RubricChatTask
 
     class Answers(RubricChatTask):
@@ -315,7 +316,10 @@ def test_rubric_chat_evaluation_reports_the_tasks_scores_and_healthbench():
     assert row["coverage"] == 0.5 and row["healthbench"] == 0.5  # (1 + 0) / 2
     assert row["outcome"] == 0.5 and "reward" not in row
     assert row["axis/mention"] == row["axis/explain"] == 0.5
-    assert "coverage" in res["_intervals"]["dev"] and "healthbench" not in res["_intervals"]["dev"]
+    # HealthBench's score gets its interval too: per-prompt values 1 and 0, resamples of two
+    # average 0, .5 or 1 (each end a quarter of the time): the 95 % interval is [0, 1]
+    assert "coverage" in res["_intervals"]["dev"]
+    assert res["_intervals"]["dev"]["healthbench"] == [0.0, 1.0]
 
 
 def test_the_eval_command_reports_multiple_choice_mean_pass_and_majority_at_8(tmp_path, capsys):
