@@ -39,7 +39,8 @@ Command line::
     python -m rewards.perturb RUBRICS OUT_DIR [answers=JSONL] [judge=rule] [seed=0]
         [aggregators=additive,additive_abs,prorubric,raw_and] [operators=...|authors]
         [edit=openai] [fmt=...] [paraphrases=3] [paraphrase_file=JSONL] [n_boot=2000]
-        [level=0.95] [judge.<option>=value ...] [edit.<option>=value ...]
+        [level=0.95] [medical=LABELS.jsonl|writer] [judge.<option>=value ...]
+        [edit.<option>=value ...]
 
 e.g. ``python -m rewards.perturb tests/fixtures/rubrics/perturb_refs.jsonl /tmp/perturb``.  It
 prints the table (rows: operators; columns: rewards, then fitness and words; cells: mean
@@ -69,6 +70,17 @@ CSV columns ``ci_lo, ci_hi, floor, exceeds_floor``; JSON ``ci``, ``exceeds_floor
 ``noise_floor``; ``OUT_DIR/perturb_paraphrases.jsonl``.  The ProRubric authors' audit reads its
 edits against a paraphrase row and a re-score of the original the same way (their
 ``analysis/incentive_audit``); this is our own implementation.
+
+What the audit can show depends on the answers it edits: an answer that scores 0 under a reward
+cannot fall under it, so a 0 there says nothing about protection.  The report gives each
+reward's mean on the unedited answers and the share above 0 (``originals``), and warns where
+every answer sits at 0; edit answers that can move (the reference answers, or a warmed-up
+policy's).  ``E1b_clean`` is the E1b row over the paddings the leak check finds generic (the
+authors' row); ``medical=LABELS.jsonl`` (rows ``{"id", "medical": true|false}``, the authors'
+``labels.jsonl``) or ``medical=writer`` (the edit model's yes/no per question) adds the same
+rows over the medical prompts alone (``subsets.medical``); ``added_chars`` gives each family's
+mean addition in characters (E1 and E1b are sized to E6's).  A rule stand-in that cannot mean
+what its family means (``rewards.audit_edits.NOT_COMPARABLE``) is marked so in its rows.
 
 Failed judge calls: a value that rests on one (a criterion check or failure clause on the
 judge's fallback, an ``implicit`` rating that fell back, an official dimension arm's group
@@ -191,6 +203,8 @@ OPERATORS: dict[str, Operator] = {
 #: Not an edit: the unedited answer scored a second time (the judge's own noise; 0 for the rule
 #: judge and for a judge answering from its cache, so set ``judge.cache_dir=null`` to measure).
 RESCORE = "rescore"
+#: the E1b row restricted to the paddings the leak check found generic (the authors' E1b_clean)
+E1B_CLEAN = "E1b_clean"
 DEFAULT_AGGREGATORS = ("additive", "additive_abs", "prorubric", "raw_and")
 DEFAULT_PARAPHRASES = 3
 
@@ -262,7 +276,7 @@ def perturbation_analysis(
 ) -> dict[str, Any]:
     """Score every answer, its edits and its paraphrases; returns ``{"table", "rows",
     "cases", "skipped", "columns", "noise_floor", "paraphrase_cases", "ci", "exceeds_floor",
-    "no_edit"}``.
+    "no_edit", "originals", "added_chars", "pairing"}``.
 
     The answers are the rubrics' reference answers, or ``audit.answers``.  ``table[op][col]`` =
     mean change, over answers, of column ``col`` (each aggregator or rubric reward of
@@ -275,42 +289,95 @@ def perturbation_analysis(
     The authors' edit families (``rewards.audit_edits``) read the judge's verdicts on each
     original, so the originals are judged first (one batched call) and the edits and
     paraphrases after (one more); an answer a family cannot edit is left out of that row and
-    counted in ``no_edit[op]``.  Rubrics must be bundled when an AND-product aggregator is
-    asked for.
+    counted in ``no_edit[op]``.  With E1b, an ``E1b_clean`` row keeps the paddings the leak
+    check finds generic; with E6L and E7L, both rows keep the answers whose two additions are
+    within ``PAIR_TOLERANCE`` of each other (``pairing`` says how many).  ``originals[col]``:
+    the unedited answers' mean, the share above 0 and their number (an answer every edit
+    starts from at 0 cannot fall); ``added_chars[op]``: the mean characters an edit adds.
+    Rubrics must be bundled when an AND-product aggregator is asked for.
     """
     audit = audit or AuditOptions()
     check_request(operators, aggregators, audit.editor)
     usable, skipped = _sources(rubrics, audit.answers)
-    n_boot, level = audit.n_boot, audit.level
     originals = [(r, "original", t, b) for b, (r, t) in enumerate(usable)]
     first, checks, failed_first = _score_columns([v[:3] for v in originals], judge, aggregators)
-    rest, no_edit = _edited(originals, checks, operators, seed, audit)
+    rest, no_edit, leaks = _edited(originals, checks, operators, seed, audit)
     rest += _paraphrased(originals, seed, audit.paraphrases, audit.paraphrase_texts)
     second, _, failed_second = _score_columns([v[:3] for v in rest], judge, aggregators)
     cols = {c: np.concatenate([first[c], second.get(c, np.zeros(0))]) for c in first}
     failed = {c: np.concatenate([failed_first[c], failed_second.get(c, np.zeros(0, bool))])
               for c in first}
-    all_cases = _cases([*originals, *rest], cols, failed)
-    cases = [c for c in all_cases if c["operator"] != PARAPHRASE]
+    all_cases = _cases([*originals, *rest], cols, failed, leaks)
+    cases, pairing = _paired([c for c in all_cases if c["operator"] != PARAPHRASE])
     para = [c for c in all_cases if c["operator"] == PARAPHRASE]
+    ops = [*operators, *([E1B_CLEAN] if "E1b" in operators else [])]
+    tables = audit_tables(cases, para, ops, list(cols), audit, seed)
+    added = {op: float(np.mean([c["added_chars"] for c in cases if c["operator"] == op]))
+             for op in operators if any(c["operator"] == op for c in cases)}
+    return {**tables, "cases": cases, "skipped": skipped, "columns": list(cols),
+            "paraphrase_cases": para, "no_edit": no_edit, "added_chars": added,
+            "pairing": pairing,
+            "originals": {c: _original_stats(first[c]) for c in cols if c != "words"}}
+
+
+def _original_stats(values: np.ndarray) -> dict[str, float]:
+    ok = np.asarray(values, np.float64)
+    ok = ok[np.isfinite(ok)]
+    return {"mean": float(ok.mean()) if ok.size else math.nan,
+            "above_zero": float(np.mean(ok > 1e-9)) if ok.size else math.nan, "n": int(ok.size)}
+
+
+def audit_tables(cases: Sequence[Mapping[str, Any]], para: Sequence[Mapping[str, Any]],
+                 operators: Sequence[str], cols: Sequence[str], audit: AuditOptions,
+                 seed: int = 0) -> dict[str, Any]:
+    """The rows of ``perturbation_analysis`` (``table``, ``rows``, ``ci``, ``exceeds_floor``,
+    ``noise_floor``) over the given cases and paraphrases: the whole audit, or a subset of its
+    answers (the same numbers restricted to them).  ``E1b_clean`` reads the E1b cases whose
+    padding the leak check found generic; a rule stand-in listed in
+    ``rewards.audit_edits.NOT_COMPARABLE`` is marked ``comparable: False`` with its reason."""
+    from rewards.audit_edits import NOT_COMPARABLE
+
+    n_boot, level = audit.n_boot, audit.level
     floor = {col: noise_floor_row(col, para, n_boot, level, seed) for col in cols}
     rows: list[dict[str, Any]] = []
     table: dict[str, Any] = {}
     ci: dict[str, Any] = {}
     exceeds: dict[str, Any] = {}
     for op in operators:
-        sel = [c for c in cases if c["operator"] == op]
+        sel = ([c for c in cases if c["operator"] == "E1b" and c.get("leak") is False]
+               if op == E1B_CLEAN else [c for c in cases if c["operator"] == op])
+        family = "E1b" if op == E1B_CLEAN else op
+        why = NOT_COMPARABLE.get(family) if audit.editor is None else None
         table[op], ci[op], exceeds[op] = {}, {}, {}
         for col in cols:
             row = _change_row(op, col, sel)
             row |= interval_row(col, sel, floor[col]["floor"], n_boot, level, seed)
+            row |= {"comparable": why is None, "not_comparable_because": why}
             table[op][col] = row["mean_delta"]
             ci[op][col] = [row["ci_lo"], row["ci_hi"]]
             exceeds[op][col] = row["exceeds_floor"]
             rows.append(row)
-    return {"table": table, "rows": rows, "cases": cases, "skipped": skipped,
-            "columns": list(cols), "noise_floor": floor, "paraphrase_cases": para,
-            "ci": ci, "exceeds_floor": exceeds, "no_edit": no_edit}
+    return {"table": table, "rows": rows, "ci": ci, "exceeds_floor": exceeds,
+            "noise_floor": floor}
+
+
+def _paired(cases: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The cases with E6L and E7L kept only for the answers whose two additions (characters)
+    are within ``PAIR_TOLERANCE`` of the larger, as the authors pair them after the fact, and
+    how many answers had both, and how many of those matched ({} without both families)."""
+    from rewards.audit_edits import PAIR_TOLERANCE
+
+    added: dict[str, dict[str, int]] = {}
+    for c in cases:
+        if c["operator"] in ("E6L", "E7L"):
+            added.setdefault(c["prompt_id"], {})[c["operator"]] = c["added_chars"]
+    if not any(len(a) == 2 for a in added.values()):
+        return cases, {}
+    both = {p: a for p, a in added.items() if len(a) == 2}
+    matched = {p for p, a in both.items()
+               if abs(a["E6L"] - a["E7L"]) <= PAIR_TOLERANCE * max(a["E6L"], a["E7L"])}
+    kept = [c for c in cases if c["operator"] not in ("E6L", "E7L") or c["prompt_id"] in matched]
+    return kept, {"both_written": len(both), "matched": len(matched)}
 
 
 def _sources(rubrics: Sequence[Rubric], answers: Mapping[str, str] | None
@@ -328,11 +395,13 @@ def _sources(rubrics: Sequence[Rubric], answers: Mapping[str, str] | None
 
 
 def _edited(originals: Sequence[Variant], checks: Sequence[Any], operators: Sequence[str],
-            seed: int, audit: AuditOptions) -> tuple[list[Variant], dict[str, int]]:
+            seed: int, audit: AuditOptions
+            ) -> tuple[list[Variant], dict[str, int], dict[int, bool | None]]:
     """One edit per original and operator (ours seeded per answer and operator; the authors'
-    families through ``rewards.audit_edits.write_edits``), and per family the number of
-    answers it could not edit."""
-    from rewards.audit_edits import FAMILIES, EditCase, write_edits
+    families through ``rewards.audit_edits.write_edits``, E6 first: E1, E1b and E7 are sized
+    to it), per family the number of answers it could not edit, and per original whether its
+    E1b padding leaks specifics (``generic_padding_leaks``, or the writer's check)."""
+    from rewards.audit_edits import FAMILIES, EditCase, generic_padding_leaks, write_edits
 
     out: list[Variant] = []
     for b, (r, _, text, _o) in enumerate(originals):
@@ -342,18 +411,29 @@ def _edited(originals: Sequence[Variant], checks: Sequence[Any], operators: Sequ
             out.append((r, RESCORE, text, b))
     families = [f for f in FAMILIES if f in operators]
     if not families:
-        return out, {}
+        return out, {}, {}
+    cases = [EditCase(r.prompt_text(), text, r, tuple(q >= 0.5 for q in ch.q),
+                      _case_seed(seed, b, "E"))
+             for b, ((r, _, text, _o), ch) in enumerate(zip(originals, checks))]
+    sized = {"E1", "E1b", "E7"} & set(families)
+    order = ["E6"] * bool(sized or "E6" in families) + [f for f in families if f != "E6"]
     done: dict[str, list[str | None]] = {}
-    for f in families + (["E6"] if "E7" in families and "E6" not in families else []):
-        cases = [EditCase(r.prompt_text(), text, r, tuple(q >= 0.5 for q in ch.q),
-                          _case_seed(seed, b, f))
-                 for b, ((r, _, text, _o), ch) in enumerate(zip(originals, checks))]
-        done[f] = write_edits(f, cases, audit.editor, done.get("E6"))
+    for f in order:
+        seeded = [dataclasses.replace(c, seed=_case_seed(seed, b, f)) for b, c in enumerate(cases)]
+        done[f] = write_edits(f, seeded, audit.editor, done.get("E6"))
     no_edit = {}
     for f in families:
         out += [(originals[b][0], f, t, b) for b, t in enumerate(done[f]) if t is not None]
         no_edit[f] = sum(t is None for t in done[f])
-    return out, no_edit
+    leaks: dict[int, bool | None] = {}
+    if "E1b" in families:
+        written = [(b, t) for b, t in enumerate(done["E1b"]) if t is not None]
+        if audit.editor is not None:
+            found = audit.editor.leaks([t[len(cases[b].answer):].strip() for b, t in written])
+        else:
+            found = [generic_padding_leaks(cases[b], t) for b, t in written]
+        leaks = {b: leak for (b, _t), leak in zip(written, found)}
+    return out, no_edit, leaks
 
 
 def _paraphrased(originals: Sequence[Variant], seed: int, paraphrases: int,
@@ -405,17 +485,20 @@ def _score_columns(variants: Sequence[tuple[Rubric, str, str]], judge: Any,
 
 
 def _cases(variants: Sequence[tuple[Rubric, str, str, int]], cols: Mapping[str, np.ndarray],
-           failed: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
+           failed: Mapping[str, np.ndarray], leaks: Mapping[int, bool | None]
+           ) -> list[dict[str, Any]]:
     """One case per edited (or paraphrased) answer: its text, whether it differs from the
-    original, every column before (on the rubric's original) and after, and per column
-    whether either rests on a failed judge call (``{col}_judge_failed``: left out)."""
+    original, the characters it added, every column before (on the rubric's original) and
+    after, per column whether either rests on a failed judge call (``{col}_judge_failed``:
+    left out), and for E1b whether its padding leaks specifics (``leak``)."""
     cases = []
     for j, (r, op, t, o) in enumerate(variants):
         if op == "original":
             continue
         cases.append({
             "prompt_id": r.prompt_id, "operator": op, "changed": t != variants[o][2],
-            "text": t,
+            "text": t, "added_chars": len(t) - len(variants[o][2]),
+            **({"leak": leaks.get(o)} if op == "E1b" else {}),
             **{f"{c}_before": float(v[o]) for c, v in cols.items()},
             **{f"{c}_after": float(v[j]) for c, v in cols.items()},
             **{f"{c}_judge_failed": bool(f[o] or f[j]) for c, f in failed.items()},
@@ -550,18 +633,28 @@ def format_intervals(ci: Mapping[str, Mapping[str, Sequence[float]]], level: flo
 
 
 def format_audit(rows: Sequence[Mapping[str, Any]], level: float,
-                 no_edit: Mapping[str, int] | None = None) -> str:
+                 no_edit: Mapping[str, int] | None = None,
+                 originals: Mapping[str, Mapping[str, float]] | None = None) -> str:
     """The authors' layout, one block per reward (``words`` left out): per operator the mean
     change x 100 with its bootstrap interval, the shares of answers whose reward rose and
     fell, ``n`` and the number that did not move; ``no_edit``: answers an edit family could
-    not edit (not in ``n``)."""
+    not edit (not in ``n``); ``originals``: each reward's mean on the unedited answers and
+    the share above 0, with a warning where every one is 0 (it cannot fall)."""
     lines: list[str] = []
     cols = list(dict.fromkeys(r["column"] for r in rows if r["column"] != "words"))
     w0 = max([len("operator")] + [len(str(r["operator"])) for r in rows])
     for col in cols:
-        lines += ["", f"{col}: reward change x 100, {100 * level:g}% interval",
-                  f"{'operator'.ljust(w0)}  {'delta':>7}  {'interval':>17}  {'rose':>5}  "
-                  f"{'fell':>5}  {'n':>4}  {'unmoved':>7}"]
+        o = (originals or {}).get(col)
+        head = f"{col}: reward change x 100, {100 * level:g}% interval"
+        if o and o["n"]:
+            head += (f"; unedited answers: mean {o['mean']:.3f}, {o['above_zero']:.0%} above 0 "
+                     f"(n {o['n']})")
+        lines += ["", head]
+        if o and o["n"] and o["above_zero"] == 0:
+            lines.append("  every unedited answer scores 0 here: no edit can lower it, so a 0 "
+                         "says nothing about protection")
+        lines.append(f"{'operator'.ljust(w0)}  {'delta':>7}  {'interval':>17}  {'rose':>5}  "
+                     f"{'fell':>5}  {'n':>4}  {'unmoved':>7}")
         for r in (r for r in rows if r["column"] == col):
             ok = r["n"] > 0
             iv = (f"[{100 * r['ci_lo']:+.1f}, {100 * r['ci_hi']:+.1f}]"
@@ -570,6 +663,8 @@ def format_audit(rows: Sequence[Mapping[str, Any]], level: float,
             notes = [f"{skip} not editable"] if skip else []
             if r.get("judge_failed"):
                 notes.append(f"{r['judge_failed']} judge failures left out")
+            if r.get("comparable") is False:
+                notes.append("rule stand-in, not comparable")
             lines.append(
                 f"{str(r['operator']).ljust(w0)}  "
                 + (f"{100 * r['mean_delta']:+7.1f}  {iv:>17}  {r['frac_higher']:5.0%}  "
@@ -581,7 +676,7 @@ def format_audit(rows: Sequence[Mapping[str, Any]], level: float,
 
 ROW_FIELDS = ["operator", "column", "mean_delta", "std_delta", "n", "frac_lower", "frac_higher",
               "unmoved", "mean_before", "mean_after", "frac_changed", "ci_lo", "ci_hi", "floor",
-              "exceeds_floor", "judge_failed"]
+              "exceeds_floor", "judge_failed", "comparable", "not_comparable_because"]
 
 
 def _jsonl(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -605,6 +700,8 @@ def write_outputs(result: Mapping[str, Any], out_dir: str | Path, config: Mappin
         {"table": result["table"], "columns": result["columns"], "rows": result["rows"],
          "ci": result["ci"], "exceeds_floor": result["exceeds_floor"],
          "noise_floor": result["noise_floor"], "skipped": result["skipped"],
+         "originals": result.get("originals", {}), "added_chars": result.get("added_chars", {}),
+         "pairing": result.get("pairing", {}), "subsets": result.get("subsets", {}),
          "config": dict(config)}, indent=1, default=str))
     write_atomic(paths["cases"], _jsonl(result["cases"]))
     write_atomic(paths["paraphrases"], _jsonl(result["paraphrase_cases"]))
@@ -666,10 +763,10 @@ USAGE = (
     "usage: python -m rewards.perturb RUBRICS OUT_DIR [answers=JSONL] [judge=rule] [seed=0] "
     "[aggregators=additive,additive_abs,prorubric,raw_and] [operators=a,b|authors] "
     "[edit=openai] [fmt=FORMAT] [paraphrases=3] [paraphrase_file=JSONL] [n_boot=2000] "
-    "[level=0.95] [judge.OPTION=VALUE ...] [edit.OPTION=VALUE ...]"
+    "[level=0.95] [medical=LABELS.jsonl|writer] [judge.OPTION=VALUE ...] [edit.OPTION=VALUE ...]"
 )
 KEYS = ("judge", "seed", "aggregators", "operators", "fmt", "paraphrases", "paraphrase_file",
-        "n_boot", "level", "answers", "edit")
+        "n_boot", "level", "answers", "edit", "medical")
 #: ``operators=authors``: the authors' families a run can write, then the judge's re-score.
 AUTHORS = "authors"
 
@@ -695,6 +792,7 @@ def _options(opts: Mapping[str, Any]) -> dict[str, Any]:
              "paraphrases": int(opts.get("paraphrases", DEFAULT_PARAPHRASES)),
              "paraphrase_file": opts.get("paraphrase_file"),
              "answers": opts.get("answers"), "edit": opts.get("edit"),
+             "medical": opts.get("medical"),
              "n_boot": int(opts.get("n_boot", N_BOOT)), "level": float(opts.get("level", LEVEL)),
              "judge": str(opts.get("judge", "rule"))}
     except ValueError as e:
@@ -746,14 +844,79 @@ def _bundled(rubrics: list[Rubric], judge: Any, aggs: Sequence[str]
     return list(res.rubrics), res.failed
 
 
+def load_medical_labels(path: str | Path, prompt_ids: Sequence[str]) -> set[str]:
+    """The prompt ids labelled medical in a JSONL file of ``{"id" or "prompt_id", "medical":
+    true|false}`` rows (the authors' ``labels.jsonl``); a bad row is named by file, row and
+    field, and an id that is not in the rubric file is refused."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{p}: medical labels file not found")
+    known, out = set(prompt_ids), set()
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p}: row {n}: not JSON ({e.msg})") from None
+        pid = row.get("prompt_id", row.get("id")) if isinstance(row, dict) else None
+        if not isinstance(pid, str) or not isinstance(row.get("medical"), bool):
+            raise ValueError(f"{p}: row {n}: needs a text 'id' (or 'prompt_id') and a boolean "
+                             f"'medical'")
+        if pid not in known:
+            raise ValueError(f"{p}: row {n}: id {pid!r} is not in the rubric file")
+        if row["medical"]:
+            out.add(pid)
+    return out
+
+
+def subset_tables(result: Mapping[str, Any], keep: set[str], audit: AuditOptions,
+                  seed: int = 0) -> dict[str, Any]:
+    """The audit's rows restricted to the answers of the prompt ids `keep` (the authors'
+    medical-only subset), with ``n``, the number of those answers."""
+    cases = [c for c in result["cases"] if c["prompt_id"] in keep]
+    para = [c for c in result["paraphrase_cases"] if c["prompt_id"] in keep]
+    n = len({c["prompt_id"] for c in cases} | {c["prompt_id"] for c in para})
+    return audit_tables(cases, para, list(result["table"]), result["columns"], audit,
+                        seed) | {"n": n}
+
+
+def _medical_ids(spec: str, rubrics: Sequence[Rubric], editor: Any) -> set[str]:
+    """``medical=FILE`` labels, or ``medical=writer``: the edit model's yes/no per question."""
+    if spec != "writer":
+        return load_medical_labels(spec, [r.prompt_id for r in rubrics])
+    labels = editor.medical([r.prompt_text() for r in rubrics])
+    return {r.prompt_id for r, yes in zip(rubrics, labels) if yes}
+
+
 def _report(result: Mapping[str, Any], config: Mapping[str, Any]) -> None:
+    from rewards.audit_edits import NOT_COMPARABLE
+
     print(format_table(result["table"], config["n"], result["exceeds_floor"],
                        result["noise_floor"]))
     print(format_intervals(result["ci"], config["level"], config["n_boot"]))
-    print(format_audit(result["rows"], config["level"], result["no_edit"]))
+    print(format_audit(result["rows"], config["level"], result["no_edit"],
+                       result.get("originals")))
+    for name, sub in result.get("subsets", {}).items():
+        print(f"\n{name}-only subset ({sub['n']} answers)")
+        print(format_audit(sub["rows"], config["level"], None, None))
+    if result.get("added_chars"):
+        print("characters added per edit (mean): " + ", ".join(
+            f"{op} {v:+.0f}" for op, v in result["added_chars"].items()))
+    if pairing := result.get("pairing"):
+        print(f"E6L / E7L: {pairing['matched']} of {pairing['both_written']} answers with both "
+              f"edits added within 25 % of each other: the two rows read those alone")
+    if not config["edit"]:
+        for op, why in NOT_COMPARABLE.items():
+            if op in result["table"]:
+                print(f"{op} (rule stand-in) is not comparable with the authors' {op}: {why}")
     if config["edit_requests"]:
         print(f"edit writer: {config['edit_requests']} requests, "
               f"{config['edit_failures']} edits still missing after its retries")
+        for family, counts in config.get("rejections", {}).items():
+            if counts:
+                print(f"  {family} replies refused: " + ", ".join(
+                    f"{reason} {n}" for reason, n in counts.items()))
     f: dict[str, Any] = next(iter(result["noise_floor"].values()), {})
     print(f"paraphrase floor: {f.get('draws', 0)} paraphrases of {f.get('n', 0)} answers "
           f"({config['paraphrase_source']})")
@@ -777,6 +940,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         o = _options(opts)
         if eopts and not o["edit"]:
             raise CliError(f"edit.* options given without edit=openai\n{USAGE}")
+        if o["medical"] == "writer" and not o["edit"]:
+            raise CliError(f"medical=writer asks the edit model: add edit=openai, or give a "
+                           f"labels file (medical=FILE.jsonl)\n{USAGE}")
         editor = make_editor(o["edit"], eopts) if o["edit"] else None
     except CliError as e:
         print(e, file=sys.stderr)
@@ -785,12 +951,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ids = [r.prompt_id for r in rubrics]
     given = load_paraphrases(o["paraphrase_file"], ids) if o["paraphrase_file"] else None
     answers = load_answers(o["answers"], ids) if o["answers"] else None
+    medical = (load_medical_labels(o["medical"], ids)
+               if o["medical"] and o["medical"] != "writer" else None)
     judge = judge_from_args(o["judge"], jopts)
     try:
         rubrics, not_bundled = _bundled(list(rubrics), judge, o["aggregators"])
         audit = AuditOptions(o["paraphrases"], given, o["n_boot"], o["level"], answers, editor)
         result = perturbation_analysis(rubrics, judge, o["aggregators"], o["operators"],
                                        o["seed"], audit)
+        if o["medical"]:
+            keep = medical if medical is not None else _medical_ids("writer", rubrics, editor)
+            result["subsets"] = {"medical": subset_tables(result, keep, audit, o["seed"])}
     finally:
         judge.close()
         if editor is not None:
@@ -800,6 +971,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "no_edit": result["no_edit"],
               "edit_requests": editor.requests if editor else 0,
               "edit_failures": editor.failed if editor else 0,
+              "rejections": ({f: dict(c) for f, c in editor.rejections.items()}
+                             if editor else {}),
               "paraphrase_source": (f"file {o['paraphrase_file']}" if given is not None else
                                     f"{o['paraphrases']} rule-based draws each"),
               "not_bundled": [{"prompt_id": p, "reason": why} for p, why in not_bundled]}

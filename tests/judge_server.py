@@ -10,8 +10,12 @@ It answers every judge prompt of ``judges.prompts`` with a valid JSON answer, de
 * induce: two fixed process rubrics; consolidate: one rubric named after the first draft;
 * bundle: the numbered criteria split into two halves, the first with a failure clause;
 * equivalent: true iff a gold occurs in the prediction;
-* edit (``rewards.audit_edits``): the answer with `` [edited]`` and the instruction's first
-  word appended, or, for E4, the answer without its first sentence.
+* edit (``rewards.audit_edits``), in the reply format the instruction asks for: a
+  ``padding`` of ``[edited] <instruction's first word>`` filled to the "about N characters"
+  asked for (60 without a size); E2 a ``sentence``; E3 an ``insert`` after the answer's first
+  sentence; E4 ``delete`` of the answer's first sentence; a rewrite: the answer with
+  `` [edited]`` filled to the middle of the "between LO and HI characters" asked for;
+* a yes/no classification (``# Text``): "yes" iff the text holds ``YES``.
 
 Faults are injected by markers in the *first user message* (so a re-ask of the same item, whose
 conversation starts with the same message, counts as the same item):
@@ -54,10 +58,9 @@ def _answer(system: str, user: str) -> tuple[str, float | None]:
     """(content, P(Yes) for check prompts) for one judge prompt."""
     s = _sections(user)
     if "Edit" in s and "Answer" in s:
-        answer, instruction = s["Answer"].strip(), user.rsplit("# Edit\n", 1)[-1]
-        if instruction.startswith("Delete"):
-            return answer.split(". ", 1)[-1], None
-        return f"{answer} [edited] {instruction.split()[0]}", None
+        return _edit(s["Answer"].strip(), user.rsplit("# Edit\n", 1)[-1]), None
+    if "one word: yes or no" in user:
+        return ("yes" if "YES" in user.rsplit("# Text\n", 1)[-1] else "no"), None
     checklist = next((v for h, v in s.items() if h.startswith("Checklist")), None)
     if checklist is not None:
         response = s.get("Response to grade", "")
@@ -103,6 +106,25 @@ def _answer(system: str, user: str) -> tuple[str, float | None]:
         eq = any(g and g in pred for g in golds)
         return json.dumps({"explanation": "fake", "equivalent": eq}), None
     return json.dumps({"error": "unknown prompt"}), None
+
+
+def _edit(answer: str, instruction: str) -> str:
+    """The loopback writer's reply to one audit edit (module docstring)."""
+    first = answer.split(". ", 1)[0].rstrip(".") + "."
+    if '{"padding"' in instruction:
+        m = re.search(r"about (\d+) characters", instruction)
+        size = int(m.group(1)) if m else 60
+        text = f"[edited] {instruction.split()[0]}"
+        return json.dumps({"padding": (text + " filler" * size)[:size]})
+    if '"sentence"' in instruction:
+        return json.dumps({"item": 1, "sentence": "[edited] One part of it."})
+    if '"after"' in instruction:
+        return json.dumps({"after": first, "insert": "[edited] Get an extra scan."})
+    if '"delete"' in instruction:
+        return json.dumps({"delete": first})
+    m = re.search(r"between (\d+) and (\d+) characters", instruction)
+    size = (int(m.group(1)) + int(m.group(2))) // 2 if m else len(answer) + 9
+    return (answer + " [edited]" + " filler" * size)[:max(size, len(answer) + 9)]
 
 
 class _Server(ThreadingHTTPServer):
