@@ -94,9 +94,12 @@ def job_settings(coordinator: str | None, num_processes: int | None, process_id:
 
 def join_cluster(coordinator: str | None = None, num_processes: int | None = None,
                  process_id: int | None = None, connect_timeout_s: int = 300,
-                 heartbeat_timeout_s: int = 60) -> ClusterJob | None:
+                 heartbeat_timeout_s: int = 60,
+                 local_device_ids: list[int] | None = None) -> ClusterJob | None:
     """Join the job :func:`job_settings` finds (a no-op for a single process, or when this
-    process has joined one already); returns it.
+    process has joined one already); returns it. `local_device_ids`: the devices this process
+    uses (``core.local_devices``; None: JAX's choice, one GPU per local rank in a SLURM or
+    Open MPI job).
 
     `connect_timeout_s` bounds the wait for the coordinator and the other processes; a
     process that stops sending heartbeats for `heartbeat_timeout_s` ends the job on every
@@ -121,11 +124,14 @@ def join_cluster(coordinator: str | None = None, num_processes: int | None = Non
         kw["num_processes"] = job.num_processes
     if job.process_id is not None:
         kw["process_id"] = job.process_id
+    if local_device_ids is not None:
+        kw["local_device_ids"] = list(local_device_ids)
     if job.coordinator and job.process_id:  # process 0 serves the coordinator
         _wait_for_coordinator(job, connect_timeout_s)
-    log.info("joining the job at %s (found by %s) as process %s of %s; waiting up to "
-             "mesh.connect_timeout_s=%s s for the others", job.coordinator, job.found_by,
-             job.process_id, job.num_processes, connect_timeout_s)
+    log.info("joining the job at %s (found by %s) as process %s of %s with local devices %s; "
+             "waiting up to mesh.connect_timeout_s=%s s for the others", job.coordinator,
+             job.found_by, job.process_id, job.num_processes,
+             "JAX's choice" if local_device_ids is None else local_device_ids, connect_timeout_s)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     try:
         jax.distributed.initialize(**kw)

@@ -8,7 +8,8 @@ every host of the job as ``rl.train`` is, then:
 3. in ``<trainer.run_dir>/resumed``: train 2 steps and save, then build a fresh trainer that
    restores the checkpoint (as a restarted job does) and trains the third step;
 4. compare the two runs' final parameters, each process its own shards;
-5. print the load times, the step times, each local chip's memory (``memory_stats()``, where
+5. print the devices of each process, the load times, the step times, each local chip's
+   memory (``memory_stats()``, where
    the backend reports it) and a verdict: ``rl.smoke: PASS`` (exit 0) when the resumed run
    ends within 1e-5 of the straight one (bit-identical is expected and said), else FAIL.
 
@@ -119,7 +120,10 @@ def smoke(resolved: dict) -> dict[str, Any]:
             "model": resolved["model"]["path"], "load_s": load_s, "resume_load_s": reload_s,
             "straight_step_s": [r["time/step_s"] for r in straight_steps],
             "resumed_step_s": [r["time/step_s"] for r in (*first_steps, *last_steps)],
-            "max_abs_diff": diff, "passed": diff <= TOLERANCE, "memory": chip_memory()}
+            "max_abs_diff": diff, "passed": diff <= TOLERANCE, "memory": chip_memory(),
+            "process_devices": [", ".join(f"{d.platform}:{d.id}" for d in devices
+                                          if d.process_index == i)
+                                for i in range(jax.process_count())]}
 
 
 def report(r: dict[str, Any]) -> str:
@@ -131,6 +135,7 @@ def report(r: dict[str, Any]) -> str:
     return "\n".join([
         f"rl.smoke: {r['model']} on {r['processes']} process(es), {r['devices']} "
         f"{r['platform']} device(s) ({r['device_kind']}), mesh {mesh}",
+        *(f"  process {i}: devices {ids}" for i, ids in enumerate(r.get("process_devices", []))),
         f"  load: {r['load_s']:.1f} s; resume from the checkpoint: {r['resume_load_s']:.1f} s",
         f"  steps, straight: {steps(r['straight_step_s'])} s (the first compiles)",
         f"  steps, saved at {SAVED_AT} and resumed: {steps(r['resumed_step_s'])} s",

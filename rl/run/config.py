@@ -143,6 +143,10 @@ class MeshConfig:
     heartbeat_timeout_s: int
     wait_timeout_s: int
     rollout_shape: Mapping[str, int] | None = None  # the rollout's mesh (None: the training's)
+    # the devices each process uses: auto | jax | [ids] (core.local_devices)
+    local_device_ids: tuple[int, ...] | Literal["auto", "jax"] = "auto"
+    allow_idle_devices: bool = False  # start even when some of a node's GPUs would stay idle
+    expect_devices: int | None = None  # the job's device count, checked once it has formed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -561,6 +565,21 @@ def check_off_policy(run: RunConfig) -> None:
     _require(t.off_policy_steps in (0, 1), "trainer.off_policy_steps",
              f"must be 0 (on-policy) or 1 (one-step off-policy), got {t.off_policy_steps}")
     check_job_size(run, run.mesh.num_processes or 1, "mesh.num_processes")
+
+
+def check_devices(mesh: MeshConfig, env: Mapping[str, str], local: int, total: int,
+                  processes: int) -> None:
+    """The job's devices against what it should have: a node whose GPUs some of its processes
+    leave idle (``core.local_devices.idle_gpus``; ``mesh.allow_idle_devices=true`` proceeds)
+    and ``mesh.expect_devices``; ConfigError with the numbers."""
+    from core.local_devices import idle_gpus
+
+    if not mesh.allow_idle_devices and (why := idle_gpus(env, local)):
+        raise ConfigError(f"mesh.allow_idle_devices: {why}")
+    if mesh.expect_devices is not None:
+        _require(total == mesh.expect_devices, "mesh.expect_devices",
+                 f"={mesh.expect_devices}, but the job has {total} devices ({processes} "
+                 f"process(es), {local} on this one)")
 
 
 def check_job_size(run: RunConfig, processes: int, source: str = "jax.process_count()") -> None:

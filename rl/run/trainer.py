@@ -15,6 +15,7 @@ import hashlib
 import itertools
 import json
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from core.cluster import join_cluster
+from core.local_devices import local_device_ids
 from core.types import Prompt, Rewarder, Task
 from judges.base import Judge
 from judges.cost import cost, prices
@@ -49,6 +51,7 @@ from rl.run.checkpoint import Checkpointer, CheckpointError, json_digest
 from rl.run.config import (
     ConfigError,
     RunConfig,
+    check_devices,
     check_job_size,
     eval_splits,
     overlong_buffer,
@@ -472,15 +475,20 @@ class Inputs:
 
 def join_job(run: RunConfig) -> Exchange | None:
     """``core.cluster.join_cluster`` with the ``mesh`` section's settings (explicit, or the
-    cluster JAX finds; its errors as ConfigError: they name the key); the job's host exchange
-    when it has several processes (``rl.run.multihost``), else None."""
+    cluster JAX finds; its errors as ConfigError: they name the key), each process on the
+    devices ``mesh.local_device_ids`` chooses, the job's devices checked
+    (``rl.run.config.check_devices``); the job's host exchange when it has several processes
+    (``rl.run.multihost``), else None."""
     mesh = run.mesh
     try:
+        ids = local_device_ids(mesh.local_device_ids, os.environ)
         join_cluster(mesh.coordinator, mesh.num_processes, mesh.process_id,
-                     mesh.connect_timeout_s, mesh.heartbeat_timeout_s)
+                     mesh.connect_timeout_s, mesh.heartbeat_timeout_s, ids)
     except (ValueError, RuntimeError) as e:
         raise ConfigError(str(e)) from None
     check_job_size(run, jax.process_count())
+    check_devices(mesh, os.environ, jax.local_device_count(), jax.device_count(),
+                  jax.process_count())
     if jax.process_count() == 1:
         return None
     # every process builds its trainers in the same order (rl.smoke builds three): the n-th

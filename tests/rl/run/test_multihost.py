@@ -640,6 +640,9 @@ def test_the_smoke_command_passes_over_two_processes_with_fsdp_across_them(tmp_p
         assert "rl.smoke: PASS" in text, text[-3000:]
     result = json.loads((run / "smoke.json").read_text())
     assert result["passed"] and result["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    # each process's two devices, printed (the devices of every process, by process)
+    assert [len(d.split(", ")) for d in result["process_devices"]] == [2, 2]
+    assert f"process 1: devices {result['process_devices'][1]}" in text
     assert len(result["straight_step_s"]) == 3
     # the same smoke in 1 process on 4 devices: its saved-and-resumed run ends where the
     # 2-process job's does
