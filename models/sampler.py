@@ -575,6 +575,13 @@ class DecodeState:
         host = (np.asarray(self.n_tokens, np.int32), np.asarray(stop_state, np.int32),
                 np.asarray(self.next_slot, np.int32))
         n_tokens, stop_state, next_slot = place_rows(host, self.mesh)
+        if self.mesh is None and getattr(self.logits, "committed", False):
+            # committed to the device like the cache and logits (a program's outputs, when the
+            # weights are placed): a decode bucket compiled for this frontier is the one a
+            # frontier out of the read or the cache's growth uses (JAX compiles again for an
+            # argument committed where it was not)
+            n_tokens, stop_state, next_slot = jax.device_put(
+                (n_tokens, stop_state, next_slot), self.logits.sharding)
         return Frontier(self.cache, self.logits, n_tokens, stop_state, next_slot)
 
 

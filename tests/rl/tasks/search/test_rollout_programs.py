@@ -95,3 +95,25 @@ def test_no_program_compiles_after_the_first_step(tiny, caplog):
     assert sorted(sampler) == sorted(["jit(_generate)", "jit(read_in_place)"]
                                      + ["jit(decode_in_place)"] * len(row_buckets(ROWS))), \
         compiled[0]
+
+
+def test_each_decode_bucket_compiles_once_with_the_weights_on_the_device(tiny, caplog):
+    """The shipped search run compiled `decode_in_place` twice for a bucket (once at step 0,
+    once at step 3, same shapes): with the weights committed to the device, as the trainer
+    places them, the first continuation compiled every bucket for a frontier built on the host
+    (its row counters uncommitted), then decoded from the read's output (committed), and JAX
+    compiles again for another placement. Here: the buckets compiled ahead, rows decoded after
+    reading tokens, then fewer rows decoded without: one program per bucket."""
+    from models.continuation import Continuation
+
+    cfg, params, tok = tiny
+    policy = SamplerPolicy(cfg, jax.device_put(params, jax.devices()[0]), tok)
+    sp = SamplingParams(4, temperature=1.0, capacity=32)
+    first = policy.generate([tok.encode(f"question {i}") for i in range(ROWS)], sp, 0)
+    with jax.log_compiles(), caplog.at_level(logging.WARNING):
+        policy.continue_from(first.state, Continuation(
+            range(ROWS), [[5, 6]] * 4 + [[]] * 4, [4] * ROWS, read_width=2,
+            compile_buckets=True), sp, 1)
+        policy.continue_from(first.state, Continuation(range(3), [[]] * 3, [4] * 3), sp, 2)
+    decodes = re.findall(r"Compiling jit\(decode_in_place\)", caplog.text)
+    assert len(decodes) == len(row_buckets(ROWS)), len(decodes)
