@@ -59,7 +59,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     tok = tok.with_template_kwargs(c["model"].get("chat_template_kwargs") or {})
     judge = make_judge(c["judge"])
     task = bind_judge(task, judge, c["judge"])
-    results = evaluate(task, SamplerPolicy(model_cfg, params, tok), e.splits,
+    trainer = c["trainer"]
+    policy = SamplerPolicy(model_cfg, params, tok, dtype=e.dtype or trainer["rollout_dtype"],
+                           kv_cache_dtype=e.dtype or trainer["kv_cache_dtype"])
+    results = evaluate(task, policy, e.splits,
                        e.max_new_tokens or int(c["trainer"]["max_new_tokens"]),
                        judge=judge,
                        metrics=MetricChoice(e.metrics, e.metrics_by_split, e.normalize),

@@ -63,6 +63,7 @@ class TrainerConfig:
     top_p: float
     rollout_dtype: str
     kv_cache_dtype: str  # the rollout's KV cache: float32 | bfloat16 (attention in float32)
+    eval_dtype: str | None  # evaluation's weights and cache (None: the rollout's)
     prefill_pin_rows: bool  # the rollout prefill's activations pinned to the rows (sampler)
     rollout_sub_batches: bool  # continuations gather their rows (SamplingParams.sub_batches)
     rollout_chunks: int  # the rollout in this many sampler calls (rl.run.loop.rollout_in_chunks)
@@ -177,6 +178,7 @@ class EvalSection:
     temperature: float  # the sampling temperature when samples > 1
     confidence: float  # the bootstrap intervals' level
     bootstrap: int  # the bootstrap's resamples
+    dtype: str | None  # weights and KV cache (None: trainer.rollout_dtype, kv_cache_dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,6 +254,9 @@ def eval_config(data: Mapping[str, Any]) -> EvalSection:
     _require(e.temperature > 0, "eval.temperature", f"must be > 0, got {e.temperature}")
     _require(0 < e.confidence < 1, "eval.confidence", f"must be in (0, 1), got {e.confidence}")
     _require(e.bootstrap >= 1, "eval.bootstrap", f"must be >= 1, got {e.bootstrap}")
+    _require(e.dtype is None or e.dtype in ROLLOUT_DTYPES, "eval.dtype",
+             f"must be null (the run's rollout dtype) or one of {', '.join(ROLLOUT_DTYPES)}, "
+             f"got {e.dtype}")
     return e
 
 
@@ -467,6 +472,9 @@ def check(run: RunConfig) -> None:
              f"must be one of {', '.join(ROLLOUT_DTYPES)}, got {t.rollout_dtype}")
     _require(t.kv_cache_dtype in KV_CACHE_DTYPES, "trainer.kv_cache_dtype",
              f"must be one of {', '.join(KV_CACHE_DTYPES)}, got {t.kv_cache_dtype}")
+    _require(t.eval_dtype is None or t.eval_dtype in ROLLOUT_DTYPES, "trainer.eval_dtype",
+             f"must be null (the rollout's) or one of {', '.join(ROLLOUT_DTYPES)}, got "
+             f"{t.eval_dtype}")
     check_batch_layout(run)
     _require(t.rollout_chunks >= 1 and t.batch_prompts % t.rollout_chunks == 0,
              "trainer.rollout_chunks", f"must be >= 1 and divide trainer.batch_prompts = "

@@ -92,10 +92,12 @@ class Components:
     def policy(self, params: Any, evaluation: bool = False) -> SamplerPolicy:
         """The sampler on the train state's `params` (with LoRA: adapters merged into the
         base); training rollouts in trainer.rollout_dtype with a trainer.kv_cache_dtype KV
-        cache, evaluation always in float32 (numbers comparable across runs)."""
+        cache, evaluation the same unless trainer.eval_dtype names its own dtype for both
+        (float32: numbers comparable across runs that roll out in bfloat16)."""
         t = self.run.trainer
-        dtype, cache = ("float32", "float32") if evaluation else (t.rollout_dtype,
-                                                                  t.kv_cache_dtype)
+        dtype, cache = t.rollout_dtype, t.kv_cache_dtype
+        if evaluation and t.eval_dtype is not None:
+            dtype = cache = t.eval_dtype
         if self.lora is not None:
             params = self.lora.sampling(params)
         # on the rollout mesh the weights are resharded once here, freed with the policy

@@ -34,7 +34,7 @@ FREE = (
     "imports",  # where named factories are found; the names themselves are compared
     "trainer.run_dir", "trainer.resume", "trainer.resume_allow_changes",
     "trainer.save_every", "trainer.keep_checkpoints", "trainer.sample_every",
-    "trainer.eval_split", "trainer.eval_batch_size", "trainer.eval_every",
+    "trainer.eval_split", "trainer.eval_batch_size", "trainer.eval_every", "trainer.eval_dtype",
     "trainer.eval_at_ends", "trainer.progress", "trainer.loggers", "trainer.wandb",
     "trainer.prefill_pin_rows",  # the prefill's memory layout, not its result
     "trainer.objective",  # what the run returns to a sweeper

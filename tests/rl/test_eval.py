@@ -290,7 +290,8 @@ def test_eval_config_refuses_bad_sampling_and_interval_settings():
     for changes, message in [({"samples": 0}, "eval.samples: must be >= 1"),
                              ({"confidence": 1.0}, "eval.confidence: must be in (0, 1)"),
                              ({"bootstrap": 0}, "eval.bootstrap: must be >= 1"),
-                             ({"temperature": 0.0}, "eval.temperature: must be > 0")]:
+                             ({"temperature": 0.0}, "eval.temperature: must be > 0"),
+                             ({"dtype": "float16"}, "eval.dtype: must be null")]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             eval_config(_eval_section(**changes))
 

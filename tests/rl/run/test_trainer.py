@@ -157,14 +157,25 @@ def test_incompatible_checkpoint_is_refused(tmp_path):
         build_trainer(make_cfg(tmp_path / "r", *common, "trainer.seed=7", "trainer.resume=true"))
 
 
-def test_bfloat16_rollouts_train_and_evaluate_in_float32(tmp_path):
+def _with_eval_dtype(parts, dtype):
+    """The run's components with trainer.eval_dtype set to `dtype`."""
+    import dataclasses
+
+    trainer = dataclasses.replace(parts.run.trainer, eval_dtype=dtype)
+    return dataclasses.replace(parts, run=dataclasses.replace(parts.run, trainer=trainer))
+
+
+def test_bfloat16_rollouts_train_and_evaluate_in_bfloat16_unless_eval_dtype_says(tmp_path):
     t = build_trainer(make_cfg(tmp_path / "bf", *LEARN, "trainer.max_steps=1",
                                "trainer.batch_prompts=2", "algo.group_size=2",
                                "trainer.max_new_tokens=4", "trainer.rollout_dtype=bfloat16"))
     sampler = t.parts.policy(t.state.params)
     assert sampler.params["layers"][0]["wq"].dtype == jax.numpy.bfloat16
+    # trainer.eval_dtype=null (the default): evaluation samples as the rollouts do
     evaluator = t.parts.policy(t.state.params, evaluation=True)
-    assert evaluator.params["layers"][0]["wq"].dtype == jax.numpy.float32
+    assert evaluator.params["layers"][0]["wq"].dtype == jax.numpy.bfloat16
+    in_float32 = _with_eval_dtype(t.parts, "float32").policy(t.state.params, evaluation=True)
+    assert in_float32.params["layers"][0]["wq"].dtype == jax.numpy.float32
     t.run()
     t.close()
     recs = [json.loads(x) for x in (tmp_path / "bf" / "metrics.jsonl").read_text().splitlines()]
@@ -172,7 +183,7 @@ def test_bfloat16_rollouts_train_and_evaluate_in_float32(tmp_path):
     assert all(np.isfinite(r["loss"]) for r in recs if "loss" in r)
 
 
-def test_kv_cache_dtype_reaches_the_training_rollouts_not_the_evaluation(tmp_path):
+def test_kv_cache_dtype_reaches_the_evaluation_unless_eval_dtype_says(tmp_path):
     from models.sampler import SamplingParams
 
     t = build_trainer(make_cfg(tmp_path / "kv", *LEARN, "trainer.max_steps=1",
@@ -193,7 +204,9 @@ def test_kv_cache_dtype_reaches_the_training_rollouts_not_the_evaluation(tmp_pat
         return {np.dtype(a.dtype) for a in (*cache.k, *cache.v)}
 
     assert stored(sampler) == {np.dtype(jax.numpy.bfloat16)}
-    assert stored(evaluator) == {np.dtype(np.float32)}
+    assert stored(evaluator) == {np.dtype(jax.numpy.bfloat16)}  # trainer.eval_dtype=null
+    in_float32 = _with_eval_dtype(t.parts, "float32").policy(t.state.params, evaluation=True)
+    assert stored(in_float32) == {np.dtype(np.float32)}
     assert sampler.params["layers"][0]["wq"].dtype == jax.numpy.float32  # rollout_dtype apart
     t.close()
 
