@@ -68,17 +68,19 @@ def visible_gpus(env: Mapping[str, str]) -> int | None:
     for key in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS"):
         if (n := _count_list(env.get(key))) is not None:
             return n
-    gpus = env.get("SLURM_GPUS_ON_NODE")
-    return int(gpus) if gpus and gpus.strip().isdigit() else None
+    return _gpus_on_node(env)
+
+
+def _gpus_on_node(env: Mapping[str, str]) -> int | None:
+    gpus = env.get("SLURM_GPUS_ON_NODE", "").strip()
+    return int(gpus) if gpus.isdigit() else None
 
 
 def node_gpus(env: Mapping[str, str]) -> int | None:
     """The GPUs this process's node offers the job (``SLURM_GPUS_ON_NODE``, else the
     ``SLURM_STEP_GPUS`` list), None outside SLURM or without GPUs."""
-    gpus = env.get("SLURM_GPUS_ON_NODE")
-    if gpus and gpus.strip().isdigit():
-        return int(gpus)
-    return _count_list(env.get("SLURM_STEP_GPUS"))
+    gpus = _gpus_on_node(env)
+    return gpus if gpus is not None else _count_list(env.get("SLURM_STEP_GPUS"))
 
 
 def _tasks_of_node(spec: str, node: int) -> int | None:

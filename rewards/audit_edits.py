@@ -236,9 +236,10 @@ def name_generic_topics(case: EditCase, e6: str | None = None) -> str | None:
     """E1b: the E1 paragraph over ``GENERIC_TOPICS`` (a seeded draw of as many as E1 names,
     between 4 and 6), at the same size, so the two differ in what is named, not in how much;
     like E1, ``None`` where nothing is unmet (it stands in for weakly covered topics)."""
-    if not _weak_topics(case):
+    weak = _weak_topics(case)
+    if not weak:
         return None
-    n = min(max(len(_weak_topics(case)), MIN_TOPICS), MAX_TOPICS)
+    n = min(max(len(weak), MIN_TOPICS), MAX_TOPICS)
     order = np.random.default_rng(case.seed).permutation(len(GENERIC_TOPICS))[:n]
     return _sized(case.answer, [GENERIC_TOPICS[int(i)] for i in order], e6)
 

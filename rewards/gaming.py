@@ -100,9 +100,11 @@ def pooled_corr(x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None) 
     where both vary, each group centred first (selected rows: `groups`, a bool [N]). None when
     no such group exists."""
     got = _centred_pairs(x, y, groups)
-    if got is None:
-        return None
-    a, b, _ = got
+    return None if got is None else _pearson(got[0], got[1])
+
+
+def _pearson(a: np.ndarray, b: np.ndarray) -> float:
+    """The correlation of already centred pairs."""
     return float(np.dot(a, b) / np.sqrt(np.dot(a, a) * np.dot(b, b)))
 
 
@@ -133,8 +135,7 @@ def _corr_metric(out: dict[str, float], key: str, x: np.ndarray, y: np.ndarray,
     if got is None:
         return
     a, b, m = got
-    r = float(np.dot(a, b) / np.sqrt(np.dot(a, a) * np.dot(b, b)))
-    out[key] = r
+    r = out[key] = _pearson(a, b)
     side = "upper" if MARGINS[key][0] == "below" else "lower"
     if (bound := corr_bound(r, a.size, m, side)) is not None:
         out[BOUNDS[key]] = bound

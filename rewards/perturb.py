@@ -99,7 +99,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -708,16 +708,13 @@ def write_outputs(result: Mapping[str, Any], out_dir: str | Path, config: Mappin
     return paths
 
 
-def _id_text_rows(path: str | Path, prompt_ids: Sequence[str], what: str,
-                  ids: Sequence[str] = ("prompt_id",), texts: Sequence[str] = ("text",)
-                  ) -> list[tuple[str, str]]:
-    """(prompt id, text) of every row of a JSONL file of ``what``, the first of ``ids`` and of
-    ``texts`` a row has naming them; a bad row is named by file, row and field, and a prompt
-    id that is not in the rubric file is refused."""
+def _json_rows(path: str | Path, what: str) -> Iterator[tuple[Path, int, dict[str, Any]]]:
+    """(the file, the row's number, the row) of every non-empty row of a JSONL file of
+    ``what``; a missing file, or a row that is not a JSON object, is a ValueError naming the
+    file and the row."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"{p}: {what} file not found")
-    known, out = set(prompt_ids), []
     for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -727,6 +724,17 @@ def _id_text_rows(path: str | Path, prompt_ids: Sequence[str], what: str,
             raise ValueError(f"{p}: row {n}: not JSON ({e.msg})") from None
         if not isinstance(row, dict):
             raise ValueError(f"{p}: row {n}: not a JSON object")
+        yield p, n, row
+
+
+def _id_text_rows(path: str | Path, prompt_ids: Sequence[str], what: str,
+                  ids: Sequence[str] = ("prompt_id",), texts: Sequence[str] = ("text",)
+                  ) -> list[tuple[str, str]]:
+    """(prompt id, text) of every row of a JSONL file of ``what`` (:func:`_json_rows`), the
+    first of ``ids`` and of ``texts`` a row has naming them; a bad row is named by file, row
+    and field, and a prompt id that is not in the rubric file is refused."""
+    known, out = set(prompt_ids), []
+    for p, n, row in _json_rows(path, what):
         pid, text = (next((row[f] for f in names if f in row), None) for names in (ids, texts))
         for value, names in ((pid, ids), (text, texts)):
             if not isinstance(value, str):
@@ -846,20 +854,11 @@ def _bundled(rubrics: list[Rubric], judge: Any, aggs: Sequence[str]
 
 def load_medical_labels(path: str | Path, prompt_ids: Sequence[str]) -> set[str]:
     """The prompt ids labelled medical in a JSONL file of ``{"id" or "prompt_id", "medical":
-    true|false}`` rows (the authors' ``labels.jsonl``); a bad row is named by file, row and
-    field, and an id that is not in the rubric file is refused."""
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"{p}: medical labels file not found")
+    true|false}`` rows (the authors' ``labels.jsonl``; :func:`_json_rows`); a bad row is named
+    by file, row and field, and an id that is not in the rubric file is refused."""
     known, out = set(prompt_ids), set()
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{p}: row {n}: not JSON ({e.msg})") from None
-        pid = row.get("prompt_id", row.get("id")) if isinstance(row, dict) else None
+    for p, n, row in _json_rows(path, "medical labels"):
+        pid = row.get("prompt_id", row.get("id"))
         if not isinstance(pid, str) or not isinstance(row.get("medical"), bool):
             raise ValueError(f"{p}: row {n}: needs a text 'id' (or 'prompt_id') and a boolean "
                              f"'medical'")

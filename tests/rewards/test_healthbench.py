@@ -4,6 +4,14 @@ import pytest
 
 from rewards.healthbench import example_score, healthbench_scores
 
+# three examples: criterion points, met values, each criterion's tags, the example's tags
+EXAMPLES = ([[5, 3, -4], [2, 2], [4, -8]],
+            [[1, 1, 0], [1, 0], [0, 1]],
+            [[("axis:accuracy",), ("axis:completeness",), ("axis:accuracy",)],
+             [("axis:completeness",), ("axis:completeness", "axis:accuracy")],
+             [("axis:accuracy",), ("axis:safety",)]],
+            [("theme:hedging",), ("theme:hedging",), ("theme:emergency referrals",)])
+
 
 def test_example_score_is_points_met_over_positive_points():
     assert example_score([5, 3, -2], [1, 0, 1]) == pytest.approx((5 - 2) / 8)
@@ -13,12 +21,7 @@ def test_example_score_is_points_met_over_positive_points():
 
 
 def test_overall_axis_and_theme_scores_by_hand():
-    points = [[5, 3, -4], [2, 2], [4, -8]]
-    met = [[1, 1, 0], [1, 0], [0, 1]]
-    item_tags = [[("axis:accuracy",), ("axis:completeness",), ("axis:accuracy",)],
-                 [("axis:completeness",), ("axis:completeness", "axis:accuracy")],
-                 [("axis:accuracy",), ("axis:safety",)]]
-    example_tags = [("theme:hedging",), ("theme:hedging",), ("theme:emergency referrals",)]
+    points, met, item_tags, example_tags = EXAMPLES
     got = healthbench_scores(points, met, item_tags, example_tags)
     # examples: 8/8 = 1, 2/4 = 0.5, -8/4 = -2: the mean -1/6 is clipped to 0
     assert got["healthbench"] == 0.0
@@ -59,12 +62,7 @@ def test_per_example_values_and_their_intervals_by_hand():
     from rl.run.evaluation import clip_healthbench, report_scores
 
     nan = float("nan")
-    points = [[5, 3, -4], [2, 2], [4, -8]]
-    met = [[1, 1, 0], [1, 0], [0, 1]]
-    item_tags = [[("axis:accuracy",), ("axis:completeness",), ("axis:accuracy",)],
-                 [("axis:completeness",), ("axis:completeness", "axis:accuracy")],
-                 [("axis:accuracy",), ("axis:safety",)]]
-    example_tags = [("theme:hedging",), ("theme:hedging",), ("theme:emergency referrals",)]
+    points, met, item_tags, example_tags = EXAMPLES
     v = healthbench_values(points, met, item_tags, example_tags)
     np.testing.assert_allclose(v["healthbench"], [1.0, 0.5, -2.0])
     np.testing.assert_allclose(v["axis/accuracy"], [1.0, 0.0, 0.0])

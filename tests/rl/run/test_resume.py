@@ -351,7 +351,7 @@ def test_a_resumed_run_reuses_the_rollout_program_of_the_run_before(tmp_path):
 
 def test_a_checkpoint_with_the_old_correctness_keys_resumes_under_algo_correct_at():
     """The positive-only gate's F1 threshold and PROF's correctness threshold became the one
-    algo.correct_at (2026-12-06); a PROF run from before paid the rewarder's total."""
+    algo.correct_at; a PROF run from before the key paid the rewarder's total."""
     old = {"algo.rubric_gate_f1": 1.0, "algo.consistency_correct": 1.0,
            "algo.rewarder_options.rubric_gate_f1": 1.0, "algo.consistency_filter": "none"}
     new = {"algo.correct_at": 1.0, "algo.rewarder_options.correct_at": 1.0,
