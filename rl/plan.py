@@ -15,6 +15,9 @@ nothing downloaded or allocated), the programs of one RL step as ``rl.train`` wo
     update     one optimizer update (``rl.grpo.train_step.make_train_step``) on a mini-batch
     start-up   not a compiled program: what the chips hold when loading ends, before step 0
                (:func:`startup_row`), so "fits" also means the run starts
+    eval ...   the evaluation during training (before step 0, every trainer.eval_every
+               steps, after the last): the rollout's programs for trainer.eval_batch_size
+               greedy trajectories in trainer.eval_dtype (:func:`evaluation_programs`)
 
 and prints per program the per-chip memory (arguments, temporaries, outputs: XLA's
 ``memory_analysis``, on TPU totalled by the compiler's own peak) against the chip's HBM, the
@@ -106,6 +109,7 @@ class Chip:
     ici_bandwidth: float | None = None  # bytes/s, bidirectional, per chip (None: unknown)
     usable: float | None = None
     source: str = "Cloud TPU docs"
+    link: str = "ICI"  # the chip-to-chip interconnect's name
 
 
 # Per chip, from the Google Cloud TPU documentation's system-architecture pages
@@ -126,9 +130,9 @@ TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):\d+x\d+(x\d+)?$")
 # memory as nvidia-smi reports the 80 GB and 141 GB parts (81,559 and 143,771 MiB).
 GPUS: dict[str, Chip] = {
     "h100": Chip("NVIDIA H100 SXM 80GB", 989e12, 81559 * 2**20, 3.35e12, 900e9,
-                 source="NVIDIA datasheet"),
+                 source="NVIDIA datasheet", link="NVLink"),
     "h200": Chip("NVIDIA H200 SXM 141GB", 989e12, 143771 * 2**20, 4.8e12, 900e9,
-                 source="NVIDIA datasheet"),
+                 source="NVIDIA datasheet", link="NVLink"),
 }
 GPU_TOPOLOGY = re.compile(r"^(h100|h200):(\d+)$")
 # No GPU compiler runs without a GPU: a GPU plan compiles its programs with libtpu for a TPU
@@ -152,6 +156,29 @@ def host_chip(devices: int) -> Chip:
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return Chip(f"host CPU device (1/{devices} of {ram / GiB:.0f} GiB RAM)", None,
                 ram / devices, None)
+
+
+# a TPU's device_kind as JAX reports it -> its CHIPS entry
+TPU_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5": "v5p",
+             "TPU v5p": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}
+
+
+def device_chip(devices: Sequence[Any]) -> Chip:
+    """The chip of a job's own `devices` (``rl.smoke``): a TPU or an H100/H200 by its device
+    kind, with the memory the runtime lets a program use (``memory_stats``' bytes_limit)
+    where it reports one; else (CPU devices, another GPU) their memory without peak
+    figures, so no time bound."""
+    here = jax.process_index()  # memory_stats answers for this process's devices only
+    d = next(x for x in devices if getattr(x, "process_index", here) == here)
+    limit = (d.memory_stats() or {}).get("bytes_limit")
+    kind = str(getattr(d, "device_kind", ""))
+    known = CHIPS.get(TPU_KINDS.get(kind, "")) if d.platform == "tpu" else next(
+        (c for name, c in GPUS.items() if name in kind.lower()), None)
+    if known is not None:
+        return dataclasses.replace(known, usable=limit) if limit else known
+    if limit:
+        return Chip(f"{kind or d.platform} (no peak figures, no time bound)", None, limit, None)
+    return host_chip(len(devices))
 
 
 def check_topology(name: str) -> Chip | None:
@@ -512,7 +539,7 @@ def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, 
     (trainer.rollout_dtype, ``decode_params``) with a trainer.kv_cache_dtype KV cache."""
     sampling = rollout_sampling(run, lay)
     prompts = [[p + 1] * lay.prompt for p in range(lay.prompts)
-               for _ in range(run.algo.group_size)]
+               for _ in range(lay.rows // lay.prompts)]
     pre, dec = generation_kernels(cfg, dparams, prompts, sampling, mesh)
     gathered = gathered_per_step(dparams)  # per pass: the prefill one, each decode step one
     programs = [
@@ -527,6 +554,33 @@ def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, 
         start = dec.args[1]
         programs += continue_programs(run, cfg, lay, mesh, dparams, start, resident, chunk)
     return programs
+
+
+def evaluation_run(run: RunConfig) -> RunConfig:
+    """`run` as its evaluation during training samples (``rl.run.trainer.Trainer.evaluate``):
+    greedy, with the sampler's weights and KV cache in trainer.eval_dtype (None: the
+    rollout's, ``rl.run.loop.RunParts.policy``)."""
+    t = run.trainer
+    dtype, cache = t.rollout_dtype, t.kv_cache_dtype
+    if t.eval_dtype is not None:
+        dtype = cache = t.eval_dtype
+    return dataclasses.replace(run, trainer=dataclasses.replace(
+        t, rollout_dtype=dtype, kv_cache_dtype=cache, temperature=0.0))
+
+
+def evaluation_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
+                        params: Any, resident: int) -> list[Program]:
+    """The evaluation's rollout programs (:func:`rollout_programs`, named ``eval <name>``):
+    one greedy trajectory for each of trainer.eval_batch_size prompts at a time
+    (``rl.run.evaluation.greedy_rollouts``), over the same response budget, on the rollout
+    mesh, with the train state resident; run when the config evaluates during training
+    (trainer.eval_at_ends or trainer.eval_every)."""
+    erun, n = evaluation_run(run), run.trainer.eval_batch_size
+    dparams = sampler_weights(erun, params, mesh)
+    programs = rollout_programs(erun, cfg, dataclasses.replace(lay, prompts=n, rows=n), mesh,
+                                dparams, resident)
+    runs = run.trainer.eval_at_ends or run.trainer.eval_every > 0
+    return [dataclasses.replace(p, name=f"eval {p.name}", runs=runs) for p in programs]
 
 
 def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
@@ -798,6 +852,13 @@ def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
     except ModelLoadError as e:
         raise ConfigError(f"plan.model_shapes: {e}") from None
     devices = topology_devices(plan.topology)
+    return plan_on(run, plan, cfg, devices, chip or host_chip(len(devices)))
+
+
+def plan_on(run: RunConfig, plan: PlanConfig, cfg: ModelConfig, devices: list[Any],
+            chip: Chip) -> Plan:
+    """The plan of model `cfg` on `devices` (a described TPU slice, or a job's own devices:
+    ``rl.smoke``), each a `chip`; plan.topology names them in the report."""
     try:
         mesh = make_mesh(dict(run.mesh.shape or {"data": -1}), devices=devices)
     except ValueError as e:
@@ -817,19 +878,19 @@ def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
     ref_shapes = jax.eval_shape(lambda p: in_compute_dtype(p, run.model.dtype), params)
     ref_bytes = bytes_per_chip(_abstract(ref_shapes, param_shardings(ref_shapes, mesh))) \
         if run.algo.beta > 0 else 0
-    chip = chip or host_chip(len(devices))
     dparams = sampler_weights(run, params, rmesh)
     with jax.set_mesh(rmesh):  # the activation constraints (models.constraints), as rl.run.loop
         rollout = rollout_programs(run, cfg, rlay, rmesh, dparams, state_bytes + ref_bytes)
         fit = rollout_fit(run, cfg, rlay, rmesh, dparams, state_bytes + ref_bytes,
                           usable_bytes(chip), rollout) \
             if plan.rollout_fit else None
+        evaluation = evaluation_programs(run, cfg, lay, rmesh, params, state_bytes + ref_bytes)
     rollout = [dataclasses.replace(p, calls=chunks) for p in rollout]
     gathered = gathered_per_step(dparams)
     with jax.set_mesh(mesh):
         programs = [*rollout, reference_program(run, cfg, lay, mesh, params, state_bytes),
                     update_program(run, cfg, lay, mesh, state, ref_bytes),
-                    startup_row(params, state_bytes, ref_bytes)]
+                    startup_row(params, state_bytes, ref_bytes), *evaluation]
     return Plan(plan.model_shapes, cfg, plan.topology, chip, len(devices), dict(mesh.shape),
                 lay, state_bytes, ref_bytes, tuple(programs), fit,
                 None if rmesh is mesh else dict(rmesh.shape), gathered)
@@ -848,6 +909,35 @@ def time_bound(plan: Plan, prog: Program) -> float | None:
     ici = prog.ici_bytes / plan.chip.ici_bandwidth if plan.chip.ici_bandwidth else 0.0
     return prog.calls * max(prog.flops / (plan.chips * plan.chip.peak_flops),
                             prog.min_bytes / plan.chip.hbm_bandwidth, ici)
+
+
+def step_bound(run: RunConfig, plan: Plan) -> tuple[float, dict[str, float]] | None:
+    """Seconds a training step takes at least, and its parts: the rollout's prefill and
+    decode loop (x trainer.rollout_chunks calls; a multi-turn task's continuation programs
+    replace part of that loop and are not added), the reference pass where the config runs
+    it, and the update x its updates per step (mini-batches x epochs). None without the
+    chip's peak figures."""
+    def bound(name: str) -> float | None:
+        prog = next((p for p in plan.programs if p.name == name and p.runs), None)
+        return None if prog is None else time_bound(plan, prog)
+
+    if plan.chip.peak_flops is None:
+        return None
+    parts = {"rollout": (bound("prefill") or 0.0) + (bound("decode") or 0.0),
+             "reference": bound("reference") or 0.0,
+             "update": (bound("update") or 0.0) * run.updates_per_batch}
+    return sum(parts.values()), parts
+
+
+def step_line(run: RunConfig, plan: Plan) -> str:
+    """The report's line of :func:`step_bound`."""
+    if (bound := step_bound(run, plan)) is None:
+        return "step: no time bound (no peak figures for this chip)"
+    total, parts = bound
+    return (f"step: >= {_seconds(total).strip()} (rollout {_seconds(parts['rollout']).strip()}, "
+            f"reference {_seconds(parts['reference']).strip()}, update "
+            f"{_seconds(parts['update']).strip()} for {run.updates_per_batch} update(s); "
+            "the sum of the bounds above)")
 
 
 def splits(groups: int, size: int, slices: int) -> bool:
@@ -876,6 +966,8 @@ def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
     logits = (None if 0 < t.logits_chunk <= 128 else
               f"trainer.logits_chunk={t.logits_chunk // 2 if t.logits_chunk else 256} (the logits "
               "of fewer positions at a time)")
+    if name.startswith("eval "):
+        return evaluation_remedies(run, name.removeprefix("eval "), more_fsdp)
     if name == "start-up":
         keys = [more_fsdp, "algo.beta=0 (no reference weights)" if run.algo.beta > 0 else None]
     elif name == "update":
@@ -910,6 +1002,21 @@ def remedies(run: RunConfig, plan: Plan, name: str) -> list[str]:
     return [k for k in keys if k]
 
 
+def evaluation_remedies(run: RunConfig, name: str, more_fsdp: str | None) -> list[str]:
+    """The keys that lower an evaluation program's memory (`name`: its rollout program)."""
+    t = run.trainer
+    dtype = t.eval_dtype or t.rollout_dtype
+    cache = t.eval_dtype or t.kv_cache_dtype
+    keys = [f"trainer.eval_batch_size={t.eval_batch_size // 2} (fewer prompts evaluated "
+            "together)" if t.eval_batch_size > 1 else None,
+            None if dtype == cache == "bfloat16" else "trainer.eval_dtype=bfloat16 (bfloat16 "
+            "weights and KV cache for the evaluation)", more_fsdp,
+            "a smaller response budget (trainer.max_new_tokens)"]
+    if name in ("read", "continue", "part"):
+        keys.append("a smaller task.max_obs_tokens (the observation the continuation reads)")
+    return [k for k in keys if k]
+
+
 def more_chunks(prompts: int, chunks: int, fit: int) -> int | None:
     """The fewest rollout chunks above `chunks` that split `prompts` evenly into parts of at
     most `fit` prompts (the largest rollout that fits; 0: unknown, then just the next
@@ -930,7 +1037,7 @@ def _seconds(s: float | None) -> str:
 
 def header(run: RunConfig, plan: Plan) -> list[str]:
     cfg, lay, chip = plan.cfg, plan.lay, plan.chip
-    hbm = (f"{chip.name}: {chip.hbm_bytes / GiB:.{1 if chip.usable else 0}f} GiB HBM, "
+    hbm = (f"{chip.name}: {chip.hbm_bytes / GiB:.{int(chip.hbm_bytes % GiB > 0)}f} GiB HBM, "
            f"{chip.peak_flops / 1e12:.0f} TFLOP/s bf16, {chip.hbm_bandwidth / 1e9:.0f} GB/s "
            f"({chip.source})" if chip.peak_flops and chip.hbm_bandwidth else
            f"{chip.name}: no peak figures, no time bound")
@@ -969,7 +1076,7 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
         f"MiB of layer weights per chip from the others"
         + (f", >= {plan.gathered / chip.ici_bandwidth * 1e3:.2f} ms at {chip.name}'s "
            f"{chip.ici_bandwidth / 1e9:.0f} GB/s bidirectional "
-           f"{'NVLink' if chip.usable else 'ICI'} (in the decode's time bound)"
+           f"{chip.link} (in the decode's time bound)"
            if chip.ici_bandwidth else " (no ICI figure for this chip: not in the time bound)"),
     ]
 
@@ -991,11 +1098,12 @@ def _even(run: RunConfig, plan: Plan) -> str:
 def report(run: RunConfig, plan: Plan) -> str:
     """The plan as text: a table per program, then the verdicts."""
     lines = header(run, plan)
-    lines.append(f"  {'program':<10}{'args':>8}{'temp':>8}{'out':>8}{'total':>8}"
+    lines.append(f"  {'program':<{name_width(plan)}}{'args':>8}{'temp':>8}{'out':>8}{'total':>8}"
                  f"{'+resid.':>9}  {'of HBM':>7}{'FLOPs':>11}  {'time >=':>10}   (GiB per chip)")
     lines += [_row(plan, p) for p in plan.programs]
     if plan.fit is not None:
         lines.append(fit_line(run, plan.fit))
+    lines.append(step_line(run, plan))
     lines.append(rollout_advice(plan))
     lines.append(verdict(run, plan))
     return "\n".join(lines)
@@ -1010,10 +1118,10 @@ def rollout_advice(plan: Plan) -> str:
         return ("rollout layout: the sampler's layer weights are whole on every chip; "
                 "decoding gathers none")
     decode = next((p for p in plan.programs if p.name == "decode"), None)
-    peak = max((p.peak for p in plan.programs
-                if p.name in ("prefill", "decode", "read", "continue", "part")), default=0)
+    peak = max((p.peak for p in plan.programs if p.runs and p.name.removeprefix("eval ")
+                in ("prefill", "decode", "read", "continue", "part")), default=0)
     usable = usable_bytes(plan.chip)
-    link = "NVLink" if plan.chip.usable else "ICI"
+    link = plan.chip.link
     saved = (f", saving >= {plan.gathered / plan.chip.ici_bandwidth * 1e3:.2f} ms of {link} per "
              f"decode step ({decode.ici_bytes / plan.chip.ici_bandwidth:.2f} s per rollout)"
              if plan.chip.ici_bandwidth and decode is not None else "")
@@ -1051,13 +1159,19 @@ def fit_line(run: RunConfig, fit: RolloutFit) -> str:
     return f"{text}; {how})"
 
 
+def name_width(plan: Plan) -> int:
+    """The program column's width: 10, or the longest name and a space ("eval continue")."""
+    return max(10, 1 + max((len(p.name) for p in plan.programs), default=0))
+
+
 def _row(plan: Plan, p: Program) -> str:
     notes = ("" if p.runs else "   (not run by this config)") + (
         f"   (x{p.calls} a step: trainer.rollout_chunks)" if p.calls > 1 else "") + (
         f"   (refused by {'the stand-in' if chip_is_gpu(plan) else 'the'} compiler: sizes from "
         "its message)" if p.refused else "")
-    return (f"  {p.name:<10}{_gib(p.arguments)} {_gib(p.temporaries)} {_gib(p.outputs)} "
-            f"{_gib(p.total)}  {_gib(p.peak)}  {100 * p.peak / plan.chip.hbm_bytes:6.0f}%"
+    return (f"  {p.name:<{name_width(plan)}}{_gib(p.arguments)} {_gib(p.temporaries)} "
+            f"{_gib(p.outputs)} {_gib(p.total)}  {_gib(p.peak)}  "
+            f"{100 * p.peak / plan.chip.hbm_bytes:6.0f}%"
             f"{p.flops:11.3e}  {_seconds(time_bound(plan, p))}{notes}")
 
 
@@ -1073,8 +1187,10 @@ def verdict(run: RunConfig, plan: Plan) -> str:
         out.append(f"verdict: fits: every program this config runs is within "
                    f"{hbm / GiB:.1f} GiB per chip")
     for p in over:
-        status = "does NOT fit" if p.runs else ("would NOT fit if run (algo.beta > 0 or "
-                                                "several updates per batch)")
+        status = "does NOT fit" if p.runs else (
+            "would NOT fit if run (trainer.eval_at_ends or trainer.eval_every)"
+            if p.name.startswith("eval ") else
+            "would NOT fit if run (algo.beta > 0 or several updates per batch)")
         out.append(f"verdict: {p.name} {status}: {p.peak / GiB:.2f} GiB per chip (program "
                    f"{p.total / GiB:.2f} + resident {p.resident / GiB:.2f}) > "
                    f"{hbm / GiB:.1f} GiB; try " + "; ".join(remedies(run, plan, p.name)))

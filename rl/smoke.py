@@ -8,10 +8,15 @@ every host of the job as ``rl.train`` is, then:
 3. in ``<trainer.run_dir>/resumed``: train 2 steps and save, then build a fresh trainer that
    restores the checkpoint (as a restarted job does) and trains the third step;
 4. compare the two runs' final parameters, each process its own shards;
-5. print the devices of each process, the load times, the step times, each local chip's
-   memory (``memory_stats()``, where
-   the backend reports it) and a verdict: ``rl.smoke: PASS`` (exit 0) when the resumed run
-   ends within 1e-5 of the straight one (bit-identical is expected and said), else FAIL.
+5. when the config evaluates during training (trainer.eval_at_ends, trainer.eval_every),
+   run that evaluation once on the straight run's weights, timed;
+6. plan the step on the job's own devices (``rl.plan``'s programs compiled for them, at the
+   longest prompt the steps met) and read each local chip's peak memory after the straight
+   run and its evaluation (``memory_stats()``, where the backend reports it);
+7. print the devices of each process, the load times, the step times beside the plan's
+   lower bound, the measured memory beside the planned, and a verdict: ``rl.smoke: PASS``
+   (exit 0) when the resumed run ends within 1e-5 of the straight one (bit-identical is
+   expected and said) and no chip's peak exceeds the plan's by more than 10 %, else FAIL.
 
     python -m rl.smoke model=hf model.path=/ckpt/Qwen3-4B mesh=fsdp trainer.run_dir=/shared/smoke
 
@@ -41,6 +46,7 @@ log = logging.getLogger("rl.smoke")
 
 STEPS, SAVED_AT = 3, 2
 TOLERANCE = 1e-5  # the multi-process tests' bound: another layout may round differently
+MEMORY_MARGIN = 0.10  # a chip's measured peak this far over the plan's fails the smoke
 
 GiB = 1024**3
 
@@ -73,20 +79,83 @@ def max_difference(a: Any, b: Any) -> float:
     return float(np.max(multihost_utils.process_allgather(np.float32(local))))
 
 
-def chip_memory() -> list[str]:
-    """Each local device's peak and limit (``memory_stats``), or why there are none."""
+def chip_peaks() -> dict[str, dict[str, float] | None]:
+    """Each local device's peak and limit in bytes (``memory_stats``), None where the
+    backend reports none (CPU)."""
     import jax
 
-    lines = []
+    peaks: dict[str, dict[str, float] | None] = {}
     for d in jax.local_devices():
         stats = d.memory_stats() or {}
-        if "peak_bytes_in_use" in stats:
-            limit = stats.get("bytes_limit")
-            lines.append(f"{d.platform}:{d.id} peak {stats['peak_bytes_in_use'] / GiB:.2f} GiB"
-                         + (f" of {limit / GiB:.2f} GiB" if limit else ""))
-        else:
-            lines.append(f"{d.platform}:{d.id} (no memory statistics on this backend)")
-    return lines
+        peaks[f"{d.platform}:{d.id}"] = ({"peak": stats["peak_bytes_in_use"],
+                                          "limit": stats.get("bytes_limit") or 0}
+                                         if "peak_bytes_in_use" in stats else None)
+    return peaks
+
+
+def chip_memory(peaks: dict[str, dict[str, float] | None]) -> list[str]:
+    """A line per local device: its peak and limit, or why there are none."""
+    return [f"{name} peak {p['peak'] / GiB:.2f} GiB"
+            + (f" of {p['limit'] / GiB:.2f} GiB" if p["limit"] else "")
+            if p else f"{name} (no memory statistics on this backend)"
+            for name, p in peaks.items()]
+
+
+def planned(resolved: dict, parts: Any, prompt_len: int) -> dict[str, Any]:
+    """The step planned on this job's own devices (``rl.plan.plan_on``: its programs
+    compiled for them, at `prompt_len` prompt tokens and the response budget of the run's
+    built `parts`, no batch search): the largest per-chip peak of a program the config runs
+    (with what stays resident), and the step's lower time bound where the chip's peak
+    figures are known; ``why`` instead where the plan cannot be made (a LoRA run)."""
+    import jax
+
+    from rl.plan import device_chip, plan_on, step_bound
+    from rl.run.config import ConfigError, parse_plan
+
+    section = {"topology": "this job's devices", "model_shapes": str(resolved["model"]["path"]),
+               "prompt_len": prompt_len, "response_budget": parts.response_budget,
+               "rollout_fit": False}
+    try:
+        run, plan = parse_plan({**resolved, "plan": section})
+    except ConfigError as e:
+        return {"why": str(e)}
+    devices = jax.devices()
+    p = plan_on(run, plan, parts.model_cfg, devices, device_chip(devices))
+    top = max((q for q in p.programs if q.runs), key=lambda q: q.peak)
+    bound = step_bound(run, p)
+    return {"peak": top.peak, "program": top.name, "step_s": bound[0] if bound else None}
+
+
+def memory_verdict(peaks: dict[str, dict[str, float] | None],
+                   plan: dict[str, Any]) -> tuple[bool, str]:
+    """(within the plan, the line saying so): the largest local peak against the plan's
+    (:data:`MEMORY_MARGIN` over it fails); nothing to compare without a plan or statistics."""
+    measured = [p["peak"] for p in peaks.values() if p]
+    if "peak" not in plan:
+        return True, f"memory: not compared with a plan ({plan.get('why', 'none made')})"
+    planned_gib = f"{plan['peak'] / GiB:.2f} GiB per chip ({plan['program']})"
+    if not measured:
+        return True, (f"memory: planned {planned_gib}; not measured (no memory statistics "
+                      "on this backend)")
+    over = max(measured) / plan["peak"] - 1
+    ok = over <= MEMORY_MARGIN
+    return ok, (f"memory: measured peak {max(measured) / GiB:.2f} GiB per chip, planned "
+                f"{planned_gib}: {over:+.0%}, "
+                + (f"within the plan's +{MEMORY_MARGIN:.0%}" if ok else
+                   f"over the plan by more than {MEMORY_MARGIN:.0%}: FAIL"))
+
+
+def evaluate_once(resolved: dict, trainer: Any) -> float | None:
+    """The config's evaluation during training, run once at the trainer's step (its
+    programs compiled and run as the run's own would be); its seconds, or None when the
+    config does not evaluate during training."""
+    t = resolved["trainer"]
+    if not (t.get("eval_at_ends") or t.get("eval_every")):
+        return None
+    log.info("rl.smoke: evaluating once, as the run evaluates during training")
+    start = time.perf_counter()
+    trainer.evaluate(trainer.loop.step)
+    return time.perf_counter() - start
 
 
 def smoke(resolved: dict) -> dict[str, Any]:
@@ -96,9 +165,16 @@ def smoke(resolved: dict) -> dict[str, Any]:
     run_dir = run_path(str(resolved["trainer"]["run_dir"]))  # a local folder or a gs:// URL
     log.info("rl.smoke: 1/3 loading %s and training %d steps (%s)", resolved["model"]["path"],
              STEPS, run_dir / "straight")
-    straight, load_s = _build(resolved, run_dir / "straight", save_every=0, resume=False)
+    t = resolved["trainer"]  # the straight run reads the evaluation split as the run does
+    straight, load_s = _build(resolved, run_dir / "straight", save_every=0, resume=False,
+                              eval_at_ends=t["eval_at_ends"], eval_every=t["eval_every"])
     log.info("rl.smoke: loaded in %.1f s", load_s)
     straight_steps = straight.run()
+    eval_s = evaluate_once(resolved, straight)
+    peaks = chip_peaks()  # one trainer's peak, before the next is built beside its weights
+    prompt_len = max(int(r["prompt/length_max"]) for r in straight_steps)
+    log.info("rl.smoke: planning the step on this job's devices (prompt %d tokens)", prompt_len)
+    plan = planned(resolved, straight.parts, prompt_len)
     straight.close()
     log.info("rl.smoke: 2/3 training %d steps and saving (%s)", SAVED_AT, run_dir / "resumed")
     first, _ = _build(resolved, run_dir / "resumed", save_every=SAVED_AT, resume=False)
@@ -114,16 +190,32 @@ def smoke(resolved: dict) -> dict[str, Any]:
     resumed.close()
     diff = max_difference(straight.state.params, resumed.state.params)
     devices = jax.devices()
+    memory_ok, memory_line = memory_verdict(peaks, plan)
     return {"processes": jax.process_count(), "devices": len(devices),
             "platform": devices[0].platform, "device_kind": devices[0].device_kind,
             "mesh": dict(straight.parts.mesh.shape) if straight.parts.mesh else None,
             "model": resolved["model"]["path"], "load_s": load_s, "resume_load_s": reload_s,
             "straight_step_s": [r["time/step_s"] for r in straight_steps],
             "resumed_step_s": [r["time/step_s"] for r in (*first_steps, *last_steps)],
-            "max_abs_diff": diff, "passed": diff <= TOLERANCE, "memory": chip_memory(),
+            "eval_s": eval_s, "plan": plan, "memory_check": memory_line,
+            "max_abs_diff": diff, "passed": diff <= TOLERANCE and memory_ok,
+            "memory": chip_memory(peaks),
             "process_devices": [", ".join(f"{d.platform}:{d.id}" for d in devices
                                           if d.process_index == i)
                                 for i in range(jax.process_count())]}
+
+
+def time_line(r: dict[str, Any]) -> str:
+    """The steps after the first (which compiles) beside the plan's lower bound; the
+    evaluation's time."""
+    after = r["straight_step_s"][1:] or r["straight_step_s"]
+    bound = r["plan"].get("step_s")
+    line = (f"step time: {np.median(after):.2f} s (median after the first)"
+            + (f", the plan's lower bound {bound:.2f} s ({np.median(after) / bound:.1f}x)"
+               if bound else ", no planned bound for this chip"))
+    if r.get("eval_s") is not None:
+        line += f"; one evaluation {r['eval_s']:.1f} s"
+    return line
 
 
 def report(r: dict[str, Any]) -> str:
@@ -139,7 +231,9 @@ def report(r: dict[str, Any]) -> str:
         f"  load: {r['load_s']:.1f} s; resume from the checkpoint: {r['resume_load_s']:.1f} s",
         f"  steps, straight: {steps(r['straight_step_s'])} s (the first compiles)",
         f"  steps, saved at {SAVED_AT} and resumed: {steps(r['resumed_step_s'])} s",
+        f"  {time_line(r)}",
         *(f"  memory {line}" for line in r["memory"]),
+        f"  {r['memory_check']}",
         f"  resumed run against the straight run: {same}",
         f"rl.smoke: {'PASS' if r['passed'] else 'FAIL'}"])
 

@@ -48,6 +48,7 @@ from rl.plan import (
     prefill_flops,
     refused_sizes,
     remedies,
+    report,
     rollout_advice,
     rollout_fit,
     sampler_rows,
@@ -107,6 +108,9 @@ def test_plan_of_the_tiny_model_on_an_8_device_cpu_mesh():
     assert re.search(r"^  start-up\s+[\d.]+\s+0\.000\s", out, re.M), out
     assert "verdict: fits" in out, out
     assert "float32 KV cache" in out, out
+    # the evaluation during training (trainer.eval_at_ends): its own rows
+    for name in ("eval prefill", "eval decode"):
+        assert re.search(rf"^  {name}\s+[\d.]+\s+[\d.]+\s", out, re.M), out
     # progress: a line before and after each compile (a large slice compiles for an hour)
     for name in PROGRAMS:
         assert re.search(rf"^rl\.plan: compiling {name} \.\.\.\n(.*\n)*rl\.plan: "
@@ -737,3 +741,79 @@ def test_the_rollout_layout_advice_by_hand():
     assert "keep the training layout" in rollout_advice(six)
     none = dataclasses.replace(plan, gathered=0)
     assert "gathers none" in rollout_advice(none)
+
+
+def test_the_evaluation_is_planned_in_its_own_dtype_and_batch_by_hand():
+    """The evaluation during training rolls out trainer.eval_batch_size greedy trajectories
+    at a time in trainer.eval_dtype: 8 rows in float32 while the rollout samples 16 in
+    bfloat16. One chip, so every byte is on it: the weights (N float32 numbers) among its
+    arguments, and the prefill's output the 8 rows' state (float32 keys and values of
+    2 x layers x rows x KV heads x head dim x slots, the valid mask, float32 next-token
+    logits, three int32 counters per row)."""
+    from models.sharding import make_mesh
+    from rl.plan import evaluation_programs, layout
+
+    run, plan = _config("trainer.rollout_dtype=bfloat16", "trainer.kv_cache_dtype=bfloat16",
+                        "trainer.eval_dtype=float32", "trainer.eval_batch_size=8")
+    cfg = tiny_config()
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+    with jax.set_mesh(mesh):
+        programs = evaluation_programs(run, cfg, layout(run, plan, mesh), mesh,
+                                       abstract_params(cfg, mesh), resident=7)
+    assert [p.name for p in programs] == ["eval prefill", "eval decode"]
+    prefill, decode = programs
+    assert prefill.runs and decode.runs and prefill.resident == decode.resident == 7
+    rows, slots = 8, 32 + 32  # prompt 20 -> 32 slots, budget 24 -> 32
+    state = (2 * cfg.num_layers * rows * cfg.num_kv_heads * cfg.head_dim * slots * 4
+             + rows * slots + rows * cfg.vocab_size * 4 + 3 * rows * 4)
+    assert 0 <= prefill.outputs - state < 2**10, (prefill, state)
+    assert 4 * n <= prefill.arguments < 4 * n + 2**10 + rows * 32 * 4, (prefill, n)
+    # not evaluated during training: planned, marked as not run
+    quiet, _ = _config("trainer.eval_at_ends=false", "trainer.eval_every=0")
+    with jax.set_mesh(mesh):
+        assert not any(p.runs for p in evaluation_programs(
+            quiet, cfg, layout(quiet, plan, mesh), mesh, abstract_params(cfg, mesh), 0))
+
+
+def test_an_evaluation_that_does_not_fit_is_offered_the_evaluations_keys():
+    run, _ = _config("trainer.eval_batch_size=64")
+    g = 2**30
+    fake = _fake_plan(run, update_gib=1.0)
+    plan = dataclasses.replace(fake, programs=(*fake.programs, Program(
+        "eval decode", 20 * g, 0, 0, 0, 0, 1.0, 1.0, True)))
+    text = verdict(run, plan)
+    assert text.startswith("verdict: eval decode does NOT fit: 20.00 GiB per chip"), text
+    assert "trainer.eval_batch_size=32" in text and "trainer.eval_dtype=bfloat16" in text
+    assert "rollout_chunks" not in text and "kv_cache_dtype" not in text, text
+    # the program column widened to the longest name and a space: 12, then "args" in 8
+    assert "\n  program" + " " * 9 + "args" in report(run, plan)
+    off = dataclasses.replace(plan, programs=(*fake.programs, Program(
+        "eval decode", 20 * g, 0, 0, 0, 0, 1.0, 1.0, False)))
+    text = verdict(run, off)
+    assert text.startswith("verdict: fits"), text
+    assert ("eval decode would NOT fit if run (trainer.eval_at_ends or trainer.eval_every)"
+            in text), text
+
+
+def test_the_step_bound_by_hand():
+    """v5e-16 (197 TFLOP/s a chip, 819 GB/s): a prefill of 16 x 197e12 FLOPs takes >= 1 s, a
+    decode reading 8.19 TB per chip >= 10 s and runs twice (trainer.rollout_chunks=2), the
+    reference pass is not run, an update of 3 x 16 x 197e12 FLOPs >= 3 s, 2 mini-batches x 1
+    epoch of them: 1 + 20 + 0 + 6 = 27 s."""
+    from rl.plan import step_bound, step_line
+
+    run, _ = _config("trainer.mini_batches=2")
+    flops = 16 * 197e12
+    progs = (Program("prefill", 0, 0, 0, 0, 0, flops, 0.0, True),
+             Program("decode", 0, 0, 0, 0, 0, 0.0, 8.19e12, True, calls=2),
+             Program("reference", 0, 0, 0, 0, 0, 5 * flops, 0.0, False),
+             Program("update", 0, 0, 0, 0, 0, 3 * flops, 0.0, True),
+             Program("eval decode", 0, 0, 0, 0, 0, 7 * flops, 0.0, True))
+    plan = dataclasses.replace(_fake_plan(run, 1.0), programs=progs)
+    total, parts = step_bound(run, plan)
+    assert parts == pytest.approx({"rollout": 21.0, "reference": 0.0, "update": 6.0})
+    assert total == pytest.approx(27.0)
+    assert step_line(run, plan).startswith("step: >= 27.00 s (rollout 21.00 s, reference "
+                                           "0.0 ms, update 6.00 s for 2 update(s)")
