@@ -83,15 +83,38 @@ def node_gpus(env: Mapping[str, str]) -> int | None:
     return gpus if gpus is not None else _count_list(env.get("SLURM_STEP_GPUS"))
 
 
-def _tasks_of_node(spec: str, node: int) -> int | None:
-    """This node's entry of SLURM's tasks-per-node list (``"8(x2),4"``)."""
+def _task_counts(spec: str) -> list[int] | None:
+    """SLURM's tasks-per-node list (``"8(x2),4"`` -> [8, 8, 4]), None when unreadable."""
     counts: list[int] = []
     for part in spec.split(","):
         m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
         if not m:
             return None
         counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def _tasks_of_node(spec: str, node: int) -> int | None:
+    """This node's entry of SLURM's tasks-per-node list."""
+    counts = _task_counts(spec) or []
     return counts[node] if 0 <= node < len(counts) else None
+
+
+def processes_per_node(env: Mapping[str, str]) -> int | None:
+    """The processes on every node of the job, where the job's own variables say all nodes
+    hold as many (SLURM's tasks-per-node list, Open MPI's local size against its world
+    size); None otherwise (the mesh then takes each process for a node:
+    ``models.device_mesh``). The same on every process of the job, which builds its mesh
+    from it."""
+    if (size := env.get("OMPI_COMM_WORLD_LOCAL_SIZE")) and size.isdigit():
+        world = env.get("OMPI_COMM_WORLD_SIZE", "")
+        return int(size) if world.isdigit() and int(world) % int(size) == 0 else None
+    for key in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        if key in env:
+            counts = _task_counts(env[key]) or []
+            return counts[0] if counts and len(set(counts)) == 1 else None
+    per_node = env.get("SLURM_NTASKS_PER_NODE", "")
+    return int(per_node) if per_node.isdigit() else None
 
 
 def tasks_on_node(env: Mapping[str, str]) -> int | None:

@@ -20,6 +20,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.constraints import dividing_axes
+from models.device_mesh import device_grid
 from models.transformer import KVCache, Params
 
 log = logging.getLogger(__name__)
@@ -79,8 +80,13 @@ def host_copy(tree: Any) -> Any:
     return jax.tree.map(one, tree)
 
 
-def make_mesh(shape: Mapping[str, int] | None = None, devices: list | None = None) -> Mesh:
-    """A mesh over (data, fsdp, tensor). One axis may be -1: it takes the remaining devices."""
+def make_mesh(shape: Mapping[str, int] | None = None, devices: list | None = None,
+              dcn_shape: Mapping[str, int] | None = None,
+              processes_per_node: int | None = None) -> Mesh:
+    """A mesh over (data, fsdp, tensor). One axis may be -1: it takes the remaining devices.
+    The devices are placed following the network (``models.device_mesh.device_grid``): each
+    axis's part across nodes or slices is `dcn_shape`'s (None: data first), the rest inside
+    one."""
     devices = devices if devices is not None else jax.devices()
     shape = dict(shape or {"data": -1})
     unknown = set(shape) - set(MESH_AXES)
@@ -98,7 +104,7 @@ def make_mesh(shape: Mapping[str, int] | None = None, devices: list | None = Non
     if math.prod(sizes.values()) != len(devices):
         raise ValueError(f"mesh: shape {sizes} needs {math.prod(sizes.values())} devices, "
                          f"have {len(devices)}")
-    grid = np.asarray(devices).reshape([sizes[a] for a in MESH_AXES])
+    grid, _ = device_grid(sizes, devices, dcn_shape, processes_per_node)
     return Mesh(grid, MESH_AXES)
 
 

@@ -68,6 +68,7 @@ from jax.sharding import Mesh
 
 from models.config import ModelConfig, ModelLoadError
 from models.continuation import bucket_kernel, line_width, read_kernel, row_buckets
+from models.device_mesh import device_grid
 from models.padding import round_up
 from models.sampler import Frontier, SamplingParams, decode_params, generation_kernels
 from models.shapes import model_shapes
@@ -88,6 +89,7 @@ from rl.grpo.train_step import (
     make_train_step,
     train_state_shardings,
 )
+from rl.plan_network import StepShape, Traffic, step_traffic
 from rl.run.config import ConfigError, PlanConfig, RunConfig, parse_plan
 from rl.run.resolve import resolved_config
 
@@ -155,7 +157,7 @@ def host_chip(devices: int) -> Chip:
     figures."""
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return Chip(f"host CPU device (1/{devices} of {ram / GiB:.0f} GiB RAM)", None,
-                ram / devices, None)
+                ram / devices, None, link="host memory")
 
 
 # a TPU's device_kind as JAX reports it -> its CHIPS entry
@@ -216,12 +218,25 @@ def gpu_mem_fraction() -> float:
         raise ConfigError(f"XLA_PYTHON_CLIENT_MEM_FRACTION: not a number: {raw!r}") from None
 
 
+GPUS_PER_NODE = 8  # a GPU estimate of more than 8 GPUs plans nodes of 8 (h100:16: 2 nodes)
+
+
+def gpu_nodes(name: str) -> int:
+    """The nodes of a GPU topology: GPUs / 8 when more than 8 divide into nodes of 8, else 1;
+    1 for a TPU or cpu topology."""
+    if not (gpu := GPU_TOPOLOGY.match(name)):
+        return 1
+    count = int(gpu.group(2))
+    return count // GPUS_PER_NODE if count > GPUS_PER_NODE and not count % GPUS_PER_NODE else 1
+
+
 def stand_in_topology(name: str) -> str | None:
-    """The TPU slice a GPU plan compiles for (:data:`STAND_IN`: h100:8 -> v5p:2x2x2); None
-    for a TPU or cpu topology."""
+    """The TPU slice a GPU plan compiles for, one per node (:data:`STAND_IN`: h100:8 ->
+    v5p:2x2x2; h100:16 -> two of them, :func:`gpu_nodes`); None for a TPU or cpu
+    topology."""
     if not (gpu := GPU_TOPOLOGY.match(name)):
         return None
-    return f"{STAND_IN}:2x2x{int(gpu.group(2)) // 4}"
+    return f"{STAND_IN}:2x2x{int(gpu.group(2)) // gpu_nodes(name) // 4}"
 
 
 def chip_is_gpu(plan: Any) -> bool:
@@ -234,17 +249,27 @@ def usable_bytes(chip: Chip) -> float:
     return chip.usable or USABLE_HBM.get(chip.name, chip.hbm_bytes)
 
 
-def topology_devices(name: str) -> list:
-    """The devices of a topology: a TPU slice described by libtpu, or this host's."""
+def topology_devices(name: str, slices: int = 1) -> list:
+    """The devices of a topology: `slices` TPU slices described by libtpu (a GPU estimate:
+    a stand-in slice per node), or this host's."""
     if name == "cpu":
+        if slices != 1:
+            raise ConfigError("plan.slices: plan.topology=cpu plans this host's devices, "
+                              f"one granule; got {slices} slices")
         return jax.devices()
     from jax.experimental import topologies
 
-    name = stand_in_topology(name) or name
+    if stand_in_topology(name):
+        if slices != 1:
+            raise ConfigError(f"plan.slices: a GPU estimate's nodes come from its count "
+                              f"({name}: {gpu_nodes(name)} node(s) of up to 8); got {slices}")
+        name, slices = stand_in_topology(name) or name, gpu_nodes(name)
     try:
-        return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
+        return list(topologies.get_topology_desc(platform="tpu", topology_name=name,
+                                                 num_slices=slices).devices)
     except Exception as e:  # libtpu refuses the shape: name the key
-        raise ConfigError(f"plan.topology: libtpu cannot describe {name!r}: {e}") from None
+        raise ConfigError(f"plan.topology: libtpu cannot describe {name!r} x {slices}: {e}"
+                          ) from None
 
 
 # ------------------------------------------------------------------------------ shapes
@@ -841,6 +866,8 @@ class Plan:
     fit: RolloutFit | None = None  # the largest rollout batch that fits (rollout_fit)
     rollout_mesh: Mapping[str, int] | None = None  # mesh.rollout_shape (None: the training's)
     gathered: int = 0  # layer-weight bytes a chip gathers per decode step (gathered_per_step)
+    dcn: Mapping[str, int] | None = None  # each mesh axis's part across nodes or slices
+    traffic: Mapping[str, Traffic] | None = None  # bytes per chip per step (rl.plan_network)
 
 
 def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
@@ -851,7 +878,7 @@ def make_plan(run: RunConfig, plan: PlanConfig) -> Plan:
         cfg = model_shapes(plan.model_shapes)
     except ModelLoadError as e:
         raise ConfigError(f"plan.model_shapes: {e}") from None
-    devices = topology_devices(plan.topology)
+    devices = topology_devices(plan.topology, plan.slices)
     return plan_on(run, plan, cfg, devices, chip or host_chip(len(devices)))
 
 
@@ -859,16 +886,7 @@ def plan_on(run: RunConfig, plan: PlanConfig, cfg: ModelConfig, devices: list[An
             chip: Chip) -> Plan:
     """The plan of model `cfg` on `devices` (a described TPU slice, or a job's own devices:
     ``rl.smoke``), each a `chip`; plan.topology names them in the report."""
-    try:
-        mesh = make_mesh(dict(run.mesh.shape or {"data": -1}), devices=devices)
-    except ValueError as e:
-        raise ConfigError(f"mesh.shape: {e} (plan.topology={plan.topology})") from None
-    rmesh = mesh
-    if run.mesh.rollout_shape is not None:
-        try:
-            rmesh = make_mesh(dict(run.mesh.rollout_shape), devices=devices)
-        except ValueError as e:
-            raise ConfigError(f"mesh.rollout_shape: {e} (plan.topology={plan.topology})") from None
+    mesh, rmesh = plan_meshes(run, plan, devices)
     lay = layout(run, plan, mesh)
     chunks = run.trainer.rollout_chunks  # the rollout: this many sampler calls of a part each
     rlay = dataclasses.replace(lay, prompts=lay.prompts // chunks, rows=lay.rows // chunks)
@@ -893,7 +911,46 @@ def plan_on(run: RunConfig, plan: PlanConfig, cfg: ModelConfig, devices: list[An
                     startup_row(params, state_bytes, ref_bytes), *evaluation]
     return Plan(plan.model_shapes, cfg, plan.topology, chip, len(devices), dict(mesh.shape),
                 lay, state_bytes, ref_bytes, tuple(programs), fit,
-                None if rmesh is mesh else dict(rmesh.shape), gathered)
+                None if rmesh is mesh else dict(rmesh.shape), gathered,
+                mesh_dcn(mesh, run.mesh.dcn_shape), network(run, cfg, lay, mesh, rmesh, gathered))
+
+
+def plan_meshes(run: RunConfig, plan: PlanConfig, devices: list[Any]) -> tuple[Mesh, Mesh]:
+    """The training mesh and the rollout's (the same without mesh.rollout_shape) over
+    `devices`, placed following the network (``models.device_mesh``: the slices of a
+    multi-slice topology, the nodes of a GPU estimate, are its granules)."""
+    try:
+        mesh = make_mesh(dict(run.mesh.shape or {"data": -1}), devices=devices,
+                         dcn_shape=run.mesh.dcn_shape)
+    except ValueError as e:
+        key = "" if str(e).startswith("mesh.dcn_shape") else "mesh.shape: "
+        raise ConfigError(f"{key}{e} (plan.topology={plan.topology})") from None
+    if run.mesh.rollout_shape is None:
+        return mesh, mesh
+    try:
+        return mesh, make_mesh(dict(run.mesh.rollout_shape), devices=devices)
+    except ValueError as e:
+        raise ConfigError(f"mesh.rollout_shape: {e} (plan.topology={plan.topology})") from None
+
+
+def mesh_dcn(mesh: Mesh, dcn_shape: Mapping[str, int] | None) -> dict[str, int]:
+    """Each axis's part across nodes or slices, as ``models.device_mesh`` placed `mesh`
+    with `dcn_shape` (None: the default placement)."""
+    return device_grid(dict(mesh.shape), list(mesh.devices.flat), dcn_shape)[1]
+
+
+def network(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, rmesh: Mesh,
+            gathered: int) -> dict[str, Traffic]:
+    """The step's bytes per chip over each network (``rl.plan_network``)."""
+    t = run.trainer
+    reference = run.algo.beta > 0 or run.updates_per_batch > 1
+    shape = StepShape(params=cfg.num_params, compute_bytes=_itemsize(run.model.dtype),
+                      updates=run.updates_per_batch, micro_batches=t.micro_batches,
+                      reference_parts=t.mini_batches * t.micro_batches if reference else 0,
+                      decode_steps=lay.response * t.rollout_chunks, decode_gathered=gathered)
+    dcn = mesh_dcn(mesh, run.mesh.dcn_shape)
+    return step_traffic(shape, dict(mesh.shape), dcn, dict(rmesh.shape),
+                        dcn if rmesh is mesh else mesh_dcn(rmesh, None))
 
 
 def time_bound(plan: Plan, prog: Program) -> float | None:
@@ -938,6 +995,29 @@ def step_line(run: RunConfig, plan: Plan) -> str:
             f"reference {_seconds(parts['reference']).strip()}, update "
             f"{_seconds(parts['update']).strip()} for {run.updates_per_batch} update(s); "
             "the sum of the bounds above)")
+
+
+def network_lines(plan: Plan) -> list[str]:
+    """Where the mesh's axes run (across nodes or slices, or inside one) and the step's bytes
+    per chip over each network (``rl.plan_network``'s model), by collective."""
+    if plan.dcn is None or plan.traffic is None:
+        return []
+    granules = math.prod(plan.dcn.values())
+    link = plan.chip.link
+    across = " ".join(f"{a}={n}" for a, n in plan.dcn.items() if n > 1) or "none"
+    total = sum(plan.traffic.values(), Traffic())
+    parts = "; ".join(f"{name} {_size(t.ici)} / {_size(t.dcn)}"
+                      for name, t in plan.traffic.items() if t.ici or t.dcn)
+    return [f"network: {granules} {'slice(s)' if link == 'ICI' else 'node(s)'}; mesh axes "
+            f"across them: {across} (mesh.dcn_shape), the rest inside one over {link}",
+            f"  per chip per step (a ring model, rl.plan_network): {_size(total.ici)} over "
+            f"{link}, {_size(total.dcn)} over the network between them"
+            + (f" ({link} / network: {parts})" if parts else "")]
+
+
+def _size(n: float) -> str:
+    """Bytes as GiB, or MiB below a tenth of one."""
+    return f"{n / GiB:.2f} GiB" if n >= GiB / 10 or n == 0 else f"{n / 2**20:.1f} MiB"
 
 
 def splits(groups: int, size: int, slices: int) -> bool:
@@ -1045,11 +1125,14 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
     rollout_mesh = ("the training mesh" if plan.rollout_mesh is None else "mesh.rollout_shape "
                     + " ".join(f"{k}={v}" for k, v in plan.rollout_mesh.items()))
     t = run.trainer
+    n = gpu_nodes(plan.topology)
+    nodes = f" per node, {n} of them" if n > 1 else ""
     return [
         f"rl.plan: {plan.model} ({cfg.arch}, {cfg.num_params / 1e9:.3f} B parameters) on "
         f"{plan.topology}: {plan.chips} chips, {hbm}; mesh {mesh}",
         *([f"  ESTIMATE: no GPU compiler runs here; the programs were compiled by libtpu for "
-           f"a TPU slice of as many chips ({stand_in_topology(plan.topology)}) standing in "
+           f"a TPU slice of as many chips ({stand_in_topology(plan.topology)}{nodes}) "
+           f"standing in "
            f"for the GPUs: the same programs, sharded the same way; XLA:GPU's own fusions, "
            f"buffer assignment and library workspaces differ and were not compiled. Held "
            f"against {usable_bytes(chip) / chip.hbm_bytes:.0%} of each GPU's memory "
@@ -1104,6 +1187,7 @@ def report(run: RunConfig, plan: Plan) -> str:
     if plan.fit is not None:
         lines.append(fit_line(run, plan.fit))
     lines.append(step_line(run, plan))
+    lines += network_lines(plan)
     lines.append(rollout_advice(plan))
     lines.append(verdict(run, plan))
     return "\n".join(lines)

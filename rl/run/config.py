@@ -144,6 +144,8 @@ class MeshConfig:
     heartbeat_timeout_s: int
     wait_timeout_s: int
     rollout_shape: Mapping[str, int] | None = None  # the rollout's mesh (None: the training's)
+    # each axis's part across nodes or slices (None: data first; models.device_mesh)
+    dcn_shape: Mapping[str, int] | None = None
     # the devices each process uses: auto | jax | [ids] (core.local_devices)
     local_device_ids: tuple[int, ...] | Literal["auto", "jax"] = "auto"
     allow_idle_devices: bool = False  # start even when some of a node's GPUs would stay idle
@@ -626,6 +628,7 @@ class PlanConfig:
     prompt_len: int      # prompt tokens per group (the batch's prefix length)
     response_budget: int  # most tokens a trajectory holds after its prompt
     rollout_fit: bool    # also search the largest rollout batch that fits (more compiles)
+    slices: int = 1      # TPU slices of plan.topology, joined over the data-centre network
 
 
 def parse_plan(cfg: Mapping[str, Any]) -> tuple[RunConfig, PlanConfig]:
@@ -633,7 +636,7 @@ def parse_plan(cfg: Mapping[str, Any]) -> tuple[RunConfig, PlanConfig]:
     section, each key checked."""
     rest = {k: v for k, v in cfg.items() if k != "plan"}
     plan = section(PlanConfig, cfg.get("plan"), "plan")
-    for key in ("prompt_len", "response_budget"):
+    for key in ("prompt_len", "response_budget", "slices"):
         _require(getattr(plan, key) >= 1, f"plan.{key}", f"must be >= 1, got "
                  f"{getattr(plan, key)}")
     run = parse(rest)

@@ -24,12 +24,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from core.cluster import join_cluster
-from core.local_devices import local_device_ids
+from core.local_devices import local_device_ids, processes_per_node
 from core.types import Prompt, Rewarder, Task
 from judges.base import Judge
 from judges.cost import cost, prices
@@ -518,11 +519,19 @@ def _mesh(run: RunConfig) -> Any:
     naming the shape and the devices there are, before anything loads."""
     shape = dict(run.mesh.shape or {"data": -1})
     try:
-        mesh = make_mesh(shape)
+        mesh = make_mesh(shape, dcn_shape=run.mesh.dcn_shape,
+                         processes_per_node=processes_per_node(os.environ))
     except ValueError as e:
+        if str(e).startswith("mesh.dcn_shape"):
+            raise ConfigError(str(e)) from None
         raise ConfigError(f"mesh.shape: {e} ({jax.device_count()} {jax.default_backend()} "
                           f"device(s) in this job; mesh=fsdp or mesh=auto uses them all)"
                           ) from None
+    if jax.process_count() > 1:  # every process must lay the devices out alike
+        multihost_utils.assert_equal(
+            np.asarray([d.id for d in mesh.devices.flat]),
+            "mesh: the processes of this job built different device meshes (their nodes' "
+            "process counts differ?); set mesh.dcn_shape")
     return None if mesh.size == 1 else mesh
 
 
@@ -534,7 +543,8 @@ def rollout_mesh(run: RunConfig, mesh: Any) -> Any:
         return None
     devices = jax.devices() if mesh is None else list(mesh.devices.flat)
     try:
-        rollout = make_mesh(dict(run.mesh.rollout_shape), devices=devices)
+        rollout = make_mesh(dict(run.mesh.rollout_shape), devices=devices,
+                            processes_per_node=processes_per_node(os.environ))
     except ValueError as e:
         raise ConfigError(f"mesh.rollout_shape: {e}") from None
     return None if mesh is None else rollout

@@ -3,7 +3,13 @@ variables SLURM and Open MPI set, simulated here: no GPU cluster has run this.""
 
 import pytest
 
-from core.local_devices import idle_gpus, local_device_ids, tasks_on_node, visible_gpus
+from core.local_devices import (
+    idle_gpus,
+    local_device_ids,
+    processes_per_node,
+    tasks_on_node,
+    visible_gpus,
+)
 
 SLURM = {"SLURM_JOB_ID": "7", "SLURM_NODEID": "0"}
 
@@ -52,6 +58,22 @@ def test_the_environments_counts_by_hand():
     assert visible_gpus({"SLURM_STEP_GPUS": "0-3,6"}) == 5
     assert tasks_on_node({"SLURM_NODEID": "2", "SLURM_TASKS_PER_NODE": "4(x2),1"}) == 1
     assert tasks_on_node({"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "8"}) == 2
+
+
+def test_processes_per_node_only_where_every_node_holds_as_many():
+    """The mesh groups processes into nodes by this count, so every process must read the
+    same: the job-wide lists when uniform, nothing otherwise."""
+    assert processes_per_node({**SLURM, "SLURM_TASKS_PER_NODE": "8(x2)"}) == 8
+    assert processes_per_node({**SLURM, "SLURM_NODEID": "1",
+                               "SLURM_TASKS_PER_NODE": "8,2"}) is None
+    assert processes_per_node({"SLURM_STEP_TASKS_PER_NODE": "4(x3)",
+                               "SLURM_TASKS_PER_NODE": "8(x3)"}) == 4
+    assert processes_per_node({"SLURM_NTASKS_PER_NODE": "2"}) == 2
+    assert processes_per_node({"OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+                               "OMPI_COMM_WORLD_SIZE": "16"}) == 4
+    assert processes_per_node({"OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+                               "OMPI_COMM_WORLD_SIZE": "6"}) is None
+    assert processes_per_node({}) is None
 
 
 def test_idle_gpus_are_named_with_their_numbers():

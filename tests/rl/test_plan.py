@@ -108,6 +108,9 @@ def test_plan_of_the_tiny_model_on_an_8_device_cpu_mesh():
     assert re.search(r"^  start-up\s+[\d.]+\s+0\.000\s", out, re.M), out
     assert "verdict: fits" in out, out
     assert "float32 KV cache" in out, out
+    # one host: one granule, nothing over a network between nodes
+    assert "network: 1 node(s); mesh axes across them: none" in out, out
+    assert re.search(r"over host memory, 0\.00 GiB over the network between them", out), out
     # the evaluation during training (trainer.eval_at_ends): its own rows
     for name in ("eval prefill", "eval decode"):
         assert re.search(rf"^  {name}\s+[\d.]+\s+[\d.]+\s", out, re.M), out
@@ -154,6 +157,20 @@ def test_plan_of_the_tiny_model_on_a_v5e_2x2_slice():
     for name in ("read", "continue", "part"):
         assert re.search(rf"^  {name}\s+[\d.]+\s+[\d.]+\s", multi.stdout, re.M), multi.stdout
     assert "verdict: fits" in multi.stdout, multi.stdout
+
+
+@NEEDS_LIBTPU
+def test_a_multi_slice_plan_puts_data_across_the_slices():
+    """plan.slices=2: two v5e 2x2 slices (libtpu's devices carry their slice_index); data 2
+    goes across them, fsdp 4 stays inside one, so only the data all-reduce crosses the
+    network."""
+    proc = _plan_cli(*TINY, "plan.topology=v5e:2x2", "plan.slices=2", "plan.rollout_fit=false",
+                     "mesh.shape={data:2,fsdp:4,tensor:1}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "network: 2 slice(s); mesh axes across them: data=2 (mesh.dcn_shape)" in out, out
+    assert re.search(r"update weight gathers \(fsdp\) [\d.]+ MiB / 0\.00 GiB", out), out
+    assert re.search(r"gradient all-reduce \(data\) 0\.00 GiB / [\d.]+ MiB", out), out
 
 
 def test_unknown_topology_is_refused_naming_the_key_before_any_compute():
@@ -322,8 +339,9 @@ def test_a_gpu_plan_is_an_estimate_held_against_jaxs_share_of_the_gpus_memory(mo
     assert h100.usable == 0.75 * 81559 * 2**20 and h100.hbm_bytes == GPUS["h100"].hbm_bytes
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".95")
     assert check_topology("h200:16").usable == pytest.approx(0.95 * 143771 * 2**20)
+    # one stand-in slice per node of 8: h200:16 is two of them
     assert (stand_in_topology("h100:8"), stand_in_topology("h200:16")) == ("v5p:2x2x2",
-                                                                           "v5p:2x2x4")
+                                                                           "v5p:2x2x2")
     assert stand_in_topology("v5e:4x4") is None
     with pytest.raises(ConfigError, match=r"plan.topology: h100:6: .* multiples of 4"):
         check_topology("h100:6")
@@ -528,7 +546,7 @@ def test_presets_and_unknown_shapes(tmp_path):
 
 
 def test_a_mesh_that_does_not_divide_the_topology_is_refused_naming_the_key(monkeypatch):
-    monkeypatch.setattr("rl.plan.topology_devices", lambda name: jax.devices() * 16)
+    monkeypatch.setattr("rl.plan.topology_devices", lambda name, slices=1: jax.devices() * 16)
     run, plan = _config("plan.topology=cpu", "mesh.shape={data: 3, fsdp: 1, tensor: 1}")
     with pytest.raises(ConfigError, match=r"^mesh\.shape: .*needs 3 devices, have 16"):
         make_plan(run, plan)
@@ -817,3 +835,16 @@ def test_the_step_bound_by_hand():
     assert total == pytest.approx(27.0)
     assert step_line(run, plan).startswith("step: >= 27.00 s (rollout 21.00 s, reference "
                                            "0.0 ms, update 6.00 s for 2 update(s)")
+
+
+def test_a_gpu_estimate_of_several_nodes_plans_a_stand_in_slice_per_node():
+    from rl.plan import gpu_nodes, stand_in_topology, topology_devices
+
+    assert (stand_in_topology("h100:8"), gpu_nodes("h100:8")) == ("v5p:2x2x2", 1)
+    assert (stand_in_topology("h200:16"), gpu_nodes("h200:16")) == ("v5p:2x2x2", 2)
+    assert (stand_in_topology("h100:12"), gpu_nodes("h100:12")) == ("v5p:2x2x3", 1)
+    assert stand_in_topology("v5e:4x4") is None and gpu_nodes("v5e:4x4") == 1
+    with pytest.raises(ConfigError, match=r"^plan\.slices: a GPU estimate's nodes come from"):
+        topology_devices("h100:16", slices=2)
+    with pytest.raises(ConfigError, match=r"^plan\.slices: plan\.topology=cpu"):
+        topology_devices("cpu", slices=2)

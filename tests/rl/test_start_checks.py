@@ -142,3 +142,11 @@ def test_a_hub_model_or_dataset_the_cache_lacks_is_named_before_the_model_loads(
                                           r"the Hugging Face cache .*HF_HUB_OFFLINE is set"):
         build_trainer(cfg)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_dcn_shape_the_job_cannot_hold_is_named_before_the_model_loads(tmp_path, no_model):
+    """One device, one node: a data axis of 2 across nodes is refused naming the key."""
+    cfg = _cfg(tmp_path / "r", "mesh.dcn_shape={data: 2}")
+    with pytest.raises(ConfigError, match=r"^mesh\.dcn_shape: .* does not divide the mesh "
+                                          r"\{'data': 1, 'fsdp': 1, 'tensor': 1\} along"):
+        build_trainer(cfg)
