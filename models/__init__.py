@@ -86,14 +86,20 @@ def load_shapes(path_or_preset: str, dtype: Any = jnp.float32,
 
 
 def _files(path_or_preset: str) -> tuple[Any, Tokenizer]:
-    """(the weights' sources, not read yet, the tokenizer) of an HF folder or GGUF file."""
+    """(the weights' sources, not read yet, the tokenizer) of an HF folder or GGUF file,
+    local or on object storage (``models.remote``: its safetensors read by byte ranges)."""
     from models.loaders import gguf_weights, hf_weights
+    from models.remote import is_remote, remote_model
 
-    path = Path(path_or_preset).expanduser()
+    tensors = None
+    if is_remote(path_or_preset):
+        path, tensors = remote_model(path_or_preset)
+    else:
+        path = Path(path_or_preset).expanduser()
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or folder, and not a preset "
                              f"({', '.join(PRESETS)}) or a hub id (org/name)")
-    weights = hf_weights(path) if path.is_dir() else gguf_weights(path)
+    weights = hf_weights(path, tensors) if path.is_dir() else gguf_weights(path)
     tok = cached_tokenizer(str(path))
     if tok.vocab_size > weights.cfg.vocab_size:
         raise ModelLoadError(f"{path}: tokenizer has {tok.vocab_size} tokens but the model's "

@@ -162,7 +162,12 @@ SAFETENSORS_DTYPES: dict[str, Any] = {
 MAX_HEADER_BYTES = 100 * 1024**2  # the safetensors format's own bound
 
 
-def _safetensors_files(folder: Path) -> list[Path]:
+def _size(path: Any) -> int:
+    """A file's size in bytes: a local ``Path`` or an ``etils.epath`` object."""
+    return path.stat().st_size if isinstance(path, Path) else int(path.stat().length)
+
+
+def _safetensors_files(folder: Any) -> list[Any]:
     index = folder / "model.safetensors.index.json"
     if index.exists():
         try:
@@ -180,11 +185,11 @@ def _safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def _safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
+def _safetensors_header(path: Any) -> tuple[dict[str, Any], int]:
     """(the JSON header, where the data starts) of a safetensors file: 8 bytes little-endian
     header length N, N bytes of JSON, then the tensors' bytes (offsets from there)."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
+    size = _size(path)
+    with path.open("rb") as f:
         n = int.from_bytes(f.read(8), "little")
         if size < 8 or not 2 <= n <= min(size - 8, MAX_HEADER_BYTES):
             raise ModelLoadError(f"{path}: cannot read safetensors (header length {n} for a "
@@ -201,14 +206,17 @@ def _safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
 class SafetensorsFiles:
     """The tensors of an HF folder's safetensors files, each read through a read-only memory
     map of its file: a slice reads its own bytes. Our own reader of the format (header, then
-    raw little-endian data), so any dtype ml_dtypes knows reads without a framework."""
+    raw little-endian data), so any dtype ml_dtypes knows reads without a framework. A folder
+    on object storage (an ``etils.epath`` path: ``models.remote``) is read by byte ranges:
+    a slice reads the rows of its first axis that it spans (all of a tensor's bytes where it
+    is split along another axis only)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Any) -> None:
         self.source, self.bytes_read = str(folder), 0
-        self._where: dict[str, tuple[Path, Any, tuple[int, ...], int]] = {}
+        self._where: dict[str, tuple[Any, Any, tuple[int, ...], int]] = {}
         for path in _safetensors_files(folder):
             header, start = _safetensors_header(path)
-            size = path.stat().st_size
+            size = _size(path)
             for name, info in header.items():
                 if name == "__metadata__":
                     continue
@@ -236,18 +244,37 @@ class SafetensorsFiles:
 
     def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
         path, dtype, shape, offset = self._where[name]
+        if not isinstance(path, Path):
+            return self._read_range(path, dtype, shape, offset, index)
         stored = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
         part = stored[index]
         self.bytes_read += part.nbytes
         return np.asarray(part, dtype=np.float32)
 
+    def _read_range(self, path: Any, dtype: Any, shape: tuple[int, ...], offset: int,
+                    index: tuple[slice, ...]) -> np.ndarray:
+        """The slice `index` of a remote tensor: one ranged read of the rows its first axis
+        spans (a stepped or empty first slice: every row), the rest cut in memory."""
+        rows = range(*(index[0] if index else slice(None)).indices(shape[0]))
+        contiguous = rows.step == 1 and len(rows) > 0
+        lo, hi = (rows.start, rows.stop) if contiguous else (0, shape[0])
+        row_bytes = math.prod(shape[1:]) * np.dtype(dtype).itemsize
+        with path.open("rb") as f:
+            f.seek(offset + lo * row_bytes)
+            raw = f.read((hi - lo) * row_bytes)
+        self.bytes_read += len(raw)
+        block = np.frombuffer(raw, dtype=dtype).reshape((hi - lo, *shape[1:]))
+        part = block[(slice(None), *index[1:])] if contiguous else block[index]
+        return np.asarray(part, dtype=np.float32)
 
-def hf_weights(folder: str | Path) -> Weights:
+
+def hf_weights(folder: str | Path, tensors: Any = None) -> Weights:
     """An HF folder's config and weight sources (config.json + safetensors, sharded or not);
-    nothing is read yet."""
+    nothing is read yet. `tensors`: where the safetensors are, when not in `folder` (a
+    folder on object storage, ``models.remote``)."""
     folder = Path(folder)
     cfg = load_hf_config(folder)
-    files = SafetensorsFiles(folder)
+    files = SafetensorsFiles(folder if tensors is None else tensors)
     names = {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight",
              "lm_head": "lm_head.weight"}
     if not cfg.tie_embeddings and "lm_head.weight" not in files.names():

@@ -30,6 +30,7 @@ def model_shapes(name_or_path: str) -> ModelConfig:
     """The ModelConfig of a shape preset (a name in SHAPE_PRESETS), a ``config.json`` file, a
     model folder holding one, or a hub id (its ``config.json`` only)."""
     from core.hub import HubError, is_hub_id, snapshot
+    from models.remote import is_remote, remote_model
 
     if name_or_path == "tiny":
         return tiny_config()
@@ -41,6 +42,8 @@ def model_shapes(name_or_path: str) -> ModelConfig:
             raise ModelLoadError(str(e)) from None
     elif not path.exists():
         path = Path(name_or_path)
+        if is_remote(name_or_path):  # an HF folder on object storage: its copied config
+            path, _ = remote_model(name_or_path)
         if path.is_dir():
             path = path / "config.json"
     if not path.is_file():

@@ -188,3 +188,50 @@ def test_a_failed_copy_is_retried_counted_and_the_final_one_raises(tmp_path, mon
     monkeypatch.undo()
     mirror.sync(force=True)  # reachable again: everything goes
     assert (remote / "metrics.jsonl").read_text() == '{"step": 0}\n'
+
+
+def _upload(folder, url: str) -> None:
+    for f in folder.iterdir():
+        (epath.Path(url) / f.name).write_bytes(f.read_bytes())
+
+
+def test_weights_on_gcs_load_by_ranges_as_the_local_folder_does(gcs, tmp_path, char_model,
+                                                                monkeypatch):
+    """model.path=gs://...: the small files (config, tokenizer) are copied into this host's
+    cache, the safetensors are not: a slice is one ranged read of the rows it spans, and the
+    whole model equals the local folder's bit for bit. A run trains from the bucket."""
+    from models.loaders import SafetensorsFiles
+    from models.remote import remote_model
+
+    monkeypatch.setenv("RL_MODEL_CACHE", str(tmp_path / "cache"))
+    url = f"{gcs}/models/char"
+    _upload(char_model, url)
+    local_folder, remote = remote_model(url)
+    copied = sorted(p.name for p in local_folder.iterdir())
+    assert "config.json" in copied and "tokenizer.json" in copied
+    assert not any(name.endswith(".safetensors") for name in copied), copied
+    near, far = SafetensorsFiles(char_model), SafetensorsFiles(remote)
+    name = "model.layers.0.mlp.up_proj.weight"  # [64, 32] float32
+    rows, cols = far.shape(name)
+    got = far.read(name, (slice(2, 5), slice(8, 16)))
+    np.testing.assert_array_equal(got, near.read(name, (slice(2, 5), slice(8, 16))))
+    assert far.bytes_read == 3 * cols * 4  # the 3 rows it spans, nothing more
+    # a stepped first axis reads every row and cuts in memory
+    np.testing.assert_array_equal(far.read(name, (slice(0, rows, 2),)),
+                                  near.read(name, (slice(0, rows, 2),)))
+    _, from_bucket, tok = load_params(url)
+    _, from_disk, _ = load_params(str(char_model))
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(from_bucket),
+                 jax.device_get(from_disk))
+    assert tok.encode("12+3") == load_params(str(char_model))[2].encode("12+3")
+    from models.shapes import model_shapes
+
+    assert model_shapes(url).hidden_size == 32  # rl.plan's plan.model_shapes=gs://...
+    with pytest.raises(Exception, match=r"gs://bkt/models/none: no such object or folder"):
+        load_params(f"{gcs}/models/none")
+    monkeypatch.setenv("CHAR_MODEL", url)
+    trainer = build_trainer(make_cfg(tmp_path / "run", *LEARN, "trainer.max_steps=1",
+                                     "trainer.batch_prompts=2", "algo.group_size=2",
+                                     "trainer.max_new_tokens=4", "trainer.eval_at_ends=false"))
+    trainer.run()
+    trainer.close()
