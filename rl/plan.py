@@ -664,13 +664,30 @@ def sampler_weights(run: RunConfig, params: Any, mesh: Mesh) -> Any:
 
 
 def gathered_per_step(dparams: Any) -> int:
-    """Bytes of layer weights each chip receives from the others at every decode step: the
-    whole of each split layer matrix less the chip's own shard (the sampler gathers a layer's
-    weights to run it, ``models.constraints.whole_model_axis``). The unembedding is not
-    gathered (``models.sampler.row_logits`` computes logits by vocabulary slices); weights
-    replicated on the rollout mesh gather nothing."""
-    return sum((math.prod(x.shape) - math.prod(x.sharding.shard_shape(x.shape)))
-               * _itemsize(x.dtype) for x in jax.tree.leaves(dparams["layers"]))
+    """Bytes of layer weights each chip receives from the others at every decode step: each
+    split layer matrix's part a chip computes with (the whole of it, less its split over
+    ``tensor``) less the chip's own shard. An ``fsdp`` split is gathered to run the layer; a
+    ``tensor`` split is not: the heads and the MLP's columns are computed where they are and
+    the activations all-reduced (Megatron's layout, which GSPMD gives the sampler when the
+    KV heads divide the tensor axis). The unembedding is not gathered
+    (``models.sampler.row_logits`` computes logits by vocabulary slices); weights replicated
+    on the rollout mesh gather nothing."""
+    def gathered(x: Any) -> int:
+        kept = tensor_split(x.sharding)
+        return (math.prod(x.shape) // kept - math.prod(x.sharding.shard_shape(x.shape))) \
+            * _itemsize(x.dtype)
+
+    return sum(gathered(x) for x in jax.tree.leaves(dparams["layers"]))
+
+
+def tensor_split(sharding: Any) -> int:
+    """How many ways a NamedSharding splits its array over the ``tensor`` mesh axis."""
+    spec, mesh = getattr(sharding, "spec", ()), getattr(sharding, "mesh", None)
+    if mesh is None:
+        return 1
+    axes = [a for part in spec if part is not None
+            for a in ((part,) if isinstance(part, str) else part)]
+    return dict(mesh.shape).get("tensor", 1) if "tensor" in axes else 1
 
 
 # ------------------------------------------------------------------------------ rollout fit
@@ -866,6 +883,7 @@ class Plan:
     fit: RolloutFit | None = None  # the largest rollout batch that fits (rollout_fit)
     rollout_mesh: Mapping[str, int] | None = None  # mesh.rollout_shape (None: the training's)
     gathered: int = 0  # layer-weight bytes a chip gathers per decode step (gathered_per_step)
+    layer_bytes: int = 0  # the rollout's layer weights, whole (rollout dtype)
     dcn: Mapping[str, int] | None = None  # each mesh axis's part across nodes or slices
     traffic: Mapping[str, Traffic] | None = None  # bytes per chip per step (rl.plan_network)
 
@@ -912,6 +930,8 @@ def plan_on(run: RunConfig, plan: PlanConfig, cfg: ModelConfig, devices: list[An
     return Plan(plan.model_shapes, cfg, plan.topology, chip, len(devices), dict(mesh.shape),
                 lay, state_bytes, ref_bytes, tuple(programs), fit,
                 None if rmesh is mesh else dict(rmesh.shape), gathered,
+                sum(math.prod(x.shape) * _itemsize(x.dtype)
+                    for x in jax.tree.leaves(dparams["layers"])),
                 mesh_dcn(mesh, run.mesh.dcn_shape), network(run, cfg, lay, mesh, rmesh, gathered))
 
 
@@ -1193,14 +1213,27 @@ def report(run: RunConfig, plan: Plan) -> str:
     return "\n".join(lines)
 
 
+def tensor_options(cfg: ModelConfig | None, chips: int) -> list[int]:
+    """The tensor-parallel widths a rollout mesh ``{data:-1,tensor:t}`` can take for `cfg`
+    on `chips`: t dividing the query and KV heads (each chip then holds whole KV heads for
+    its query heads: no cache moves between chips), the MLP width and the chip count."""
+    if cfg is None:
+        return []
+    return [t for t in (2, 4, 8, 16) if not (cfg.num_kv_heads % t or cfg.num_heads % t
+                                            or cfg.intermediate_size % t or chips % t)]
+
+
 def rollout_advice(plan: Plan) -> str:
     """Which rollout layout to use. When the rollout gathers layer weights, replicating them
-    (``mesh.rollout_shape={data:-1}``) adds exactly those bytes to every chip (each then
-    holds whole layers instead of its shard) and removes the gathers; it is recommended when
-    the rollout's largest peak plus those bytes stays within the usable HBM."""
+    (``mesh.rollout_shape={data:-1}``) holds the whole layer weights on every chip (the bytes
+    they gather a step more than the chip's shard) and removes the gathers; a
+    tensor-parallel layout ``{data:-1,tensor:t}`` holds a t-th of them and removes the
+    gathers too (heads and MLP columns computed in place, activations all-reduced:
+    :func:`gathered_per_step`). The narrowest layout whose rollout peak (the training
+    layout's, plus the extra weight bytes) stays within the usable HBM is recommended."""
     if plan.gathered == 0:
-        return ("rollout layout: the sampler's layer weights are whole on every chip; "
-                "decoding gathers none")
+        return ("rollout layout: the sampler's layer weights are whole or tensor-split on every "
+                "chip; decoding gathers none")
     decode = next((p for p in plan.programs if p.name == "decode"), None)
     peak = max((p.peak for p in plan.programs if p.runs and p.name.removeprefix("eval ")
                 in ("prefill", "decode", "read", "continue", "part")), default=0)
@@ -1209,15 +1242,25 @@ def rollout_advice(plan: Plan) -> str:
     saved = (f", saving >= {plan.gathered / plan.chip.ici_bandwidth * 1e3:.2f} ms of {link} per "
              f"decode step ({decode.ici_bytes / plan.chip.ici_bandwidth:.2f} s per rollout)"
              if plan.chip.ici_bandwidth and decode is not None else "")
-    grown = (peak + plan.gathered) / GiB
-    if peak + plan.gathered <= usable:
-        return (f"rollout layout: recommended mesh.rollout_shape={{data:-1}}: the layer weights "
-                f"whole on every chip, {plan.gathered / GiB:.2f} GiB more per chip (rollout "
-                f"peak {grown:.2f} of {usable / GiB:.2f} GiB){saved}")
-    return (f"rollout layout: keep the training layout: whole layer weights would need "
-            f"{plan.gathered / GiB:.2f} GiB more per chip ({grown:.2f} > {usable / GiB:.2f} "
-            f"GiB); a tensor-parallel mesh.rollout_shape (e.g. {{data:-1,tensor:4}}) gathers "
-            f"less")
+    whole = plan.layer_bytes or plan.gathered  # the layer weights, whole
+    own = whole - plan.gathered  # what a chip holds of them on the training layout
+    options = [(1, whole - own)] + [(t, whole // t - own)
+                                    for t in tensor_options(plan.cfg, plan.chips)]
+    for t, extra in options:
+        if peak + max(extra, 0) <= usable:
+            shape = "{data:-1}" if t == 1 else f"{{data:-1,tensor:{t}}}"
+            held = ("the layer weights whole on every chip" if t == 1 else
+                    f"the heads and MLP columns split {t} ways, computed in place "
+                    "(activations all-reduced)")
+            return (f"rollout layout: recommended mesh.rollout_shape={shape}: {held}, "
+                    f"{extra / GiB:.2f} GiB more per chip (rollout peak "
+                    f"{(peak + extra) / GiB:.2f} of {usable / GiB:.2f} GiB), resharded once per "
+                    f"step{saved}")
+    t, extra = options[-1]
+    return (f"rollout layout: keep the training layout: the narrowest other one, "
+            f"{'{data:-1}' if t == 1 else f'{{data:-1,tensor:{t}}}'}, would need "
+            f"{extra / GiB:.2f} GiB more per chip ({(peak + extra) / GiB:.2f} > "
+            f"{usable / GiB:.2f} GiB)")
 
 
 def fit_line(run: RunConfig, fit: RolloutFit) -> str:

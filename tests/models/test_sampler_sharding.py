@@ -108,6 +108,24 @@ SCRIPT = textwrap.dedent("""
         assert all(shape.endswith("[]") and op == "all-reduce" for shape, op in ops), ops
         print("ROLLOUT_MESH_OK")
 
+        # a tensor-parallel rollout mesh ({data: 4, tensor: 2}: the 2 KV heads one a
+        # chip): the weights stay split over tensor, the same greedy samples as one device,
+        # and the generation program gathers no weight: its all-gathers are the next-token
+        # logits' vocabulary slices ([rows, V]), the rest activation all-reduces
+        tp = make_mesh({"data": 4, "tensor": 2})
+        split = SamplerPolicy(cfg, shard(params, param_shardings(params, mesh)), tok, mesh=tp)
+        assert tuple(split.params["layers"][0]["w_up"].sharding.spec) == (None, "tensor")
+        same(g1, split.generate(rows, sp, 0, limits))
+        fn, a, k = programs["_generate"]
+        ops = re.findall(r"= (\\S+) (all-gather|all-to-all|collective-permute|all-reduce|"
+                         r"reduce-scatter)\\(", fn.lower(*a, **k).compile().as_text())
+        gathers = [shape for shape, op in ops if op != "all-reduce"]
+        assert gathers and all(re.match(rf"f32\\[\\d+,{cfg.vocab_size}\\]", x)
+                               for x in gathers), ops
+        assert any(op == "all-reduce" and re.match(rf"f32\\[\\d+,{cfg.hidden_size}\\]", shape)
+                   for shape, op in ops), ops
+        print("TENSOR_ROLLOUT_OK")
+
     # the prefill's activations left to the compiler: the same samples, the same layout
     import dataclasses
     gu = many.generate(rows, dataclasses.replace(sp, prefill_pin_rows=False), 0, limits)
@@ -195,6 +213,11 @@ def _expect(mesh_run, marker):
 def test_a_rollout_mesh_takes_resharded_weights_and_gathers_none(mesh_run):
     if "fsdp" in mesh_run[0]:
         _expect(mesh_run, "ROLLOUT_MESH_OK")
+
+
+def test_a_tensor_parallel_rollout_mesh_computes_split_weights_in_place(mesh_run):
+    if "fsdp" in mesh_run[0]:
+        _expect(mesh_run, "TENSOR_ROLLOUT_OK")
 
 
 def test_generate_sharded_and_equal_to_one_device(mesh_run):

@@ -848,3 +848,47 @@ def test_a_gpu_estimate_of_several_nodes_plans_a_stand_in_slice_per_node():
         topology_devices("h100:16", slices=2)
     with pytest.raises(ConfigError, match=r"^plan\.slices: plan\.topology=cpu"):
         topology_devices("cpu", slices=2)
+
+
+def test_a_tensor_split_is_computed_in_place_not_gathered_by_hand():
+    """A [64, 128] bfloat16 layer matrix: split 4 ways over tensor only, a chip computes with
+    its own columns (nothing gathered); split 2 ways over fsdp and 4 over tensor, it gathers
+    the other fsdp half of its tensor quarter: 64 x 128 / 4 - 32 x 32 values."""
+    from types import SimpleNamespace as NS
+
+    from jax.sharding import PartitionSpec as P
+
+    def leaf(spec, shard, **mesh):
+        sharding = NS(spec=spec, mesh=NS(shape={"data": 1, "fsdp": 1, "tensor": 1, **mesh}),
+                      shard_shape=lambda s: shard)
+        return NS(shape=(64, 128), dtype=jnp.bfloat16, sharding=sharding)
+
+    assert gathered_per_step({"layers": ({"w": leaf(P(None, "tensor"), (64, 32),
+                                                     tensor=4)},)}) == 0
+    mixed = leaf(P("fsdp", "tensor"), (32, 32), fsdp=2, tensor=4)
+    assert gathered_per_step({"layers": ({"w": mixed},)}) == (64 * 128 // 4 - 32 * 32) * 2
+
+
+def test_the_rollout_advice_falls_back_to_a_tensor_parallel_layout_by_hand():
+    """An 8B-like model (32 query heads, 8 KV heads) on v5e-16 (15.75 GiB usable) whose layer
+    weights are 16 GiB whole, 1 GiB a chip under FSDP, with a rollout peaking at 10 GiB:
+    whole weights need 15 GiB more (25 > 15.75), tensor 2 holds 8 GiB (7 more: 17), tensor
+    4 holds 4 GiB (3 more: 13 GiB): {data:-1,tensor:4} is recommended."""
+    from rl.plan import tensor_options
+
+    g = 2**30
+    cfg = tiny_config(num_heads=32, num_kv_heads=8, intermediate_size=256)
+    assert tensor_options(cfg, 16) == [2, 4, 8]
+    assert tensor_options(tiny_config(num_heads=4, num_kv_heads=2), 8) == [2]
+    progs = tuple(Program(n, 0, 0, 0, 0, 10 * g, 1.0, 1.0, True, ici_bytes=32 * 15 * g)
+                  for n in ("prefill", "decode"))
+    plan = Plan("m", cfg, "v5e:4x4", CHIPS["v5e"], 16, {"data": 1, "fsdp": 16, "tensor": 1},
+                None, 0, 0, progs, gathered=15 * g, layer_bytes=16 * g)
+    advice = rollout_advice(plan)
+    assert advice.startswith("rollout layout: recommended mesh.rollout_shape="
+                             "{data:-1,tensor:4}: the heads and MLP columns split 4 ways"), advice
+    assert "3.00 GiB more per chip (rollout peak 13.00 of 15.75 GiB)" in advice, advice
+    tight = dataclasses.replace(plan, programs=tuple(
+        dataclasses.replace(p, resident=15 * g) for p in progs))
+    assert "keep the training layout: the narrowest other one, {data:-1,tensor:8}, would " \
+        "need 1.00 GiB more" in rollout_advice(tight)
