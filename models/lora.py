@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.config import ModelConfig
+from models.quant import QUANT_KINDS, Quantized, check_blocks, dequantize, quantize
 from models.sharding import host_copy
 from models.transformer import LowRank, Params, layer_shapes
 
@@ -58,6 +59,7 @@ class LoraConfig:
     rank: int
     alpha: float
     targets: tuple[str, ...]
+    quant: str = "none"  # the frozen base's layer matmuls: none | int8 | nf4 (models.quant)
 
     @property
     def enabled(self) -> bool:
@@ -78,6 +80,8 @@ def lora_problem(lora: LoraConfig) -> tuple[str, str] | None:
         return "model.lora.alpha", f"must be > 0, got {lora.alpha}"
     if not lora.targets:
         return "model.lora.targets", f"name at least one of {', '.join(LORA_TARGETS)}"
+    if lora.quant not in QUANT_KINDS:
+        return "model.lora.quant", f"{lora.quant!r}: expected one of {', '.join(QUANT_KINDS)}"
     for i, name in enumerate(lora.targets):
         if name not in LORA_TARGETS:
             return (f"model.lora.targets[{i}]", f"{name!r} is not a layer matmul of ours; "
@@ -93,6 +97,12 @@ def check_model(lora: LoraConfig, cfg: ModelConfig) -> None:
         raise LoraError(f"model.lora.rank: LoRA is not supported for architecture "
                         f"{cfg.arch!r} (model.path); supported: {', '.join(LORA_ARCHS)}")
     shapes = layer_shapes(cfg)
+    if lora.quant != "none":
+        for name in LORA_TARGETS:  # QLoRA stores every layer matmul of the base quantized
+            try:
+                check_blocks(shapes[name], f"model.lora.quant={lora.quant}: {name}")
+            except ValueError as e:
+                raise LoraError(str(e)) from None
     for name in lora.targets:
         smallest = min(shapes[name])
         if lora.rank > smallest:
@@ -137,9 +147,26 @@ def adapted(params: Params, adapters: Adapters, lora: LoraConfig) -> Params:
     return params | {"layers": layers}
 
 
-def merged(params: Params, adapters: Adapters, lora: LoraConfig) -> Params:
-    """`params` with each target replaced by W + (alpha / rank) * A @ B (float32 products)."""
+def quantized_base(params: Params, lora: LoraConfig) -> Params:
+    """`params` with every layer matmul stored in model.lora.quant (QLoRA: the frozen base
+    quantized, ``models.quant``); `params` itself when it is ``none``."""
+    if lora.quant == "none":
+        return params
     layers = dict(params["layers"])
+    for name in LORA_TARGETS:
+        layers[name] = _quantize(layers[name], lora.quant)
+    return params | {"layers": layers}
+
+
+_quantize = jax.jit(quantize, static_argnames="kind")
+
+
+def merged(params: Params, adapters: Adapters, lora: LoraConfig) -> Params:
+    """`params` with each target replaced by W + (alpha / rank) * A @ B (float32 products),
+    and every quantized base weight dequantized (plain arrays, what the sampler and the
+    export take)."""
+    layers = {k: dequantize(w) if isinstance(w, Quantized) else w
+              for k, w in params["layers"].items()}
     for t, ab in adapters.items():
         delta = jnp.einsum("ldr,lrf->ldf", ab["a"], ab["b"], preferred_element_type=jnp.float32)
         layers[t] = (layers[t] + lora.scale * delta).astype(layers[t].dtype)

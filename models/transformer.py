@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec
 
 from models.config import ModelConfig
 from models.constraints import row_axes, shard_rows, shard_tree_rows
+from models.quant import Quantized, dequantize
 
 Params = dict[str, Any]
 NEG_INF = -1e30  # finite, so a fully masked row (left padding) gives a uniform softmax, not NaN
@@ -290,7 +291,7 @@ class LowRank:
     scale: float
 
 
-def dense(x: jax.Array, w: jax.Array | LowRank) -> jax.Array:
+def dense(x: jax.Array, w: jax.Array | LowRank | Quantized) -> jax.Array:
     """x [..., D] @ w [D, F] as one 2-D matmul over the flattened leading axes (XLA:CPU runs
     the weight gradient of a 3-D x, which contracts two axes, ~1.5x slower). x is cast to w's
     dtype and the product accumulated in float32, returned in x's dtype: bfloat16 decode
@@ -298,6 +299,8 @@ def dense(x: jax.Array, w: jax.Array | LowRank) -> jax.Array:
     :class:`LowRank` weight adds its update factored: x @ W + scale * (x @ A) @ B."""
     if isinstance(w, LowRank):
         return dense(x, w.w) + w.scale * dense(dense(x, w.a), w.b)
+    if isinstance(w, Quantized):  # a frozen QLoRA base weight: dequantized for this matmul
+        w = dequantize(w, x.dtype)
     y = jnp.dot(x.reshape(-1, x.shape[-1]).astype(w.dtype), w,
                 preferred_element_type=jnp.float32)
     return y.astype(x.dtype).reshape(*x.shape[:-1], w.shape[-1])

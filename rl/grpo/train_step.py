@@ -28,6 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from models.config import ModelConfig
 from models.constraints import shard_rows
 from models.lora import LoraConfig, adapted
+from models.quant import Quantized
 from models.scoring import Scoring, group_logprobs
 from models.transformer import Params
 from rl.grpo.kl import kl_penalty
@@ -67,8 +68,10 @@ def in_compute_dtype(params: Params, dtype: Any) -> Params:
     dtype = jnp.dtype(dtype)
     if dtype == jnp.float32:
         return params
-    return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating)
-                        else a, params)
+    # a QLoRA base weight stays as stored: dequantized in the matmul's dtype (models.quant)
+    return jax.tree.map(lambda a: a if isinstance(a, Quantized) else a.astype(dtype)
+                        if jnp.issubdtype(a.dtype, jnp.floating) else a, params,
+                        is_leaf=lambda a: isinstance(a, Quantized))
 
 
 class TrainState(NamedTuple):

@@ -32,6 +32,7 @@ from models.lora import (
     check_model,
     init_adapters,
     merge,
+    quantized_base,
 )
 from models.transformer import Params
 from rl.grpo.optim import make_optimizer
@@ -95,6 +96,7 @@ def lora_run(lora: LoraConfig, model_cfg: ModelConfig, base: Params,
         check_model(lora, model_cfg)
     except LoraError as e:
         raise ConfigError(str(e)) from None
+    base = quantized_base(base, lora)
     return LoraRun(lora, base, base_fingerprint(base), dict(source))
 
 
@@ -128,6 +130,7 @@ def restore_merged(run_dir: str | Path, run_cfg: Mapping[str, Any], base: Params
     trainer = dict(run_cfg.get("trainer") or {})
     source = {"model.path": str(run_cfg["model"]["path"]),
               "trainer.init_from": str(trainer.get("init_from") or "")}
+    base = quantized_base(base, lora)
     lr = LoraRun(lora, base, base_fingerprint(base), source)
     like = init_train_state(fresh_adapters(lr, 0),
                             make_optimizer(optim_config(run_cfg["optim"], 1)))

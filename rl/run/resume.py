@@ -59,7 +59,7 @@ ADDED_LATER = {"trainer.off_policy_steps": 0, "trainer.kv_cache_dtype": "float32
                "algo.consistency_remove": 2, "algo.consistency_reward": "outcome",
                "trainer.rollout_sub_batches": True, "model.revision": None,
                "trainer.rollout_chunks": 1,
-               "algo.rewarder_options.aggregator": "additive_abs"}
+               "algo.rewarder_options.aggregator": "additive_abs", "model.lora.quant": "none"}
 # keys renamed after checkpoints were written under the old name: (old names, new name). A
 # checkpoint's value moves to the new name when its old names agree on it (the positive-only
 # gate's F1 threshold and PROF's correctness threshold became the one algo.correct_at)

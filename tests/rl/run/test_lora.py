@@ -142,6 +142,8 @@ def test_export_refuses_adapters_on_other_base_weights(tmp_path, model_dir, caps
     ("model.lora.rank=-1", "model.lora.rank"),
     ("model.lora.alpha=0", "model.lora.alpha"),
     ("model.lora.rank=40", "model.lora.rank"),  # above the model's widths (checked on load)
+    ("model.lora.quant=fp8", "model.lora.quant"),
+    ("model.lora.quant=nf4", "model.lora.quant"),  # widths of 32: not blocks of 64
 ])
 def test_bad_lora_config_names_the_key_before_compute(tmp_path, model_dir, override, key):
     with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
@@ -253,3 +255,32 @@ def test_sharded_lora_step_matches_single_device():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=600, cwd=str(Path(__file__).resolve().parents[3]))
     assert "SHARDED_LORA_OK" in res.stdout, res.stderr[-3000:]
+
+
+def test_qlora_trains_adapters_over_an_nf4_base_and_exports_them_merged(tmp_path,
+                                                                       monkeypatch):
+    """model.lora.quant=nf4 on a char model of width 64: the run's base holds every layer
+    matmul as NF4 codes (two a byte), the adapters train, and the export is the dequantized
+    base plus the adapters: its forward equals the run's factored one."""
+    from models.quant import Quantized
+    from rl.export import main
+
+    folder = write_char_model(tmp_path / "model64", hidden=64)
+    monkeypatch.setenv("CHAR_MODEL", str(folder))
+    t = build_trainer(make_cfg(tmp_path / "r", *COMMON, "model.lora.quant=nf4",
+                               "trainer.max_steps=2"))
+    base = t.parts.lora.base["layers"]
+    assert all(isinstance(base[k], Quantized) and base[k].codes.dtype == jnp.uint8
+               for k in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"))
+    before = jax.device_get(t.state.params)
+    t.run()
+    t.close()
+    moved = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before),
+                                                     jax.tree.leaves(t.state.params))]
+    assert any(moved)
+    assert main([str(tmp_path / "r"), str(tmp_path / "hf")]) == 0
+    cfg, exported, _ = load_params(str(tmp_path / "hf"))
+    tokens = jnp.asarray([[3, 8, 21, 4, 30, 11]])
+    want = forward(t.parts.model_cfg, adapted(t.parts.lora.base, t.state.params,
+                                              t.parts.lora.config), tokens)
+    np.testing.assert_allclose(forward(cfg, exported, tokens), want, atol=1e-4)
