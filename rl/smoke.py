@@ -114,7 +114,7 @@ def planned(resolved: dict, parts: Any, prompt_len: int) -> dict[str, Any]:
 
     section = {"topology": "this job's devices", "model_shapes": str(resolved["model"]["path"]),
                "prompt_len": prompt_len, "response_budget": parts.response_budget,
-               "rollout_fit": False}
+               "rollout_fit": False, "slices": 1}
     try:
         run, plan = parse_plan({**resolved, "plan": section})
     except ConfigError as e:

@@ -607,8 +607,10 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
     optimizer = make_optimizer(oc)
     lora = lora_run(run.model.lora, model_cfg, params, {
         "model.path": run.model.path, "trainer.init_from": t.init_from or ""})
-    ref_params = None if lc.beta <= 0 else reference_weights(params, lc.compute_dtype,
-                                                             lora is not None)
+    # LoRA's reference is its base as the policy sees it (QLoRA: the quantized one), so the
+    # loaded float32 weights are not kept
+    ref_params = None if lc.beta <= 0 else reference_weights(
+        params if lora is None else lora.base, lc.compute_dtype, lora is not None)
     step_fn = make_train_step(model_cfg, lc, optimizer, lr_schedule(oc),
                               lora=None if lora is None else lora.config)
     if lora is not None:  # train the adapters; the base weights are the step's argument

@@ -160,7 +160,7 @@ def test_plan_and_sft_refuse_lora(tmp_path, model_dir):
     with pytest.raises(ConfigError, match="model.lora.rank"):
         parse_plan({**cfg, "plan": {"topology": "cpu", "model_shapes": "tiny",
                                     "prompt_len": 8, "response_budget": 8,
-                                    "rollout_fit": False}})
+                                    "rollout_fit": False, "slices": 1}})
     with pytest.raises(ConfigError, match="model.lora.rank"):
         _checked({**cfg, "sft": {"split": "train", "examples": 1, "epochs": 1,
                                  "batch_size": 1, "eval_split": "dev", "eval_examples": 0}})
@@ -272,6 +272,8 @@ def test_qlora_trains_adapters_over_an_nf4_base_and_exports_them_merged(tmp_path
     base = t.parts.lora.base["layers"]
     assert all(isinstance(base[k], Quantized) and base[k].codes.dtype == jnp.uint8
                for k in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"))
+    # the KL reference is that base (adapters off), not the float32 weights it came from
+    assert t.parts.ref_params["layers"]["wq"] is base["wq"]
     before = jax.device_get(t.state.params)
     t.run()
     t.close()
