@@ -133,6 +133,18 @@ def param_shardings(params: Params, mesh: Mesh,
                         params, axes, is_leaf=lambda x: isinstance(x, tuple))
 
 
+def sharding_like(shape: tuple[int, ...], sharding: NamedSharding) -> NamedSharding:
+    """`sharding`'s split for an array of `shape` of the same rank (a quantized weight's codes
+    or block maxima beside the weight): each dimension split by the same mesh axes where
+    they divide it, else whole."""
+    parts = []
+    for dim, part in zip(shape, sharding.spec + (None,) * (len(shape) - len(sharding.spec))):
+        axes = () if part is None else (part,) if isinstance(part, str) else tuple(part)
+        size = math.prod(sharding.mesh.shape[a] for a in axes)
+        parts.append(part if axes and dim % size == 0 else None)
+    return NamedSharding(sharding.mesh, PartitionSpec(*parts))
+
+
 def batch_sharding(mesh: Mesh, ndim: int = 2, batch_size: int | None = None,
                    rules: Mapping[str, Any] = DEFAULT_RULES) -> NamedSharding:
     """Shard the leading (batch) axis over the data-parallel mesh axes."""

@@ -64,12 +64,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig, ModelLoadError
 from models.continuation import bucket_kernel, line_width, read_kernel, row_buckets
 from models.device_mesh import device_grid
+from models.lora import init_adapters, quantized_base
 from models.padding import round_up
+from models.quant import Quantized
 from models.sampler import Frontier, SamplingParams, decode_params, generation_kernels
 from models.shapes import model_shapes
 from models.sharding import (
@@ -78,6 +80,7 @@ from models.sharding import (
     decode_param_shardings,
     make_mesh,
     param_shardings,
+    sharding_like,
 )
 from models.transformer import init_params
 from rl.grpo.batch import split_groups
@@ -812,13 +815,11 @@ def _measured(known: Mapping[int, tuple[float, ...]]) -> tuple[tuple[int, *tuple
     return tuple((n, *y) for n, y in known.items())
 
 
-def reference_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, params: Any,
+def reference_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, weights: Any,
                       resident: int) -> Program:
     """The reference / old-policy pass as ``rl.run.loop.logprobs_with`` runs it: the whole
-    rollout batch in mini-batches x micro-batches strided parts (``batch_logprobs``) on the
-    weights in the compute dtype."""
-    shapes = jax.eval_shape(lambda p: in_compute_dtype(p, run.model.dtype), params)
-    weights = _abstract(shapes, param_shardings(shapes, mesh))
+    rollout batch in mini-batches x micro-batches strided parts (``batch_logprobs``) on
+    `weights`, the reference's in the compute dtype (:class:`TrainSide`)."""
     n, g, p, r = lay.groups, lay.size, lay.prompt, lay.response
     scoring = run.loss_config(r).scoring()
     batch = {"prefix": _rows((n, p), jnp.int32, mesh),
@@ -834,36 +835,112 @@ def reference_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
         min_bytes=_in_and_out, runs=runs)
 
 
-def update_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, state: Any,
+def update_program(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, side: TrainSide,
                    resident: int) -> Program:
-    """One optimizer update on a mini-batch, the train state donated, as rl.train builds it."""
+    """One optimizer update on a mini-batch, the train state donated, as rl.train builds it
+    (a LoRA run's: the adapters' state, the frozen base an argument)."""
     oc = run.optim_config()
+    lora = run.model.lora if side.base is not None else None
     step = make_train_step(cfg, run.loss_config(lay.response), make_optimizer(oc),
-                           lr_schedule(oc))
+                           lr_schedule(oc), lora=lora)
     batch = update_batch(run, lay, mesh)
-    lowered = step.lower(state, batch)  # type: ignore[attr-defined]
+    args = (side.state, batch) if side.base is None else (side.state, batch, side.base)
+    lowered = step.lower(*args)  # type: ignore[attr-defined]
     flops = update_flops(cfg, lay.update_groups, lay.size, lay.prompt, lay.response,
                          run.trainer.remat)
     return compiled_program(
-        "update", lowered, (state, batch), resident=resident, flops=flops,
-        min_bytes=_in_and_out)
+        "update", lowered, args, resident=resident, flops=flops, min_bytes=_in_and_out)
 
 
 # ------------------------------------------------------------------------------ report
 
 
-def startup_row(params: Any, state_bytes: int, ref_bytes: int) -> Program:
+@dataclasses.dataclass(frozen=True)
+class TrainSide:
+    """What the update and the reference pass run on, as sharded shapes: the train `state`
+    (all the weights, or a LoRA run's adapters), a LoRA run's frozen `base` (None otherwise;
+    stored quantized under model.lora.quant), the `reference` pass's weights (the compute
+    dtype's; a LoRA run's base, shared where no cast copies it), and the bytes per chip that
+    stay resident between programs: `state_bytes`, `base_bytes` and `ref_bytes` (the
+    reference's copies, 0 without a KL term)."""
+
+    state: Any
+    base: Any | None
+    reference: Any
+    state_bytes: int
+    base_bytes: int
+    ref_bytes: int
+
+    @property
+    def resident(self) -> int:
+        return self.state_bytes + self.base_bytes + self.ref_bytes
+
+
+def train_side(run: RunConfig, cfg: ModelConfig, params: Any, mesh: Mesh) -> TrainSide:
+    """The :class:`TrainSide` of the config over the loaded float32 `params` (shapes)."""
+    optimizer = make_optimizer(run.optim_config())
+    lora = run.model.lora
+    base = None if not lora.enabled else abstract_base(params, lora, mesh)
+    weights = params if base is None else base
+    shapes = jax.eval_shape(lambda p: in_compute_dtype(p, run.model.dtype), weights)
+    reference = jax.tree.map(  # a leaf the cast leaves alone is the weights' own buffer
+        lambda x, w: w if x.dtype == w.dtype else jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=w.sharding), shapes, weights)
+    copies = sum(math.prod(x.sharding.shard_shape(x.shape)) * _itemsize(x.dtype)
+                 for x, w in zip(jax.tree.leaves(reference), jax.tree.leaves(weights))
+                 if x is not w)
+    if base is None:  # full weights: the reference is always a copy (the step donates them)
+        copies = bytes_per_chip(reference)
+    trained = params if base is None else abstract_adapters(params, lora, mesh)
+    state = abstract_state(trained, optimizer, mesh)
+    return TrainSide(state, base, reference, bytes_per_chip(state),
+                     0 if base is None else bytes_per_chip(base),
+                     copies if run.algo.beta > 0 else 0)
+
+
+def abstract_base(params: Any, lora: Any, mesh: Mesh) -> Any:
+    """A LoRA run's frozen base (``models.lora.quantized_base``) as sharded shapes: each
+    quantized weight's codes and block maxima split like the weight where they divide."""
+    if lora.quant == "none":
+        return params  # the loaded weights themselves, frozen
+    shapes = jax.eval_shape(lambda p: quantized_base(p, lora), params)
+    layers = {}
+    for name, w in params["layers"].items():
+        q = shapes["layers"][name]
+        if not isinstance(q, Quantized):
+            layers[name] = w
+            continue
+        codes, scales = (jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                              sharding=sharding_like(x.shape, w.sharding))
+                         for x in (q.codes, q.scales))
+        layers[name] = Quantized(codes, scales, q.kind)  # type: ignore[arg-type]
+    return params | {"layers": layers}
+
+
+def abstract_adapters(params: Any, lora: Any, mesh: Mesh) -> Any:
+    """A LoRA run's adapters as shapes, replicated (``rl.run.lora.fresh_adapters``)."""
+    shapes = jax.eval_shape(lambda p: init_adapters(p, lora, jax.random.key(0)), params)
+    whole = NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=whole),
+                        shapes)
+
+
+def startup_row(params: Any, side: TrainSide) -> Program:
     """The per-chip memory of loading, from the shapes (nothing to compile): each parameter
     goes from its file slice straight to the chips that own it (``models.sharded_load``), so
     a chip receives its shards of the float32 weights (the arguments column) and nothing
     else; start-up then creates the optimizer's state, sharded like the weights, and with
     algo.beta > 0 the reference weights in the compute dtype
-    (``rl.run.trainer.reference_weights``; the outputs column). A resume restores the same
-    train state from the checkpoint, each chip its shards. No temporaries: the step's
-    programs, below, are where the temporaries are."""
+    (``rl.run.trainer.reference_weights``; the outputs column). A LoRA run's start-up makes
+    its frozen base from the loaded weights (a quantized copy, beside them until they are
+    freed, under model.lora.quant), the adapters and their optimizer state. A resume
+    restores the same train state from the checkpoint, each chip its shards. No
+    temporaries: the step's programs, below, are where the temporaries are."""
     loaded = bytes_per_chip(params)
-    return Program("start-up", loaded, 0, state_bytes - loaded + ref_bytes, 0, 0, 0.0, 0.0,
-                   True)
+    made = side.state_bytes + side.ref_bytes
+    made += -loaded if side.base is None else (
+        side.base_bytes if side.base is not params else 0)
+    return Program("start-up", loaded, 0, made, 0, 0, 0.0, 0.0, True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -884,6 +961,7 @@ class Plan:
     rollout_mesh: Mapping[str, int] | None = None  # mesh.rollout_shape (None: the training's)
     gathered: int = 0  # layer-weight bytes a chip gathers per decode step (gathered_per_step)
     layer_bytes: int = 0  # the rollout's layer weights, whole (rollout dtype)
+    base_bytes: int = 0  # a LoRA run's frozen base per chip (quantized: model.lora.quant)
     dcn: Mapping[str, int] | None = None  # each mesh axis's part across nodes or slices
     traffic: Mapping[str, Traffic] | None = None  # bytes per chip per step (rl.plan_network)
 
@@ -909,30 +987,29 @@ def plan_on(run: RunConfig, plan: PlanConfig, cfg: ModelConfig, devices: list[An
     chunks = run.trainer.rollout_chunks  # the rollout: this many sampler calls of a part each
     rlay = dataclasses.replace(lay, prompts=lay.prompts // chunks, rows=lay.rows // chunks)
     params = abstract_params(cfg, mesh)
-    state = abstract_state(params, make_optimizer(run.optim_config()), mesh)
-    state_bytes = bytes_per_chip(state)
-    ref_shapes = jax.eval_shape(lambda p: in_compute_dtype(p, run.model.dtype), params)
-    ref_bytes = bytes_per_chip(_abstract(ref_shapes, param_shardings(ref_shapes, mesh))) \
-        if run.algo.beta > 0 else 0
+    side = train_side(run, cfg, params, mesh)
+    resident = side.resident
     dparams = sampler_weights(run, params, rmesh)
     with jax.set_mesh(rmesh):  # the activation constraints (models.constraints), as rl.run.loop
-        rollout = rollout_programs(run, cfg, rlay, rmesh, dparams, state_bytes + ref_bytes)
-        fit = rollout_fit(run, cfg, rlay, rmesh, dparams, state_bytes + ref_bytes,
-                          usable_bytes(chip), rollout) \
-            if plan.rollout_fit else None
-        evaluation = evaluation_programs(run, cfg, lay, rmesh, params, state_bytes + ref_bytes)
+        rollout = rollout_programs(run, cfg, rlay, rmesh, dparams, resident)
+        fit = rollout_fit(run, cfg, rlay, rmesh, dparams, resident, usable_bytes(chip),
+                          rollout) if plan.rollout_fit else None
+        evaluation = evaluation_programs(run, cfg, lay, rmesh, params, resident)
     rollout = [dataclasses.replace(p, calls=chunks) for p in rollout]
     gathered = gathered_per_step(dparams)
     with jax.set_mesh(mesh):
-        programs = [*rollout, reference_program(run, cfg, lay, mesh, params, state_bytes),
-                    update_program(run, cfg, lay, mesh, state, ref_bytes),
-                    startup_row(params, state_bytes, ref_bytes), *evaluation]
+        reference = reference_program(run, cfg, lay, mesh, side.reference,
+                                      resident - bytes_per_chip(side.reference))
+        programs = [*rollout, reference,
+                    update_program(run, cfg, lay, mesh, side, side.ref_bytes),
+                    startup_row(params, side), *evaluation]
     return Plan(plan.model_shapes, cfg, plan.topology, chip, len(devices), dict(mesh.shape),
-                lay, state_bytes, ref_bytes, tuple(programs), fit,
+                lay, side.state_bytes, side.ref_bytes, tuple(programs), fit,
                 None if rmesh is mesh else dict(rmesh.shape), gathered,
                 sum(math.prod(x.shape) * _itemsize(x.dtype)
                     for x in jax.tree.leaves(dparams["layers"])),
-                mesh_dcn(mesh, run.mesh.dcn_shape), network(run, cfg, lay, mesh, rmesh, gathered))
+                side.base_bytes, mesh_dcn(mesh, run.mesh.dcn_shape),
+                network(run, cfg, lay, mesh, rmesh, gathered, side))
 
 
 def plan_meshes(run: RunConfig, plan: PlanConfig, devices: list[Any]) -> tuple[Mesh, Mesh]:
@@ -960,11 +1037,17 @@ def mesh_dcn(mesh: Mesh, dcn_shape: Mapping[str, int] | None) -> dict[str, int]:
 
 
 def network(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, rmesh: Mesh,
-            gathered: int) -> dict[str, Traffic]:
+            gathered: int, side: TrainSide) -> dict[str, Traffic]:
     """The step's bytes per chip over each network (``rl.plan_network``)."""
     t = run.trainer
+    lora = run.model.lora.enabled
+    whole = lambda tree: sum(math.prod(x.shape) * _itemsize(x.dtype)  # noqa: E731
+                             for x in jax.tree.leaves(tree))
+    weights = whole(side.base) if lora and run.model.lora.quant != "none" else (
+        cfg.num_params * _itemsize(run.model.dtype))
+    grads = 4.0 * (whole(side.state.params) / 4 if lora else cfg.num_params)
     reference = run.algo.beta > 0 or run.updates_per_batch > 1
-    shape = StepShape(params=cfg.num_params, compute_bytes=_itemsize(run.model.dtype),
+    shape = StepShape(weights=weights, grads=grads, grads_sharded=not run.model.lora.enabled,
                       updates=run.updates_per_batch, micro_batches=t.micro_batches,
                       reference_parts=t.mini_batches * t.micro_batches if reference else 0,
                       decode_steps=lay.response * t.rollout_chunks, decode_gathered=gathered)
@@ -1147,6 +1230,7 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
     t = run.trainer
     n = gpu_nodes(plan.topology)
     nodes = f" per node, {n} of them" if n > 1 else ""
+    stored = "float32" if run.model.lora.quant == "none" else run.model.lora.quant
     return [
         f"rl.plan: {plan.model} ({cfg.arch}, {cfg.num_params / 1e9:.3f} B parameters) on "
         f"{plan.topology}: {plan.chips} chips, {hbm}; mesh {mesh}",
@@ -1173,8 +1257,13 @@ def header(run: RunConfig, plan: Plan) -> list[str]:
            f"{plan.mesh['data'] * plan.mesh['fsdp']} equal slices: the update computes "
            f"{lay.filler * run.algo.group_size} trajectories for nothing{_even(run, plan)}"]
           if lay.filler else []),
-        f"  resident per chip: train state (float32 weights + optimizer) "
-        f"{plan.state_bytes / GiB:.2f} GiB, reference weights {plan.ref_bytes / GiB:.2f} GiB",
+        (f"  resident per chip: train state (float32 weights + optimizer) "
+         f"{plan.state_bytes / GiB:.2f} GiB, reference weights {plan.ref_bytes / GiB:.2f} GiB"
+         if not run.model.lora.enabled else
+         f"  resident per chip: LoRA rank {run.model.lora.rank} on "
+         f"{', '.join(run.model.lora.targets)}: adapters + optimizer "
+         f"{plan.state_bytes / GiB:.3f} GiB, frozen base ({stored}) "
+         f"{plan.base_bytes / GiB:.2f} GiB, reference copies {plan.ref_bytes / GiB:.2f} GiB"),
         f"  rollout on {rollout_mesh}: each decode step gathers {plan.gathered / 2**20:.1f} "
         f"MiB of layer weights per chip from the others"
         + (f", >= {plan.gathered / chip.ici_bandwidth * 1e3:.2f} ms at {chip.name}'s "

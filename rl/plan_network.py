@@ -16,11 +16,13 @@ step, for P parameters, T tensor shards, U updates (mini-batches x epochs) of M
 micro-batches each:
 
 - the update's weight all-gathers over fsdp: the forward and the backward pass of every
-  micro-batch each gather the weights in the compute dtype (B = P x its bytes / T); the
-  reference pass gathers them once per part (mini x micro parts) where it runs;
+  micro-batch each gather the weights in the compute dtype (B = P x its bytes / T; a QLoRA
+  base's codes and block maxima); the reference pass gathers them once per part (mini x
+  micro parts) where it runs;
 - the gradients' reduce-scatter over fsdp, once per micro-batch (float32: B = 4 P / T);
 - the gradients' all-reduce over data, once per update, of each chip's float32 shard
-  (B = 4 P / (T x fsdp));
+  (B = 4 P / (T x fsdp)); a LoRA run's adapters are replicated, so their gradients are
+  all-reduced over every chip instead, and nothing is reduce-scattered;
 - the rollout's decode: the layer weights a chip gathers at every decode step
   (``rl.plan.gathered_per_step``, exact for the rollout mesh), split between the networks
   as a gather over the rollout mesh's fsdp and tensor axes is, x the response budget x the
@@ -59,18 +61,22 @@ def gather(whole: float, n_ici: int, n_dcn: int) -> Traffic:
 
 @dataclasses.dataclass(frozen=True)
 class StepShape:
-    """What the step's collectives depend on: P `params`, the compute dtype's `compute_bytes`,
-    U `updates` of M `micro_batches`, the reference pass's `reference_parts` (0: not run),
-    the rollout's `decode_steps` (response budget x calls) and `decode_gathered` bytes per
-    chip per decode step."""
+    """What the step's collectives depend on: the bytes of the `weights` the passes gather
+    (whole: P x the compute dtype's bytes, or a QLoRA base's codes and maxima) and of the
+    float32 `grads` (whole: 4 P, or a LoRA run's adapters', which are replicated: all-reduced
+    over every chip, no reduce-scatter, when `grads_sharded` is false), U `updates` of M
+    `micro_batches`, the reference pass's `reference_parts` (0: not run), the rollout's
+    `decode_steps` (response budget x calls) and `decode_gathered` bytes per chip per decode
+    step."""
 
-    params: int
-    compute_bytes: int
+    weights: float
+    grads: float
     updates: int
     micro_batches: int
     reference_parts: int
     decode_steps: int
     decode_gathered: float
+    grads_sharded: bool = True
 
 
 def step_traffic(step: StepShape, sizes: Mapping[str, int], dcn: Mapping[str, int],
@@ -81,8 +87,7 @@ def step_traffic(step: StepShape, sizes: Mapping[str, int], dcn: Mapping[str, in
     f_ici, f_dcn = sizes["fsdp"] // dcn["fsdp"], dcn["fsdp"]
     d_ici, d_dcn = sizes["data"] // dcn["data"], dcn["data"]
     t = sizes["tensor"]
-    weights = step.params * step.compute_bytes / t
-    grads = 4.0 * step.params / t
+    weights, grads = step.weights / t, step.grads / t
     passes = step.updates * step.micro_batches
     model = rollout_sizes["fsdp"] * rollout_sizes["tensor"]  # the axes a decode gathers over
     model_dcn = rollout_dcn["fsdp"] * rollout_dcn["tensor"]
@@ -93,8 +98,10 @@ def step_traffic(step: StepShape, sizes: Mapping[str, int], dcn: Mapping[str, in
         "update weight gathers (fsdp)": gather(weights, f_ici, f_dcn) * (2 * passes),
         "reference weight gathers (fsdp)": gather(weights, f_ici, f_dcn)
         * step.reference_parts,
-        "gradient reduce-scatter (fsdp)": gather(grads, f_ici, f_dcn) * passes,
+        "gradient reduce-scatter (fsdp)": gather(grads, f_ici, f_dcn) * passes
+        if step.grads_sharded else Traffic(),
         "gradient all-reduce (data)": gather(grads / sizes["fsdp"], d_ici, d_dcn)
-        * (2 * step.updates),
+        * (2 * step.updates) if step.grads_sharded else
+        gather(grads, d_ici * f_ici, d_dcn * f_dcn) * (2 * step.updates),
         "rollout decode gathers": per_decode * step.decode_steps,
     }

@@ -639,11 +639,7 @@ def parse_plan(cfg: Mapping[str, Any]) -> tuple[RunConfig, PlanConfig]:
     for key in ("prompt_len", "response_budget", "slices"):
         _require(getattr(plan, key) >= 1, f"plan.{key}", f"must be >= 1, got "
                  f"{getattr(plan, key)}")
-    run = parse(rest)
-    _require(not run.model.lora.enabled, "model.lora.rank", "rl.plan plans full-weight "
-             "updates; a LoRA run's plan is not computed yet (model.lora.rank=0 plans an upper "
-             "bound)")
-    return run, plan
+    return parse(rest), plan
 
 
 def overlong_shaping(run: RunConfig, budget: int) -> OverlongShaping | None:

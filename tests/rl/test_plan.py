@@ -892,3 +892,47 @@ def test_the_rollout_advice_falls_back_to_a_tensor_parallel_layout_by_hand():
         dataclasses.replace(p, resident=15 * g) for p in progs))
     assert "keep the training layout: the narrowest other one, {data:-1,tensor:8}, would " \
         "need 1.00 GiB more" in rollout_advice(tight)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_qlora_step_is_planned_with_its_quantized_base_by_hand(dtype):
+    """model.lora.rank=4, quant=nf4 on the tiny model, one chip: the base holds every layer
+    matmul as NF4 (half a byte a value, and a float32 maximum per 64) and the rest in
+    float32; the train state is the adapters' (float32, with Adam's two moments); the KL
+    reference shares the quantized matmuls and, in bfloat16, copies the rest."""
+    from models.sharding import make_mesh
+    from models.transformer import layer_shapes
+    from rl.plan import TrainSide, startup_row, train_side
+
+    run, _ = _config("model.lora.rank=4", "model.lora.quant=nf4", "algo.beta=0.04",
+                     f"model.dtype={dtype}")
+    cfg = tiny_config()
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    params = abstract_params(cfg, mesh)
+    side = train_side(run, cfg, params, mesh)
+    assert isinstance(side, TrainSide)
+    shapes = layer_shapes(cfg)
+    matmuls = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+    layers = cfg.num_layers
+    quant = sum(layers * (d * f // 2 + d // 64 * f * 4) for d, f in
+                (shapes[k] for k in matmuls))
+    total = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    rest = total - sum(layers * d * f for d, f in (shapes[k] for k in matmuls))
+    assert side.base_bytes == quant + 4 * rest
+    adapters = sum(layers * (d + f) * 4 for d, f in (shapes[k] for k in matmuls))
+    assert 12 * adapters <= side.state_bytes <= 12 * adapters + 16
+    assert side.ref_bytes == (2 * rest if dtype == "bfloat16" else 0)
+    row = startup_row(params, side)
+    assert row.arguments == 4 * total  # the loaded float32 weights, then quantized beside
+    assert row.total == 4 * total + side.base_bytes + side.state_bytes + side.ref_bytes
+
+
+def test_a_qlora_run_is_planned_from_the_command_line():
+    proc = _plan_cli(*TINY, "plan.topology=cpu", "plan.rollout_fit=false", "mesh=fsdp",
+                     "model.lora.rank=4", "model.lora.quant=nf4", devices=4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert re.search(r"resident per chip: LoRA rank 4 on wq, .*: adapters \+ optimizer "
+                     r"[\d.]+ GiB, frozen base \(nf4\) [\d.]+ GiB", out), out
+    _check_table(out)
+    assert "verdict: fits" in out, out

@@ -17,7 +17,7 @@ def test_a_hierarchical_gather_by_hand():
 
 
 def _shape(**kw):
-    base = dict(params=1000, compute_bytes=2, updates=2, micro_batches=4, reference_parts=0,
+    base = dict(weights=2000.0, grads=4000.0, updates=2, micro_batches=4, reference_parts=0,
                 decode_steps=10, decode_gathered=70.0)
     return StepShape(**(base | kw))
 
@@ -51,3 +51,13 @@ def test_fsdp_across_nodes_sends_its_gathers_over_the_network_by_hand():
     assert t["rollout decode gathers"].ici == pytest.approx(140 / 3 * 10)
     # data 2 inside a node: the shard's 500 bytes each way, twice per update, all inside
     assert t["gradient all-reduce (data)"] == Traffic(2_000, 0)
+
+
+def test_lora_gradients_are_all_reduced_over_every_chip_by_hand():
+    """Adapters replicated: their 400 float32 gradient bytes are all-reduced over all 8 chips
+    (2 across x 4 inside) once per update: 400 x 1/8 across and 400 x 2 x 3/8 inside, each
+    way, twice per update x 2 updates; nothing reduce-scattered."""
+    dcn = {"data": 2, "fsdp": 1, "tensor": 1}
+    t = step_traffic(_shape(grads=400.0, grads_sharded=False), SIZES, dcn, SIZES, dcn)
+    assert t["gradient reduce-scatter (fsdp)"] == Traffic(0, 0)
+    assert t["gradient all-reduce (data)"] == Traffic(ici=300 * 4, dcn=50 * 4)

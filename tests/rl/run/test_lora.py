@@ -152,15 +152,15 @@ def test_bad_lora_config_names_the_key_before_compute(tmp_path, model_dir, overr
         (tmp_path / "x" / "checkpoints").iterdir())
 
 
-def test_plan_and_sft_refuse_lora(tmp_path, model_dir):
+def test_sft_refuses_lora_and_plan_takes_it(tmp_path, model_dir):
     from rl.sft import _checked
 
     cfg = make_cfg(tmp_path / "p", *COMMON)
     parse(cfg)  # valid for rl.train
-    with pytest.raises(ConfigError, match="model.lora.rank"):
-        parse_plan({**cfg, "plan": {"topology": "cpu", "model_shapes": "tiny",
-                                    "prompt_len": 8, "response_budget": 8,
-                                    "rollout_fit": False, "slices": 1}})
+    run, _ = parse_plan({**cfg, "plan": {"topology": "cpu", "model_shapes": "tiny",
+                                         "prompt_len": 8, "response_budget": 8,
+                                         "rollout_fit": False, "slices": 1}})
+    assert run.model.lora.rank == RANK  # rl.plan plans LoRA runs (tests/rl/test_plan.py)
     with pytest.raises(ConfigError, match="model.lora.rank"):
         _checked({**cfg, "sft": {"split": "train", "examples": 1, "epochs": 1,
                                  "batch_size": 1, "eval_split": "dev", "eval_examples": 0}})
