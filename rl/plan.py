@@ -457,6 +457,7 @@ class Program:
     refused: str = ""  # the compiler's out-of-memory message when it would not compile it
     ici_bytes: float = 0.0  # weight bytes a chip receives from the others (gathered_per_step)
     calls: int = 1  # runs per step (the rollout's in trainer.rollout_chunks parts)
+    failed: str = ""  # the compiler's error when it failed on the program (not for memory)
 
     @property
     def total(self) -> int:
@@ -519,9 +520,14 @@ def compiled_program(name: str, lowered: Any, args: Any, *, resident: int, flops
         mem = lowered.compile().memory_analysis()
     except jax.errors.JaxRuntimeError as e:
         sizes = refused_sizes(str(e), bytes_per_chip(args))
-        if "RESOURCE_EXHAUSTED" not in str(e) or sizes is None:
+        if "RESOURCE_EXHAUSTED" in str(e) and sizes is not None:
+            mem, refused = sizes, str(e).split("\n")[0]
+        elif "INTERNAL" in str(e):  # the compiler failed: say so, plan the other programs
+            log.warning("rl.plan: the compiler failed on %s: %s", name, str(e)[:300])
+            return Program(name, bytes_per_chip(args), 0, 0, 0, resident, flops, 0.0, runs,
+                           failed=str(e).split("\n")[0][:300])
+        else:
             raise
-        mem, refused = sizes, str(e).split("\n")[0]
     log.info("rl.plan: compiled %s in %.0f s%s", name, time.monotonic() - start,
              " (refused for lack of HBM)" if refused else "")
     arguments, outputs = int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes)
@@ -1384,7 +1390,8 @@ def _row(plan: Plan, p: Program) -> str:
     notes = ("" if p.runs else "   (not run by this config)") + (
         f"   (x{p.calls} a step: trainer.rollout_chunks)" if p.calls > 1 else "") + (
         f"   (refused by {'the stand-in' if chip_is_gpu(plan) else 'the'} compiler: sizes from "
-        "its message)" if p.refused else "")
+        "its message)" if p.refused else "") + (
+        "   (the compiler FAILED on it: arguments only; see the verdict)" if p.failed else "")
     return (f"  {p.name:<{name_width(plan)}}{_gib(p.arguments)} {_gib(p.temporaries)} "
             f"{_gib(p.outputs)} {_gib(p.total)}  {_gib(p.peak)}  "
             f"{100 * p.peak / plan.chip.hbm_bytes:6.0f}%"
@@ -1398,8 +1405,9 @@ def verdict(run: RunConfig, plan: Plan) -> str:
     # a GPU estimate's stand-in refuses what its own HBM cannot hold, which an H200 may
     estimate = stand_in_topology(plan.topology) is not None
     over = [p for p in plan.programs if p.peak > hbm or (p.refused and not estimate)]
+    failed = [p for p in plan.programs if p.failed]
     out = []
-    if not any(p.runs for p in over):
+    if not any(p.runs for p in over) and not any(p.runs for p in failed):
         out.append(f"verdict: fits: every program this config runs is within "
                    f"{hbm / GiB:.1f} GiB per chip")
     for p in over:
@@ -1412,6 +1420,9 @@ def verdict(run: RunConfig, plan: Plan) -> str:
                    f"{hbm / GiB:.1f} GiB; try " + "; ".join(remedies(run, plan, p.name)))
         if p.refused:
             out.append(f"  the compiler: {p.refused}")
+    for p in failed:
+        out.append(f"verdict: {p.name} was not sized: the {'stand-in ' if estimate else ''}"
+                   f"compiler failed on it ({p.failed})")
     if estimate:
         out.append("verdict: an ESTIMATE (above): confirm on one GPU host with rl.smoke")
     return "\n".join(out)

@@ -31,6 +31,7 @@ from rl.plan import (
     Program,
     RolloutFit,
     Sizes,
+    _row,
     abstract_params,
     abstract_state,
     affine_fit,
@@ -723,7 +724,9 @@ def test_the_start_up_row_is_the_loaded_weights_adam_and_the_reference_by_hand()
     state = abstract_state(params, optax.adamw(1e-3), mesh)
     state_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(state))
     assert 12 * n <= state_bytes <= 12 * n + 16  # + the step counters
-    row = startup_row(params, state_bytes, ref_bytes=2 * n)
+    from rl.plan import TrainSide
+
+    row = startup_row(params, TrainSide(None, None, None, state_bytes, 0, ref_bytes=2 * n))
     assert row.name == "start-up" and row.runs and row.temporaries == 0
     assert row.arguments == 4 * n
     assert row.peak == row.total == state_bytes + 2 * n
@@ -936,3 +939,25 @@ def test_a_qlora_run_is_planned_from_the_command_line():
                      r"[\d.]+ GiB, frozen base \(nf4\) [\d.]+ GiB", out), out
     _check_table(out)
     assert "verdict: fits" in out, out
+
+
+def test_a_compiler_failure_is_reported_and_the_plan_goes_on():
+    """libtpu 0.0.42 failed with an INTERNAL bitcast error on one evaluation read of the ARBOR
+    h100:8 estimate after 12 minutes of compiles: the program is reported as not sized and
+    the verdict does not say 'fits'."""
+    class Lowered:
+        def compile(self):
+            raise jax.errors.JaxRuntimeError("INTERNAL: during context [post-optimization]: "
+                                             "Bitcast cannot have different shape sizes\nmore")
+
+    args = jnp.zeros((4, 8), jnp.float32)
+    p = compiled_program("eval read", Lowered(), args, resident=5, flops=1.0,
+                         min_bytes=lambda m: 0.0)
+    assert p.failed.startswith("INTERNAL: during context") and "\n" not in p.failed
+    assert p.arguments == 4 * 8 * 4 and p.runs
+    run, _ = _config()
+    fake = _fake_plan(run, update_gib=1.0)
+    text = verdict(run, dataclasses.replace(fake, programs=(*fake.programs, p)))
+    assert not text.startswith("verdict: fits"), text
+    assert "verdict: eval read was not sized: the compiler failed on it (INTERNAL" in text
+    assert "the compiler FAILED on it" in _row(fake, p)
