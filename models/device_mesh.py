@@ -6,9 +6,9 @@ data-centre network between slices, InfiniBand or Ethernet between nodes). A mes
 collectives cross granules pays the slow network at every one of them, so the mesh is built
 as MaxText and tunix build theirs (``jax.experimental.mesh_utils``):
 
-- the granules: TPU slices (``slice_index``) when the devices span several; else nodes,
-  each ``processes_per_node`` consecutive processes (SLURM's and Open MPI's default block
-  placement of ranks; a process is its own node where the count is unknown);
+- the granules: TPU slices (``slice_index``; the hosts of one slice are one granule); GPU or
+  CPU nodes, each ``processes_per_node`` consecutive processes (SLURM's and Open MPI's
+  default block placement of ranks; a process is its own node where the count is unknown);
 - the mesh's axes split into a DCN part (across granules) and an ICI part (inside one):
   ``dcn_shape`` when given, else the granules go to the outermost axes first (data, then
   fsdp, then tensor: :func:`default_dcn`), so FSDP's per-layer gathers and tensor
@@ -33,12 +33,12 @@ from jax.experimental import mesh_utils
 
 def device_granules(devices: Sequence[Any], processes_per_node: int | None = None
                     ) -> list[list[Any]]:
-    """`devices` grouped by the slow network's units, in order: TPU slices when they span
-    several (``slice_index``), else nodes of `processes_per_node` consecutive processes
-    (None: each process its own node); one group for one slice or one process."""
-    slices = {getattr(d, "slice_index", None) for d in devices}
-    if len(slices) > 1 and None not in slices:
-        key = lambda d: d.slice_index  # noqa: E731
+    """`devices` grouped by the slow network's units, in order: TPU chips by their slice
+    (``slice_index``: the hosts of one slice share its ICI, so a slice is one group whatever
+    its process count); other devices by node, `processes_per_node` consecutive processes
+    each (None: each process its own node)."""
+    if getattr(devices[0], "platform", "") == "tpu":
+        key = lambda d: getattr(d, "slice_index", 0)  # noqa: E731
     else:
         per = max(1, processes_per_node or 1)
         key = lambda d: getattr(d, "process_index", 0) // per  # noqa: E731

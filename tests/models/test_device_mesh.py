@@ -14,9 +14,8 @@ from models.sharding import make_mesh
 SIZES = ("data", "fsdp", "tensor")
 
 
-def _devices(processes: int, per: int, slices: bool = False) -> list:
-    return [SimpleNamespace(id=p * 100 + i, process_index=p, platform="cpu",
-                            **({"slice_index": p} if slices else {}))
+def _devices(processes: int, per: int) -> list:
+    return [SimpleNamespace(id=p * 100 + i, process_index=p, platform="cpu")
             for p in range(processes) for i in range(per)]
 
 
@@ -55,12 +54,15 @@ def test_processes_sharing_a_node_are_one_granule_whatever_the_list_order():
     assert _ids(grid[:, :, 0]) == [[0, 100, 1, 101], [200, 300, 201, 301]]
 
 
-def test_tpu_slices_are_the_granules_when_there_are_several():
-    devices = _devices(2, 2, slices=True)
-    assert len(device_granules(devices)) == 2
-    one_slice = [SimpleNamespace(**{**vars(d), "slice_index": 0}) for d in devices]
-    assert len(device_granules(one_slice)) == 2  # one slice: back to the processes
-    assert len(device_granules(one_slice, processes_per_node=2)) == 1
+def test_tpu_slices_are_the_granules_whatever_their_hosts():
+    """Two slices of 2 hosts: 2 granules; one slice of 4 hosts (a v5e-16: 4 processes on one
+    ICI): 1 granule, the whole slice laid out as one torus."""
+    tpu = [SimpleNamespace(**{**vars(d), "platform": "tpu", "slice_index": d.process_index // 2})
+           for d in _devices(4, 2)]
+    assert [[d.id for d in g] for g in device_granules(tpu)] == [[0, 1, 100, 101],
+                                                                 [200, 201, 300, 301]]
+    one_slice = [SimpleNamespace(**{**vars(d), "slice_index": 0}) for d in tpu]
+    assert len(device_granules(one_slice)) == 1
 
 
 def test_an_explicit_dcn_shape_puts_that_axis_across():
