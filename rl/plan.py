@@ -1417,7 +1417,9 @@ def verdict(run: RunConfig, plan: Plan) -> str:
             "would NOT fit if run (algo.beta > 0 or several updates per batch)")
         out.append(f"verdict: {p.name} {status}: {p.peak / GiB:.2f} GiB per chip (program "
                    f"{p.total / GiB:.2f} + resident {p.resident / GiB:.2f}) > "
-                   f"{hbm / GiB:.1f} GiB; try " + "; ".join(remedies(run, plan, p.name)))
+                   f"{hbm / GiB:.1f} GiB; " + ("try " + "; ".join(keys) if (
+                       keys := remedies(run, plan, p.name)) else "no key of this config lowers "
+                       "it on this slice (a larger slice, or a smaller batch or model)"))
         if p.refused:
             out.append(f"  the compiler: {p.refused}")
     for p in failed:

@@ -961,3 +961,12 @@ def test_a_compiler_failure_is_reported_and_the_plan_goes_on():
     assert not text.startswith("verdict: fits"), text
     assert "verdict: eval read was not sized: the compiler failed on it (INTERNAL" in text
     assert "the compiler FAILED on it" in _row(fake, p)
+
+
+def test_a_program_no_key_helps_says_so(monkeypatch):
+    run, _ = _config("trainer.batch_prompts=8", "trainer.micro_batches=2")
+    monkeypatch.setattr("rl.plan.remedies", lambda run, plan, name: [])
+    text = verdict(run, _fake_plan(run, update_gib=20.0))
+    assert text.startswith("verdict: update does NOT fit: 21.00 GiB per chip"), text
+    assert text.endswith("> 16.0 GiB; no key of this config lowers it on this slice (a larger "
+                         "slice, or a smaller batch or model)"), text
