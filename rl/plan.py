@@ -1003,6 +1003,7 @@ def plan_on(run: RunConfig, plan: PlanConfig, cfg: ModelConfig, devices: list[An
         evaluation = evaluation_programs(run, cfg, lay, rmesh, params, resident)
     rollout = [dataclasses.replace(p, calls=chunks) for p in rollout]
     gathered = gathered_per_step(dparams)
+    dcn = mesh_dcn(mesh, run.mesh.dcn_shape)
     with jax.set_mesh(mesh):
         reference = reference_program(run, cfg, lay, mesh, side.reference,
                                       resident - bytes_per_chip(side.reference))
@@ -1014,8 +1015,7 @@ def plan_on(run: RunConfig, plan: PlanConfig, cfg: ModelConfig, devices: list[An
                 None if rmesh is mesh else dict(rmesh.shape), gathered,
                 sum(math.prod(x.shape) * _itemsize(x.dtype)
                     for x in jax.tree.leaves(dparams["layers"])),
-                side.base_bytes, mesh_dcn(mesh, run.mesh.dcn_shape),
-                network(run, cfg, lay, mesh, rmesh, gathered, side))
+                side.base_bytes, dcn, network(run, cfg, lay, mesh, rmesh, gathered, side, dcn))
 
 
 def plan_meshes(run: RunConfig, plan: PlanConfig, devices: list[Any]) -> tuple[Mesh, Mesh]:
@@ -1043,8 +1043,9 @@ def mesh_dcn(mesh: Mesh, dcn_shape: Mapping[str, int] | None) -> dict[str, int]:
 
 
 def network(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, rmesh: Mesh,
-            gathered: int, side: TrainSide) -> dict[str, Traffic]:
-    """The step's bytes per chip over each network (``rl.plan_network``)."""
+            gathered: int, side: TrainSide, dcn: dict[str, int]) -> dict[str, Traffic]:
+    """The step's bytes per chip over each network (``rl.plan_network``), the training
+    mesh's axes split `dcn` across nodes or slices."""
     t = run.trainer
     lora = run.model.lora.enabled
     whole = lambda tree: sum(math.prod(x.shape) * _itemsize(x.dtype)  # noqa: E731
@@ -1057,7 +1058,6 @@ def network(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, rmesh: Me
                       updates=run.updates_per_batch, micro_batches=t.micro_batches,
                       reference_parts=t.mini_batches * t.micro_batches if reference else 0,
                       decode_steps=lay.response * t.rollout_chunks, decode_gathered=gathered)
-    dcn = mesh_dcn(mesh, run.mesh.dcn_shape)
     return step_traffic(shape, dict(mesh.shape), dcn, dict(rmesh.shape),
                         dcn if rmesh is mesh else mesh_dcn(rmesh, None))
 

@@ -605,17 +605,8 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
     from_checkpoint = bool(steps) and _checkpoint_holds_everything(run, lc)
     model_cfg, params, tokenizer = _weights(run, inp.mesh, model, shapes_only=from_checkpoint)
     optimizer = make_optimizer(oc)
-    lora = lora_run(run.model.lora, model_cfg, params, {
-        "model.path": run.model.path, "trainer.init_from": t.init_from or ""})
-    # LoRA's reference is its base as the policy sees it (QLoRA: the quantized one), so the
-    # loaded float32 weights are not kept
-    ref_params = None if lc.beta <= 0 else reference_weights(
-        params if lora is None else lora.base, lc.compute_dtype, lora is not None)
-    step_fn = make_train_step(model_cfg, lc, optimizer, lr_schedule(oc),
-                              lora=None if lora is None else lora.config)
-    if lora is not None:  # train the adapters; the base weights are the step's argument
-        step_fn = functools.partial(step_fn, base=lora.base)
-        params = fresh_adapters(lora, t.seed, inp.mesh)
+    lora, ref_params, step_fn, params = _trained(run, lc, optimizer, model_cfg, params,
+                                                 inp.mesh)
     parts = L.Components(
         run=run, model_cfg=model_cfg, tokenizer=tokenizer, task=inp.task,
         env=shared_env(inp.task.make_env(tokenizer, run.sampling()), exchange),
@@ -645,6 +636,25 @@ def build_trainer(cfg: Mapping[str, Any] | DictConfig, config_text: str = "") ->
         trainer.runlog.write_config(json.dumps(inp.judge.versions(), indent=1),
                                     "judge_versions.json")
     return trainer
+
+
+def _trained(run: RunConfig, lc: Any, optimizer: Any, model_cfg: Any, params: Any,
+             mesh: Any) -> tuple[Any, Any, Any, Any]:
+    """(the LoRA side or None, the KL reference's weights or None, the train step, the params
+    it trains): all the weights, or a LoRA run's fresh adapters over its frozen base."""
+    t, oc = run.trainer, run.optim_config()
+    lora = lora_run(run.model.lora, model_cfg, params, {
+        "model.path": run.model.path, "trainer.init_from": t.init_from or ""})
+    # LoRA's reference is its base as the policy sees it (QLoRA: the quantized one), so the
+    # loaded float32 weights are not kept
+    ref_params = None if lc.beta <= 0 else reference_weights(
+        params if lora is None else lora.base, lc.compute_dtype, lora is not None)
+    step_fn = make_train_step(model_cfg, lc, optimizer, lr_schedule(oc),
+                              lora=None if lora is None else lora.config)
+    if lora is not None:  # train the adapters; the base weights are the step's argument
+        step_fn = functools.partial(step_fn, base=lora.base)
+        params = fresh_adapters(lora, t.seed, mesh)
+    return lora, ref_params, step_fn, params
 
 
 class Resumed(NamedTuple):
