@@ -12,14 +12,17 @@ download), bfloat16 weights and KV cache for decoding and bfloat16 compute for t
 * MFU = derived FLOPs (``rl.plan``'s formulas: 2 M per token + attention + the output layer;
   the update 3 forwards plus recomputation) / time / the chip's peak bf16 dense FLOP/s
   (``PEAK_BF16``, vendor data sheets; unknown chips print no MFU);
-* decode HBM bandwidth implied = the bytes a decode step must read (every bfloat16 weight
-  matrix, the output layer included, plus the whole KV cache of prompt + new tokens slots) x
-  new tokens / the whole generation's time (prefill included: a lower bound), against the
-  chip's HBM bandwidth (``PEAK_HBM``, data sheets).
+* a decode step's time = (the generation - a generation of one token) / (new tokens - 1),
+  against the bytes it must read: every bfloat16 weight matrix, the output layer included,
+  and the rows' KV cache by the slots each row holds at that step (averaged over the
+  steps), and the cache the sampler reads (the first of its cache extents that holds them,
+  ``models.transformer.decode_extents``); implied HBM bandwidth = those bytes / the step's
+  time, against the chip's (``PEAK_HBM``, data sheets).
 
     python -m bench.accelerator [--shapes qwen3_0_6b] [--batch 64] [--prompt-len 128]
                                 [--new-tokens 128] [--group 8] [--repeats 3]
                                 [--logits-chunk 128] [--tokenizer PATH] [--json PATH]
+                                [--parts decode update]
 
 Compilation is excluded (one warm-up call each); each figure is the best of ``--repeats``.
 Made for a lent GPU in under 5 minutes (``pip install -e '.[cuda12]'``); on a CPU it runs
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from typing import Any
 
@@ -65,12 +69,27 @@ def peak_hbm(device_kind: str) -> float | None:
     return _by_kind(PEAK_HBM, device_kind)
 
 
-def decode_step_bytes(cfg: Any, rows: int, slots: int, kv_itemsize: int = 2) -> int:
+def decode_step_bytes(cfg: Any, rows: int, slots: float, kv_itemsize: int = 2) -> float:
     """Bytes one decode step reads from memory at least: the bfloat16 weight matrices (an
-    untied model's input embedding is only gathered, B rows) and every row's KV cache."""
+    untied model's input embedding is only gathered, B rows) and `slots` KV cache slots of
+    every row."""
     gathered = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.hidden_size
     cache = rows * slots * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * kv_itemsize
     return (cfg.num_params - gathered) * 2 + cache
+
+
+def cache_slots_read(prompt: int, width: int, new: int, capacity: int) -> tuple[float, float]:
+    """(slots a row holds, slots the sampler reads), each averaged over the decode steps
+    that follow the first token: step t of ``new`` (t >= 1) attends over the ``prompt + t``
+    tokens of its row, written from slot ``width - prompt`` on (prompts left padded to
+    ``width``), and the sampler reads the first of ``models.transformer.decode_extents``
+    that holds slot ``width + t - 1`` (its decode runs one loop per extent)."""
+    from models.transformer import decode_extents
+
+    steps = np.arange(1, max(new, 2))
+    extents = decode_extents(capacity)
+    read = [next(e for e in extents if e > width + t - 1) for t in steps]
+    return float(np.mean(prompt + steps)), float(np.mean(read))
 
 
 def best_time(fn: Any, repeats: int) -> float:
@@ -83,8 +102,9 @@ def best_time(fn: Any, repeats: int) -> float:
     return min(times)
 
 
-def decode_figures(cfg: Any, params: Any, args: argparse.Namespace) -> tuple[float, float]:
-    """(seconds, FLOPs) of one greedy generation of the whole batch."""
+def decode_figures(cfg: Any, params: Any, args: argparse.Namespace) -> tuple[float, float, float]:
+    """(seconds, FLOPs) of one greedy generation of the whole batch, and the seconds of one
+    decode step: (the generation - one of a single token) / (new tokens - 1)."""
     from models.presets import cached_tokenizer, shipped_gguf_path
     from models.sampler import SamplingParams, decode_params, generate
     from rl.plan import Layout, decode_flops, prefill_flops
@@ -95,15 +115,18 @@ def decode_figures(cfg: Any, params: Any, args: argparse.Namespace) -> tuple[flo
     rng = np.random.default_rng(0)
     prompts = [rng.integers(100, min(cfg.vocab_size, 40000), args.prompt_len).tolist()
                for _ in range(args.batch)]
-    sampling = SamplingParams(args.new_tokens, temperature=0.0, ignore_eos=True,
-                              kv_cache_dtype="bfloat16", decode_text=False)
 
-    def run() -> None:
-        generate(cfg, weights, tok, prompts, sampling)  # tokens on the host
+    def run(new: int) -> Any:
+        sampling = SamplingParams(new, temperature=0.0, ignore_eos=True,
+                                  kv_cache_dtype="bfloat16", decode_text=False)
+        return lambda: generate(cfg, weights, tok, prompts, sampling)  # tokens on the host
 
     lay = Layout(prompts=args.batch, rows=args.batch, groups=args.batch, size=1,
                  prompt=args.prompt_len, response=args.new_tokens, mini_batches=1)
-    return best_time(run, args.repeats), prefill_flops(cfg, lay) + decode_flops(cfg, lay)
+    whole = best_time(run(args.new_tokens), args.repeats)
+    first = best_time(run(1), args.repeats)
+    step = (whole - first) / max(args.new_tokens - 1, 1)
+    return whole, prefill_flops(cfg, lay) + decode_flops(cfg, lay), step
 
 
 def update_figures(cfg: Any, params: Any, args: argparse.Namespace) -> tuple[float, float]:
@@ -135,6 +158,34 @@ def update_figures(cfg: Any, params: Any, args: argparse.Namespace) -> tuple[flo
     return best_time(run, args.repeats), update_flops(cfg, n, g, p, r, remat=True)
 
 
+def decode_step_lines(cfg: Any, args: argparse.Namespace, step_s: float,
+                      hbm: float | None) -> dict[str, float]:
+    """Print one decode step's time against the bytes it must read (the weights and the
+    rows' KV cache: by the slots they hold, and by those the sampler reads) and give the
+    figures for the JSON line."""
+    from models.padding import round_up
+    from models.sampler import SamplingParams, cache_length
+
+    sampling = SamplingParams(args.new_tokens)
+    width = round_up(args.prompt_len, sampling.prompt_bucket)
+    capacity = cache_length(width, sampling)
+    held, read = cache_slots_read(args.prompt_len, width, args.new_tokens, capacity)
+    weights = decode_step_bytes(cfg, args.batch, 0)
+    floor, as_read = decode_step_bytes(cfg, args.batch, held), decode_step_bytes(cfg, args.batch,
+                                                                                read)
+    print(f"  {'':7s} a step {step_s * 1e3:.3f} ms (the generation less its first token, per "
+          f"token); it must read {floor / 1e9:.3f} GB: weights {weights / 1e9:.3f}, KV cache "
+          f"{(floor - weights) / 1e9:.3f} (mean {held:.0f} slots a row; the sampler reads "
+          f"{read:.0f} of {capacity}: {as_read / 1e9:.3f} GB)")
+    bandwidth = floor / step_s
+    of_peak = f" = {bandwidth / hbm:.1%} of HBM" if hbm else ""
+    print(f"  {'':7s} >= {bandwidth / 1e12:.3f} TB/s{of_peak}; reading it at the HBM's "
+          f"bandwidth: {floor / hbm * 1e3:.3f} ms" if hbm else
+          f"  {'':7s} >= {bandwidth / 1e12:.3f} TB/s")
+    return {"decode_step_ms": step_s * 1e3, "decode_step_gb": floor / 1e9,
+            "decode_step_read_gb": as_read / 1e9, "decode_tb_s": bandwidth / 1e12}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="qwen3_0_6b")
@@ -148,6 +199,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--tokenizer", default=None,
                     help="HF folder or GGUF whose pad id the prompts use (default: shipped)")
     ap.add_argument("--json", default=None, help="append the figures as one JSON line here")
+    ap.add_argument("--parts", nargs="+", choices=("decode", "update"),
+                    default=["decode", "update"], help="what to time")
     args = ap.parse_args(argv)
     if args.batch % args.group:
         ap.error(f"--batch {args.batch} is not a multiple of --group {args.group}")
@@ -168,11 +221,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"update groups of {args.group}, best of {args.repeats}")
     row: dict[str, Any] = {"shapes": args.shapes, "device": device.device_kind,
                            "batch": args.batch, "prompt": args.prompt_len,
-                           "new_tokens": args.new_tokens, "group": args.group}
+                           "new_tokens": args.new_tokens, "group": args.group,
+                           "xla_flags": os.environ.get("XLA_FLAGS", "")}
     tokens = args.batch * args.new_tokens
-    for name, figures in (("decode", decode_figures), ("update", update_figures)):
+    parts = {"decode": decode_figures, "update": update_figures}
+    for name, figures in ((name, parts[name]) for name in args.parts):
         try:
-            seconds, flops = figures(cfg, params, args)
+            seconds, flops, *step_s = figures(cfg, params, args)
         except Exception as e:  # e.g. out of memory at a large batch: the other still runs
             print(f"  {name:7s} failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
             row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -184,13 +239,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row |= {f"{name}_s": seconds, f"{name}_tflops": flops / seconds / 1e12,
                 f"{name}_mfu": flops / seconds / peak if peak else None}
         if name == "decode":
-            step = decode_step_bytes(cfg, args.batch, args.prompt_len + args.new_tokens)
-            bandwidth = step * args.new_tokens / seconds
-            of_peak = f" = {bandwidth / hbm:.1%} of HBM" if hbm else ""
-            print(f"  {'':7s} {step / 1e9:.2f} GB read per step: >= {bandwidth / 1e12:.2f} "
-                  f"TB/s{of_peak}")
-            row |= {"decode_tok_s": tokens / seconds, "decode_step_gb": step / 1e9,
-                    "decode_tb_s": bandwidth / 1e12}
+            row |= {"decode_tok_s": tokens / seconds} | decode_step_lines(
+                cfg, args, step_s[0], hbm)
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps(row) + "\n")

@@ -10,7 +10,9 @@
 #    under BUDGET seconds (default 420; a part that would start with under 20 s left is skipped):
 #    - bench.sampling_check (the sampler's drawn distribution against the softmax, at HIGHEST
 #      and at the backend's default matmul precision) and the sampler's distribution tests;
-#    - bench.accelerator at its defaults (decode tokens/s, HBM bandwidth, update MFU);
+#    - bench.accelerator at its defaults (decode tokens/s, a decode step's time against the
+#      bytes it must read, update MFU), then its decode again with XLA's command buffers
+#      taking in while loops and conditionals (COMMAND_BUFFERS);
 #    - bench.scoring_precision (a float32 policy's log-probs against float32-true, sampler
 #      against scoring pass, at the default precision, at ours and at HIGHEST);
 #    - 3 steps of rl.train on a random-weight Qwen3-0.6B-shaped HF folder (bench.random_model,
@@ -22,8 +24,8 @@
 # Each part's output goes to OUT_DIR/<part>.log, the figures to OUT_DIR/*.jsonl.
 # TOKENIZER=<HF folder or GGUF> names the tokenizer (default: the shipped SmolLM2 GGUF).
 # ONLY=<regex> runs the parts whose names match (sampling_check sampler_tests accelerator
-# scoring_precision train resume smoke accelerator_large). A dry run on a CPU, small:
-# SHAPES=tiny, and extra arguments appended (so they win) with
+# decode_command_buffers scoring_precision train resume smoke accelerator_large). A dry run
+# on a CPU, small: SHAPES=tiny, and extra arguments appended (so they win) with
 # ACCEL_ARGS (bench.accelerator), SAMPLING_ARGS (bench.sampling_check), PRECISION_ARGS
 # (bench.scoring_precision), TRAIN_ARGS (rl.train).
 set -u
@@ -32,6 +34,7 @@ OUT_DIR=${1:-${OUT:-bench/results/gpu_check}}
 BUDGET=${BUDGET:-420}
 PY=${PYTHON:-python3}
 SHAPES=${SHAPES:-qwen3_0_6b}
+COMMAND_BUFFERS=--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL
 read -r -a ACCEL <<< "${ACCEL_ARGS:-}"
 read -r -a SAMPLING <<< "${SAMPLING_ARGS:-}"
 read -r -a PRECISION <<< "${PRECISION_ARGS:-}"
@@ -90,6 +93,11 @@ part sampling_check 90 "$PY" -m bench.sampling_check "${SAMPLING[@]}"
 part sampler_tests 90 env JAX_PLATFORMS="${JAX_PLATFORMS:-cuda}" "$PY" -m pytest -q \
   -p no:cacheprovider tests/models/test_sampler.py -k "frequencies or float32_true or grid_of"
 part accelerator 150 "$PY" -m bench.accelerator "${TOK_ARGS[@]}" \
+  --json "$OUT_DIR/accelerator.jsonl" "${ACCEL[@]}"
+# the decode again with XLA's command buffers (CUDA graphs) taking in loops and conditionals:
+# a decode step is a while loop's body, whose condition XLA otherwise checks on the host
+part decode_command_buffers 90 env XLA_FLAGS="${XLA_FLAGS:-} $COMMAND_BUFFERS" \
+  "$PY" -m bench.accelerator "${TOK_ARGS[@]}" --parts decode \
   --json "$OUT_DIR/accelerator.jsonl" "${ACCEL[@]}"
 part scoring_precision 120 "$PY" -m bench.scoring_precision --shapes "$SHAPES" "${TOK_ARGS[@]}" \
   --json "$OUT_DIR/scoring_precision.jsonl" "${PRECISION[@]}"

@@ -25,7 +25,7 @@ width, sampling settings) are therefore at most ``len(row_buckets(P)) + 1``;
 chunk, nor a later step with the same shapes, compiles.
 
 A row's real tokens are contiguous from its prompt on; slots past them are empty (invalid).
-The attention reads the cache's used prefix only (``models.transformer.prefix_attention``),
+The attention reads the cache's used prefix only (``models.transformer.while_in_extents``),
 so the capacity reserved up front costs memory, not time.
 """
 
@@ -69,11 +69,13 @@ from models.transformer import (
     KVCache,
     Params,
     Placement,
+    decode_extents,
     forward_with_cache,
     kv_layout,
     platform_of,
     slot_axes,
     unstack_layers,
+    while_in_extents,
 )
 
 
@@ -272,11 +274,14 @@ def _read_rows(cfg: ModelConfig, params: Params, sub: Frontier, lines: jax.Array
     lines = jnp.pad(lines, ((0, 0), (0, TAIL_BLOCK)))
     mask = jnp.pad(mask, ((0, 0), (0, TAIL_BLOCK)))
     longest = jnp.max(read)
+    extents = decode_extents(sub.cache.valid.shape[1])
 
     def blocks(width: int, start: jax.Array, count: jax.Array, carry: tuple[KVCache, jax.Array]):
-        """Read `count` blocks of `width` tokens from column `start` on."""
-        def one(j: jax.Array, carry: tuple[KVCache, jax.Array]) -> tuple[KVCache, jax.Array]:
-            cache, last = carry
+        """Read `count` blocks of `width` tokens from column `start` on, in loops of fixed
+        cache extent (``models.transformer.while_in_extents``)."""
+        def one(state: tuple[jax.Array, tuple[KVCache, jax.Array]],
+                extent: int) -> tuple[jax.Array, tuple[KVCache, jax.Array]]:
+            j, (cache, last) = state
             first = start + j * width
             tokens = jax.lax.dynamic_slice_in_dim(lines, first, width, axis=1)
             real = jax.lax.dynamic_slice_in_dim(mask, first, width, axis=1)
@@ -286,13 +291,18 @@ def _read_rows(cfg: ModelConfig, params: Params, sub: Frontier, lines: jax.Array
             # measurements")
             hidden, cache = forward_with_cache(cfg, params, tokens, real, positions,
                                                cache=cache, cache_index=sub.next_slot + first,
-                                               placement=Placement(mesh, pin_rows=True))
+                                               placement=Placement(mesh, pin_rows=True,
+                                                                   extent=extent))
             at = read - 1 - first  # the row's last token, when it is in this block
             here = (at >= 0) & (at < width)
             h = jnp.take_along_axis(hidden, jnp.clip(at, 0, width - 1)[:, None, None], axis=1)
-            return cache, jnp.where(here[:, None], h[:, 0], last)
+            return j + 1, (cache, jnp.where(here[:, None], h[:, 0], last))
 
-        return jax.lax.fori_loop(0, count, one, carry)
+        def writing_to(state: tuple[jax.Array, Any]) -> jax.Array:  # the block's last slot
+            return jnp.max(sub.next_slot) + start + (state[0] + 1) * width - 1
+
+        return while_in_extents(extents, writing_to, lambda state: state[0] < count, one,
+                                (jnp.int32(0), carry))[1]
 
     # whole blocks, then the rest in blocks of TAIL_BLOCK: a short observation costs about
     # its own length, not a block

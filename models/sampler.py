@@ -39,12 +39,14 @@ from models.transformer import (
     KVCache,
     Params,
     Placement,
+    decode_extents,
     forward_with_cache,
     kv_layout,
     slot_axes,
     unembed,
     unembedding,
     unstack_layers,
+    while_in_extents,
 )
 
 FINISH_REASONS = ("length", "eos", "stop")
@@ -351,9 +353,7 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
     ``start.next_slot`` on (a continuation in place, ``models.continuation``). Every sampled
     token is written to the cache while its row is still running, so the returned frontier
     describes each row's whole sequence and can be continued. With ``settings.mesh``, the
-    loop's carry (cache, logits, tokens, ...) stays sharded along its rows
-    (``models.sharding.row_shardings``) at every step.
-    """
+    loop's carry stays sharded along its rows (``models.sharding.row_shardings``)."""
     b, n, mesh = start.logits.shape[0], settings.max_new, settings.mesh
     first = start.next_slot if first_slot is None else first_slot
     init = constrain_rows(DecodeLoop(
@@ -365,10 +365,11 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
 
     logp_scale = settings.temperature or 1.0  # the sampled distribution's temperature
 
-    def running(s: DecodeLoop) -> jax.Array:
-        return (s.step < n) & ~jnp.all(s.done)
+    running = lambda s: (s.step < n) & ~jnp.all(s.done)  # noqa: E731
+    # the last cache slot the next step writes
+    writing_at = lambda s: jnp.max(first + (s.lengths if first_slot is None else s.step))  # noqa: E731
 
-    def step(s: DecodeLoop) -> DecodeLoop:
+    def step(s: DecodeLoop, extent: int) -> DecodeLoop:
         tok = _sample(s.logits, jax.random.fold_in(s.key, s.step), settings.temperature,
                       settings.top_p)
         logp = jnp.take_along_axis(jax.nn.log_softmax(s.logits / logp_scale, axis=-1),
@@ -386,7 +387,7 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
             cfg, params, tok[:, None], ~s.done[:, None],
             positions=(start.n_tokens + s.step)[:, None], cache=s.cache,
             cache_index=first + (s.lengths if first_slot is None else s.step),
-            placement=Placement(mesh))
+            placement=Placement(mesh, extent=extent))
         return constrain_rows(DecodeLoop(
             step=s.step + 1, key=s.key,
             tokens=s.tokens.at[:, s.step].set(tok), logprobs=s.logprobs.at[:, s.step].set(logp),
@@ -397,7 +398,8 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
             stop_state=jnp.where(s.done, s.stop_state,
                                  stopping.stop_next[s.stop_state, tok])), mesh)
 
-    s = jax.lax.while_loop(running, step, init)
+    extents = decode_extents(start.cache.valid.shape[1], first_slot or 0)  # reads what is used
+    s = while_in_extents(extents, writing_at, running, step, init)
     return Decoded(s.tokens, s.logprobs, s.lengths, s.finish,
                    Frontier(s.cache, s.logits, start.n_tokens + s.lengths, s.stop_state,
                             first + s.lengths))
@@ -510,7 +512,8 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
     cache = constrain_rows(KVCache.zeros(cfg, prompts.tokens.shape[0], width,
                                          jnp.dtype(cache_dtype), layout), mesh)
     hidden, cache = forward_with_cache(cfg, params, prompts.tokens, prompts.mask, cache=cache,
-                                       cache_index=0, placement=Placement(mesh, pin_rows))
+                                       cache_index=0,  # an empty cache: the prompts only
+                                       placement=Placement(mesh, pin_rows, extent=0))
 
     def grown(x: jax.Array, axis: int) -> jax.Array:  # a row's copy, empty slots after
         pad = [(0, 0)] * x.ndim

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -132,51 +133,97 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     layer at batch 32, and their count, not the bytes read, set the cost. The reductions run
     over the cache's non-minor axis (hd for keys, slots for values), vectorised along its
     minor axis, nearly twice as fast on CPU (benchmarks, "Design measurements")."""
+    return joined_attention(q, ((k, v, mask),))
+
+
+def joined_attention(q: jax.Array, parts: Sequence[tuple[jax.Array, jax.Array, jax.Array]]
+                     ) -> jax.Array:
+    """:func:`attention` over the slots of several parts taken together, each part
+    (k [B,KV,hd,S_i], v [B,KV,S_i,hd], mask [B,T,S_i]) read where it is. One part is
+    :func:`attention`'s softmax; several are merged by their log-sum-exps (Hydragen,
+    Juravsky et al. 2024, eq. 2; flash-decoding's reduction): with part i's largest score
+    m_i, its sum of exponentials l_i = sum exp(s - m_i) and its unnormalised output
+    o_i = sum exp(s - m_i) v, the attention is sum_i e^(m_i - m) o_i / sum_i e^(m_i - m) l_i,
+    m = max_i m_i: the softmax over all the slots, without joining the keys and values
+    (a copy of the cache). A forward over a cache attends over the cache as it was and over
+    the tokens' own keys and values (:func:`forward_with_cache`), so the cache is read
+    before the step writes into it, in place."""
     b, t, h, hd = q.shape
-    kv = k.shape[1]
+    kv = parts[0][0].shape[1]
     qg = q.reshape(b, t, kv, h // kv, hd)
+    scored = [(_scores(qg, k, t), mask[:, None, None, 0, :] if t == 1 else
+               mask[:, None, None, :, :], v) for k, v, mask in parts]
+    if len(parts) == 1:
+        (scores, mask, v), = scored
+        out = _weighed(_masked_softmax(scores, mask, hd), v, t)
+        return out.reshape(b, t, h * hd).astype(q.dtype)
+    merged = []
+    for scores, mask, v in scored:
+        scores = jnp.where(mask, scores * (1.0 / np.sqrt(hd)), NEG_INF)
+        top = jnp.max(scores, axis=-1, keepdims=True)
+        weights = jnp.exp(scores - top)
+        merged.append((top, jnp.sum(weights, axis=-1, keepdims=True),
+                       _weighed(weights, v, t)))
+    top = functools.reduce(jnp.maximum, [m for m, _, _ in merged])
+    # the parts' maxima and sums laid out as their outputs: [B,KV,G,1], or [B,T,KV,G,1]
+    lay = (lambda x: x) if t == 1 else (lambda x: x.transpose(0, 3, 1, 2, 4))  # noqa: E731
+    scale = [lay(jnp.exp(m - top)) for m, _, _ in merged]
+    out = sum(c * o for c, (_, _, o) in zip(scale, merged, strict=True))
+    total = sum(c * lay(s) for c, (_, s, _) in zip(scale, merged, strict=True))
+    return (out / total).reshape(b, t, h * hd).astype(q.dtype)
+
+
+def _scores(qg: jax.Array, k: jax.Array, t: int) -> jax.Array:
+    """q.k for grouped queries qg [B,T,KV,G,hd] and keys k [B,KV,hd,S], in float32:
+    [B,KV,G,S] for one token (a multiply-and-reduce, see :func:`attention`), else
+    [B,KV,G,T,S] (a dot in the keys' dtype, float32 accumulation)."""
     f32 = jnp.float32
     if t == 1:
-        scores = jnp.sum(qg[:, 0, ..., None].astype(f32) * k[:, :, None].astype(f32), axis=3)
-        probs = _masked_softmax(scores, mask[:, None, None, 0, :], hd)       # [B,KV,G,S]
-        out = jnp.sum(probs[..., None] * v[:, :, None].astype(f32), axis=3)  # [B,KV,G,hd]
-    else:
-        # several tokens (prefill, training): two dots, each contracting its operands' minor
-        # axes, in the cache's dtype with float32 accumulation
-        scores = jnp.einsum("btkgd,bksd->bkgts", qg.astype(k.dtype), k.swapaxes(2, 3),
-                            preferred_element_type=f32, precision=probability_precision(k.dtype))
-        probs = _masked_softmax(scores, mask[:, None, None, :, :], hd)      # [B,KV,G,T,S]
-        out = jnp.einsum("bkgts,bkds->btkgd", probs.astype(v.dtype), v.swapaxes(2, 3),
-                         preferred_element_type=f32, precision=probability_precision(v.dtype))
-    return out.reshape(b, t, h * hd).astype(q.dtype)
+        return jnp.sum(qg[:, 0, ..., None].astype(f32) * k[:, :, None].astype(f32), axis=3)
+    # several tokens (prefill, training): two dots, each contracting its operands' minor
+    # axes, in the cache's dtype with float32 accumulation
+    return jnp.einsum("btkgd,bksd->bkgts", qg.astype(k.dtype), k.swapaxes(2, 3),
+                      preferred_element_type=f32, precision=probability_precision(k.dtype))
 
 
-def decode_extents(slots: int) -> tuple[int, ...]:
-    """The cache prefixes a forward over a cache may attend over (:func:`prefix_attention`):
-    multiples of a block of at least 128 slots, at most 8 of them, the last the whole cache."""
+def _weighed(probs: jax.Array, v: jax.Array, t: int) -> jax.Array:
+    """The values v [B,KV,S,hd] weighed by probs ([B,KV,G,S], or [B,KV,G,T,S] for T > 1),
+    summed over the slots: [B,KV,G,hd], or [B,T,KV,G,hd]."""
+    if t == 1:
+        return jnp.sum(probs[..., None] * v[:, :, None].astype(jnp.float32), axis=3)
+    return jnp.einsum("bkgts,bkds->btkgd", probs.astype(v.dtype), v.swapaxes(2, 3),
+                      preferred_element_type=jnp.float32,
+                      precision=probability_precision(v.dtype))
+
+
+def decode_extents(slots: int, first: int = 0) -> tuple[int, ...]:
+    """The cache prefixes a forward over a cache may attend over (``Placement.extent`` of
+    :func:`forward_with_cache`): multiples of a block of at least 128 slots, at most 8 of
+    them, the last the whole cache; those past slot ``first`` (a loop's first write)."""
     block = 128 * max(1, -(-slots // (8 * 128)))
-    return tuple(range(block, slots, block)) + (slots,)
+    return tuple(e for e in range(block, slots, block) if e > first) + (slots,)
 
 
-def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                     last_slot: jax.Array) -> jax.Array:
-    """:func:`attention` over the cache's first slots only, up to the first of
-    :func:`decode_extents` past ``last_slot`` (the last slot any row attends to), chosen at
-    run time among those static prefixes: the slots after it are empty or the row's future,
-    masked for every row, so the result is the same, but a decode step or a prefill costs
-    the cache's used part, not its capacity (a multi-turn rollout reserves room for every
-    turn up front; on the 2-core CPU a 48-token decode at batch 16 cost 12 % more per 256
-    empty slots when every step read them all)."""
-    extents = decode_extents(k.shape[3])
-    if len(extents) == 1:
-        return attention(q, k, v, mask)
-    branch = jnp.minimum(jnp.searchsorted(jnp.asarray(extents), last_slot, side="right"),
-                         len(extents) - 1)
+def while_in_extents(extents: Sequence[int], last_slot: Any, running: Any, step: Any,
+                     state: Any) -> Any:
+    """``while running(state): state = step(state, extent)``, run as one ``while_loop`` per
+    extent of ``extents`` (increasing), each for as long as the slot the next step writes,
+    ``last_slot(state)``, lies below its extent; the last takes the rest. ``step`` passes
+    ``extent`` on to :func:`forward_with_cache`, so each loop's body attends over its static
+    prefix of the cache: a loop whose writes only move forward (a decode, a read's blocks)
+    reads the cache's used part, not its capacity, with no conditional inside the layers.
 
-    def over(e: int):
-        return lambda q, k, v, m: attention(q, k[..., :e], v[:, :, :e], m[..., :e])
-
-    return jax.lax.switch(branch, [over(e) for e in extents], q, k, v, mask)
+    Why not choose the extent inside the step: a ``lax.switch`` in each layer (as here
+    before) is, on a GPU, a copy of its index to the host and a wait, per layer and token
+    (XLA runs a conditional's branch choice on the host); and a switch over the whole step
+    compiles as many copies of it as these loops do, plus the choice. The loops' copies of
+    the step are the compile's cost: at most 8 (:func:`decode_extents`), one for a cache of
+    up to 128 slots."""
+    for extent in extents[:-1]:
+        state = jax.lax.while_loop(
+            lambda s, e=extent: running(s) & (last_slot(s) < e),
+            functools.partial(step, extent=extent), state)
+    return jax.lax.while_loop(running, functools.partial(step, extent=extents[-1]), state)
 
 
 def _masked_softmax(scores: jax.Array, mask: jax.Array, hd: int) -> jax.Array:
@@ -357,10 +404,12 @@ class Placement:
     (``models.constraints.shard_rows``, as ``forward`` does in training); otherwise they are
     left to GSPMD. The prefill pins as its config says (``models.sampler.prefill``: which is
     smaller depends on the model, prompts and shards); the continuation's read pins
-    (``models.continuation.read_in_place``)."""
+    (``models.continuation.read_in_place``). ``extent``: how much of the cache the tokens
+    attend over (see :func:`forward_with_cache`)."""
 
     mesh: Any = None
     pin_rows: bool = False
+    extent: int | None = None
 
 
 def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
@@ -380,6 +429,14 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
 
     ``placement``: the program's mesh and whether the rows are pinned (:class:`Placement`);
     the cache is in the layout of its mesh's platform (:func:`kv_layout`).
+
+    ``placement.extent``: the tokens attend over the cache's first ``extent`` slots only (a
+    static prefix; None, the whole cache; 0, none: an empty cache) and over their own keys
+    and values, written after the cache is read (in place: :func:`joined_attention`). Every
+    valid slot before a token must lie below it; the result is the same for less reading.
+    Loops choose it by :func:`while_in_extents` (a multi-turn rollout reserves room for
+    every turn up front; on the 2-core CPU a 48-token decode at batch 16 cost 12 % more per
+    256 empty slots when every step read the whole cache).
     """
     t, mesh = tokens.shape[1], placement.mesh
     attn_mask, positions = _mask_and_positions(tokens, attn_mask, positions)
@@ -387,45 +444,71 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
     at = jnp.asarray(cache_index, jnp.int32)
     written = (at[:, None] if at.ndim else at[None, None]) + jnp.arange(t)  # [B|1,T] slots
     layout = kv_layout(mesh)
-    valid = _write_at(cache.valid, attn_mask, at, axis=1, by_row=layout != DEFAULT_LAYOUT)
-    causal = jnp.arange(cache.valid.shape[1]) <= written[:, :, None]  # [B|1,T,S]
-    mask = causal & valid[:, None, :]
-    # the tokens attend over the cache's used prefix only
-    attend_over = functools.partial(prefix_attention, last_slot=jnp.max(written))
+    extent = cache.valid.shape[1] if placement.extent is None else placement.extent
+    # the tokens attend over the cache as it was, up to `extent` (every slot valid there
+    # before them), and over themselves (causal, their real tokens)
+    before = (jnp.arange(extent) <= written[:, :, None]) & cache.valid[:, None, :extent]
+    own = jnp.broadcast_to(_causal(t)[None] & attn_mask[:, None, :], (before.shape[0], t, t))
     # a several-token forward reads a bfloat16 cache in float32 on CPU
-    write = _cache_writer(layout, at, t > 1 and _no_bf16_dot_on_buffers(cache.k[0].dtype, mesh))
+    upcast = t > 1 and _no_bf16_dot_on_buffers(cache.k[0].dtype, mesh)
+    write = _cache_writer(layout, at)
 
     pin = shard_rows if placement.pin_rows else (lambda a: a)
     x, ks, vs = pin(params["embed"][tokens]), [], []
-    layers = unstack_layers(params)["layers"]
-    for p, ck, cv in zip(layers, cache.k, cache.v, strict=True):
-        x, (ck, cv) = _layer(cfg, p, x, positions, inv_freq, mask,
-                             lambda k, v, ck=ck, cv=cv: write(ck, cv, k, v), attend_over)
-        x = pin(x)
+    for p, ck, cv in zip(unstack_layers(params)["layers"], cache.k, cache.v, strict=True):
+        q, k, v = _qkv(cfg, p, rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), positions,
+                       inv_freq)
+        k, v = cached_keys(k, layout).astype(ck.dtype), cached_values(v, layout).astype(cv.dtype)
+        attended_out = joined_attention(q, _attended_parts(
+            (ck, cv, before), (k, v, own), layout, extent, upcast))
+        ck, cv = write(ck, cv, k, v, after=attended_out)
+        x = x + dense(attended_out, p["wo"])
+        x = pin(x + _mlp(p, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)))
         ks.append(ck)
         vs.append(cv)
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    valid = _write_at(cache.valid, attn_mask, at, axis=1, by_row=layout != DEFAULT_LAYOUT)
     return x, KVCache(tuple(ks), tuple(vs), valid)
 
 
-def _cache_writer(layout: str, at: jax.Array, upcast: bool) -> Any:
-    """``write(ck, cv, k, v)`` for :func:`forward_with_cache`: the new keys and values [B,T,KV,hd]
-    written into one layer's cache (in ``layout``) from slot ``at`` (one, or one per row), then
-    given back as attended (:func:`attended`; in float32 with ``upcast``) with the written
-    cache."""
+def _attended_parts(cache: tuple, tokens: tuple, layout: str, extent: int,
+                    upcast: bool) -> tuple:
+    """((keys, values, mask) of the cache's first ``extent`` slots, then of the tokens
+    themselves), from (keys, values, mask) of each, as :func:`joined_attention` reads them
+    (float32 with ``upcast``); without the cache for ``extent`` 0."""
+    both = [(*attended(k, v, layout), mask) for k, v, mask in (cache, tokens)]
+    if upcast:
+        both = [(k.astype(jnp.float32), v.astype(jnp.float32), m) for k, v, m in both]
+    k, v, mask = both[0]
+    both[0] = (k[..., :extent], v[:, :, :extent], mask)
+    return tuple(both if extent else both[1:])
+
+
+def _cache_writer(layout: str, at: jax.Array) -> Any:
+    """``write(ck, cv, k, v, after)`` for :func:`forward_with_cache`: the new keys and values
+    (as cached: in ``layout``, the cache's dtype) written into one layer's cache from slot
+    ``at`` (one, or one per row), once ``after`` (the layer's attention output, which read
+    the cache) is computed.
+
+    Why the wait: the write updates the cache in place only if XLA orders it after every read
+    of the old cache, and XLA orders by data, not by program order (an optimization barrier
+    is gone before it decides). Without the dependence it copied every layer's cache at each
+    decode step (on CPU a third of a batch-32 step). The dependence is ``0 * x`` on an
+    element of ``after`` of each row and KV head (where the row and the head are, under any
+    sharding): an exact zero for finite attention outputs, which XLA does not fold away (it
+    would not be one for NaN)."""
     key_axis, value_axis = slot_axes(layout)
     by_row = layout != DEFAULT_LAYOUT  # see _write_at
 
-    def write(ck: jax.Array, cv: jax.Array, k: jax.Array, v: jax.Array):
-        k, v = cached_keys(k, layout).astype(ck.dtype), cached_values(v, layout).astype(cv.dtype)
-        ck = _write_at(ck, k, at, axis=key_axis, by_row=by_row)
-        cv = _write_at(cv, v, at, axis=value_axis, by_row=by_row)
+    def write(ck: jax.Array, cv: jax.Array, k: jax.Array, v: jax.Array, after: jax.Array):
+        b, kv = ck.shape[:2]  # each row and KV head waits for its own: no communication
+        zero = (0 * after.reshape(b, after.shape[1], kv, -1)[:, 0, :, :1]).astype(ck.dtype)
+        zero = zero[..., None]  # [B,KV,1,1]
+        ck = _write_at(ck, k + zero, at, axis=key_axis, by_row=by_row)
+        cv = _write_at(cv, v + zero, at, axis=value_axis, by_row=by_row)
         if by_row:
             ck, cv = _as_stored(ck), _as_stored(cv)
-        keys, values = attended(ck, cv, layout)
-        if upcast:
-            return keys.astype(jnp.float32), values.astype(jnp.float32), (ck, cv)
-        return keys, values, (ck, cv)
+        return ck, cv
 
     return write
 

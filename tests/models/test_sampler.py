@@ -79,6 +79,49 @@ def test_logprobs_match_separate_forward(tiny, temperature):
                                    atol=2e-5)
 
 
+def test_a_rollout_across_cache_extents_follows_the_plain_forward(tiny):
+    """A generation and its continuation whose cache spans several extents (slots 128, 256,
+    ...: each loop of ``while_in_extents`` attends over its prefix only) sample with the
+    log-probs of a plain forward over each whole sequence, from the first extent's steps to
+    the last's, a read's blocks crossing an extent included."""
+    cfg, params, tok = tiny
+    prompts = [(tok.encode("the cat sat on the mat and looked at the door ") * 9)[:110],
+               tok.encode("hello")]
+    sp = SamplingParams(60, temperature=1.0, ignore_eos=True, read_block=32)
+    first = generate(cfg, params, tok, prompts, sp, seed=5)  # 112 + 64 slots: 128, 176
+    context = [p + c for p, c in zip(prompts, first.token_lists())]
+    obs = tok.encode(" <information> " + "the tower is old and tall " * 15 + "</information>")
+    assert len(obs) > 90  # blocks of 32 from slot 172 cross 256
+    second = continue_generation(cfg, params, tok, first.state,
+                                 Continuation([0, 1], [obs, []]), sp, seed=6)
+    assert second.state.cache.valid.shape[1] > 256
+    gaps = np.concatenate([_logprob_gap(cfg, params, tok, prompts, first),
+                           _logprob_gap(cfg, params, tok, [context[0] + obs, context[1]],
+                                        second)])
+    assert gaps.max() < 2e-5, gaps.max()
+
+
+def test_the_decode_and_read_programs_choose_no_branch_per_layer(tiny):
+    """No conditional in a decode step's layers (on a GPU each would be a copy to the host
+    and a wait, per layer and token): the fresh decode, a continuation's decode (in place and
+    on a sub-batch) and its read run one loop per cache extent instead, with no case op."""
+    from models.continuation import bucket_kernel, read_kernel
+    from models.sampler import generation_kernels
+
+    cfg, params, tok = tiny
+    sp = SamplingParams(400, temperature=1.0)  # 400 slots and more: extents 128, 256, ...
+    _, dec = generation_kernels(cfg, params, [[1] * 8] * 4, sp)
+    front = dec.args[1]
+    programs = [dec, bucket_kernel(cfg, params, front, 4, sp, None, abstract=True),
+                bucket_kernel(cfg, params, front, 1, sp, None, abstract=True),
+                read_kernel(cfg, params, front, 64, sp, None, abstract=True)]
+    assert [k.name for k in programs] == ["decode", "continue", "part", "read"]
+    for kernel in programs:
+        text = kernel.lower().as_text()
+        assert "stablehlo.case" not in text and "stablehlo.if" not in text, kernel.name
+        assert text.count("stablehlo.while") >= 4, kernel.name  # a loop per extent
+
+
 def test_same_seed_same_samples_and_seed_matters(tiny):
     cfg, params, tok = tiny
     prompts = _prompts(tok)
