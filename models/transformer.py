@@ -219,10 +219,11 @@ def while_in_extents(extents: Sequence[int], last_slot: Any, running: Any, step:
     compiles as many copies of it as these loops do, plus the choice. The loops' copies of
     the step are the compile's cost: at most 8 (:func:`decode_extents`), one for a cache of
     up to 128 slots."""
+    def inside(extent: int) -> Any:
+        return lambda s: running(s) & (last_slot(s) < extent)
+
     for extent in extents[:-1]:
-        state = jax.lax.while_loop(
-            lambda s, e=extent: running(s) & (last_slot(s) < e),
-            functools.partial(step, extent=extent), state)
+        state = jax.lax.while_loop(inside(extent), functools.partial(step, extent=extent), state)
     return jax.lax.while_loop(running, functools.partial(step, extent=extents[-1]), state)
 
 
