@@ -275,6 +275,7 @@ def _read_rows(cfg: ModelConfig, params: Params, sub: Frontier, lines: jax.Array
     mask = jnp.pad(mask, ((0, 0), (0, TAIL_BLOCK)))
     longest = jnp.max(read)
     extents = decode_extents(sub.cache.valid.shape[1])
+    furthest = jnp.max(sub.next_slot)  # the rows' furthest first write, once for every block
 
     def blocks(width: int, start: jax.Array, count: jax.Array, carry: tuple[KVCache, jax.Array]):
         """Read `count` blocks of `width` tokens from column `start` on, in loops of fixed
@@ -299,7 +300,7 @@ def _read_rows(cfg: ModelConfig, params: Params, sub: Frontier, lines: jax.Array
             return j + 1, (cache, jnp.where(here[:, None], h[:, 0], last))
 
         def writing_to(state: tuple[jax.Array, Any]) -> jax.Array:  # the block's last slot
-            return jnp.max(sub.next_slot) + start + (state[0] + 1) * width - 1
+            return furthest + start + (state[0] + 1) * width - 1
 
         return while_in_extents(extents, writing_to, lambda state: state[0] < count, one,
                                 (jnp.int32(0), carry))[1]
