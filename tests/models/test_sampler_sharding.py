@@ -5,6 +5,7 @@ values come from the mesh-less sampler (one device), which the other sampler tes
 against an independent forward pass; the layouts are checked against hand-derived ones.
 """
 
+import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -342,3 +343,53 @@ def test_rl_train_rolls_out_over_the_mesh(tmp_path, mesh, replicated):
     assert "ROLLOUT_SHARDS [8]" in res.stdout, res.stdout[-2000:] + res.stderr[-4000:]
     assert f"WEIGHTS_REPLICATED [{replicated}]" in res.stdout, res.stdout[-2000:]
     assert (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed (pip install -e '.[tpu-plan]'): no TPU "
+                           "topology to compile for")
+def test_a_multi_turn_read_of_one_row_groups_compiles_for_tpu():
+    """libtpu 0.0.42.1 refused the read of Qwen3-4B's shapes (here 2 of its layers) on a v5e
+    2x2 slice when each read group is one row (4 rows a chip, bfloat16 weights and cache):
+    "INTERNAL: ... Bitcast cannot have different shape sizes", on a reshape inside the
+    per-layer ``lax.switch`` over cache extents that the read's layers then held. The read's
+    blocks now run one loop per extent (``models.transformer.while_in_extents``) and the
+    program compiles (about a minute on the 2-core AMD EPYC)."""
+    code = textwrap.dedent("""
+        import os
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+        import dataclasses
+        import jax
+        import numpy as np
+        from jax.sharding import Mesh
+        from models.config import from_hf_config
+        from models.continuation import line_width, read_kernel
+        from models.sampler import SamplingParams, decode_params, generation_kernels
+        from models.sharding import decode_param_shardings
+        from rl.plan import _abstract, abstract_params, topology_devices
+        # Qwen3-4B's config.json, 2 layers of its 36
+        cfg = from_hf_config({"model_type": "qwen3", "hidden_size": 2560,
+                              "intermediate_size": 9728, "num_attention_heads": 32,
+                              "num_key_value_heads": 8, "head_dim": 128,
+                              "num_hidden_layers": 2, "vocab_size": 151936,
+                              "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                              "tie_word_embeddings": True, "max_position_embeddings": 40960})
+        mesh = Mesh(np.array(topology_devices("v5e:2x2")).reshape(1, 4, 1),
+                    ("data", "fsdp", "tensor"))
+        shapes = jax.eval_shape(lambda p: decode_params(p, "bfloat16"),
+                                abstract_params(cfg, mesh))
+        params = _abstract(shapes, decode_param_shardings(shapes, mesh))
+        sampling = SamplingParams(max_new_tokens=512, temperature=0.0,
+                                  kv_cache_dtype="bfloat16", capacity=512)
+        _, dec = generation_kernels(cfg, params, [[p + 1] * 256 for p in range(16)],
+                                    sampling, mesh)
+        read = read_kernel(cfg, params, dec.args[1], line_width(500, sampling.read_block),
+                           sampling, mesh, abstract=True)
+        assert read.args[2].shape == (4, 4, 1), read.args[2].shape  # 4 groups of 1 a chip
+        read.lower().compile()
+        print("READ_COMPILED")
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600)
+    assert "READ_COMPILED" in res.stdout, res.stdout[-2000:] + res.stderr[-3000:]
