@@ -16,13 +16,14 @@ download), bfloat16 weights and KV cache for decoding and bfloat16 compute for t
   against the bytes it must read: every bfloat16 weight matrix, the output layer included,
   and the rows' KV cache by the slots each row holds at that step (averaged over the
   steps), and the cache the sampler reads (the first of its cache extents that holds them,
-  ``models.transformer.decode_extents``); implied HBM bandwidth = those bytes / the step's
-  time, against the chip's (``PEAK_HBM``, data sheets).
+  ``models.transformer.decode_extents``; with ``--decode-kernel pallas_gpu`` each row's own
+  slots); implied HBM bandwidth = those bytes / the step's time, against the chip's
+  (``PEAK_HBM``, data sheets).
 
     python -m bench.accelerator [--shapes qwen3_0_6b] [--batch 64] [--prompt-len 128]
                                 [--new-tokens 128] [--group 8] [--repeats 3]
                                 [--logits-chunk 128] [--tokenizer PATH] [--json PATH]
-                                [--parts decode update]
+                                [--parts decode update] [--decode-kernel xla|pallas_gpu]
 
 Compilation is excluded (one warm-up call each); each figure is the best of ``--repeats``.
 Made for a lent GPU in under 5 minutes (``pip install -e '.[cuda12]'``); on a CPU it runs
@@ -78,18 +79,23 @@ def decode_step_bytes(cfg: Any, rows: int, slots: float, kv_itemsize: int = 2) -
     return (cfg.num_params - gathered) * 2 + cache
 
 
-def cache_slots_read(prompt: int, width: int, new: int, capacity: int) -> tuple[float, float]:
+def cache_slots_read(prompt: int, width: int, new: int, capacity: int,
+                     decode_kernel: str = "xla") -> tuple[float, float]:
     """(slots a row holds, slots the sampler reads), each averaged over the decode steps
     that follow the first token: step t of ``new`` (t >= 1) attends over the ``prompt + t``
     tokens of its row, written from slot ``width - prompt`` on (prompts left padded to
     ``width``), and the sampler reads the first of ``models.transformer.decode_extents``
-    that holds slot ``width + t - 1`` (its decode runs one loop per extent)."""
+    that holds slot ``width + t - 1`` (its decode runs one loop per extent); the Pallas
+    decode kernel (``decode_kernel="pallas_gpu"``) reads the row's own slots."""
     from models.transformer import decode_extents
 
     steps = np.arange(1, max(new, 2))
+    held = float(np.mean(prompt + steps))
+    if decode_kernel == "pallas_gpu":
+        return held, held
     extents = decode_extents(capacity)
     read = [next(e for e in extents if e > width + t - 1) for t in steps]
-    return float(np.mean(prompt + steps)), float(np.mean(read))
+    return held, float(np.mean(read))
 
 
 def best_time(fn: Any, repeats: int) -> float:
@@ -118,7 +124,8 @@ def decode_figures(cfg: Any, params: Any, args: argparse.Namespace) -> tuple[flo
 
     def run(new: int) -> Any:
         sampling = SamplingParams(new, temperature=0.0, ignore_eos=True,
-                                  kv_cache_dtype="bfloat16", decode_text=False)
+                                  kv_cache_dtype="bfloat16", decode_text=False,
+                                  decode_kernel=args.decode_kernel)
         return lambda: generate(cfg, weights, tok, prompts, sampling)  # tokens on the host
 
     lay = Layout(prompts=args.batch, rows=args.batch, groups=args.batch, size=1,
@@ -169,7 +176,8 @@ def decode_step_lines(cfg: Any, args: argparse.Namespace, step_s: float,
     sampling = SamplingParams(args.new_tokens)
     width = round_up(args.prompt_len, sampling.prompt_bucket)
     capacity = cache_length(width, sampling)
-    held, read = cache_slots_read(args.prompt_len, width, args.new_tokens, capacity)
+    held, read = cache_slots_read(args.prompt_len, width, args.new_tokens, capacity,
+                                  args.decode_kernel)
     weights = decode_step_bytes(cfg, args.batch, 0)
     floor, as_read = decode_step_bytes(cfg, args.batch, held), decode_step_bytes(cfg, args.batch,
                                                                                 read)
@@ -201,6 +209,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--json", default=None, help="append the figures as one JSON line here")
     ap.add_argument("--parts", nargs="+", choices=("decode", "update"),
                     default=["decode", "update"], help="what to time")
+    ap.add_argument("--decode-kernel", choices=("xla", "pallas_gpu"), default="xla",
+                    help="the decode step's cache attention (SamplingParams.decode_kernel)")
     args = ap.parse_args(argv)
     if args.batch % args.group:
         ap.error(f"--batch {args.batch} is not a multiple of --group {args.group}")
@@ -218,10 +228,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           + (f"peak bf16 {peak / 1e12:.0f} TFLOP/s" if peak else "peak unknown (no MFU)")
           + (f", HBM {hbm / 1e12:.2f} TB/s" if hbm else ""))
     print(f"  batch {args.batch}, prompt {args.prompt_len}, new tokens {args.new_tokens}, "
-          f"update groups of {args.group}, best of {args.repeats}")
+          f"update groups of {args.group}, best of {args.repeats}, decode kernel "
+          f"{args.decode_kernel}")
     row: dict[str, Any] = {"shapes": args.shapes, "device": device.device_kind,
                            "batch": args.batch, "prompt": args.prompt_len,
                            "new_tokens": args.new_tokens, "group": args.group,
+                           "decode_kernel": args.decode_kernel,
                            "xla_flags": os.environ.get("XLA_FLAGS", "")}
     tokens = args.batch * args.new_tokens
     parts = {"decode": decode_figures, "update": update_figures}

@@ -274,7 +274,7 @@ def _read_rows(cfg: ModelConfig, params: Params, sub: Frontier, lines: jax.Array
     lines = jnp.pad(lines, ((0, 0), (0, TAIL_BLOCK)))
     mask = jnp.pad(mask, ((0, 0), (0, TAIL_BLOCK)))
     longest = jnp.max(read)
-    extents = decode_extents(sub.cache.valid.shape[1])
+    extents = decode_extents(sub.cache.valid.shape[1], most=READ_EXTENTS)
     furthest = jnp.max(sub.next_slot)  # the rows' furthest first write, once for every block
 
     def blocks(width: int, start: jax.Array, count: jax.Array, carry: tuple[KVCache, jax.Array]):
@@ -292,8 +292,9 @@ def _read_rows(cfg: ModelConfig, params: Params, sub: Frontier, lines: jax.Array
             # measurements")
             hidden, cache = forward_with_cache(cfg, params, tokens, real, positions,
                                                cache=cache, cache_index=sub.next_slot + first,
-                                               placement=Placement(mesh, pin_rows=True,
-                                                                   extent=extent))
+                                               placement=Placement(
+                                                   mesh, pin_rows=True, extent=extent,
+                                                   decode_kernel=settings.decode_kernel))
             at = read - 1 - first  # the row's last token, when it is in this block
             here = (at >= 0) & (at < width)
             h = jnp.take_along_axis(hidden, jnp.clip(at, 0, width - 1)[:, None, None], axis=1)
@@ -318,6 +319,13 @@ def _read_rows(cfg: ModelConfig, params: Params, sub: Frontier, lines: jax.Array
     logits = jnp.where(read[:, None] > 0, row_logits(cfg, params, last, mesh), sub.logits)
     return Frontier(cache, logits, sub.n_tokens + read, sub.stop_state, sub.next_slot + read)
 
+
+#: A read's cache extents: each is a copy of the whole forward per block width in the read's
+#: program (a decode's, of one step), and the TPU compiler took over 30 minutes on a read of
+#: 8 (Qwen3-4B's 36 layers, 2 widths: 16 copies; the H100 estimate of the ARBOR preset).
+#: A block's attention over the whole cache costs a read less than that: a read is compute,
+#: and for Qwen3-4B a token's attention over 3,760 slots is a quarter of its other FLOPs.
+READ_EXTENTS = 2
 
 # The TPU compiler's latency-hiding scheduler overlaps the read's layers (weight gathers,
 # attention scores) into the HBM it takes to be free; it does not know of the train state
@@ -392,6 +400,7 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     """
     device_rows = _checked_rows(state, continuation)
     mesh, n_device = state.mesh, len(state.n_tokens)
+    sampling = dataclasses.replace(sampling, decode_kernel=state.decode_kernel)  # its cache's
     shards = 1 if mesh is None else batch_shards(mesh)
     limits = _limits(len(device_rows), sampling, continuation.max_new_per_row)
     appended = [list(a) for a in continuation.appended]
@@ -399,7 +408,7 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
                    for d, a, n in zip(device_rows, appended, limits)))
     front = state.frontier()
     if need > state.capacity:
-        front = _grown(front, round_up(need, 256), kv_layout(mesh))
+        front = _grown(front, round_up(need, 256), kv_layout(mesh, sampling.decode_kernel))
         if continuation.consume:
             _delete(state)
     elif not continuation.consume:
@@ -426,8 +435,8 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
                               settings=settings)
     if continuation.consume:
         _delete(state)  # donated above; freed here where a backend could not reuse them
-    return _result(tokenizer, decoded, len(device_rows), sampling.decode_text, sampling.stop,
-                   layout.sub, mesh, layout=device_rows)
+    return _result(tokenizer, decoded, len(device_rows), sampling, layout.sub, mesh,
+                   layout=device_rows)
 
 
 def _checked_rows(state: DecodeState, continuation: Continuation) -> np.ndarray:

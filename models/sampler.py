@@ -24,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.config import ModelConfig
 from models.constraints import dividing_axes
+from models.decode_attention import DECODE_KERNELS
 from models.padding import left_pad, prompt_count_bucket, round_up
 from models.sharding import (
     batch_shards,
@@ -74,7 +75,11 @@ class SamplingParams:
     rows cost; False: every row of the cache runs, in place (rows not continued ride along,
     finished), so nothing but the cache is held: the memory of a tight accelerator
     (``rl.plan``'s ``part`` program). ``decode_text``: the result carries the rows' texts
-    (False: token ids only, as benchmarks want; no effect on the programs)."""
+    (False: token ids only, as benchmarks want; no effect on the programs).
+    ``decode_kernel``: what computes a decode step's attention over the cache
+    (``models.decode_attention``): "xla" (the default), or "pallas_gpu", the Pallas GPU
+    decode kernel reading each row's own slots, on a cache in its layout (not yet checked
+    on a GPU; interpreted, slowly, elsewhere). A continuation keeps its state's."""
 
     max_new_tokens: int = 128
     temperature: float = 1.0
@@ -88,6 +93,7 @@ class SamplingParams:
     prompt_bucket: int = 16
     sub_batches: bool = True
     decode_text: bool = True
+    decode_kernel: str = "xla"
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -105,6 +111,9 @@ class SamplingParams:
         if self.read_block < 16 or self.read_block % 16:
             raise ValueError(f"read_block must be a positive multiple of 16, got "
                              f"{self.read_block}")
+        if self.decode_kernel not in DECODE_KERNELS:
+            raise ValueError(f"decode_kernel must be one of {', '.join(DECODE_KERNELS)}, "
+                             f"got {self.decode_kernel!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,8 +246,9 @@ class DecodeSettings:
     compiles once): the decode loop's length, the sampling distribution, the mesh whose
     data-parallel axes its rows are sharded over (None: no constraint, one device), the
     dtype a fresh generation's KV cache stores (SamplingParams.kv_cache_dtype), the block
-    a continuation reads appended tokens in (SamplingParams.read_block) and the prefill's
-    activation layout (SamplingParams.prefill_pin_rows)."""
+    a continuation reads appended tokens in (SamplingParams.read_block), the prefill's
+    activation layout (SamplingParams.prefill_pin_rows) and the decode step's attention
+    kernel (SamplingParams.decode_kernel)."""
 
     max_new: int
     temperature: float
@@ -247,12 +257,14 @@ class DecodeSettings:
     cache_dtype: str = "float32"
     read_block: int = 128
     prefill_pin_rows: bool = True
+    decode_kernel: str = "xla"
 
     @staticmethod
     def of(sampling: SamplingParams, mesh: Mesh | None = None) -> DecodeSettings:
         return DecodeSettings(sampling.max_new_tokens, float(sampling.temperature),
                               float(sampling.top_p), mesh, sampling.kv_cache_dtype,
-                              sampling.read_block, sampling.prefill_pin_rows)
+                              sampling.read_block, sampling.prefill_pin_rows,
+                              sampling.decode_kernel)
 
 
 def host_arrays(*arrays: np.ndarray) -> tuple[jax.Array, ...]:
@@ -387,7 +399,7 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
             cfg, params, tok[:, None], ~s.done[:, None],
             positions=(start.n_tokens + s.step)[:, None], cache=s.cache,
             cache_index=first + (s.lengths if first_slot is None else s.step),
-            placement=Placement(mesh, extent=extent))
+            placement=Placement(mesh, extent=extent, decode_kernel=settings.decode_kernel))
         return constrain_rows(DecodeLoop(
             step=s.step + 1, key=s.key,
             tokens=s.tokens.at[:, s.step].set(tok), logprobs=s.logprobs.at[:, s.step].set(logp),
@@ -424,7 +436,7 @@ def _generate(cfg: ModelConfig, params: Params, prompts: PromptBatch, key: jax.A
               stopping: Stopping, *, settings: DecodeSettings, cache_len: int) -> Decoded:
     params = unstack_layers(params)  # a no-op for decode_params
     start = prefill(cfg, params, prompts, cache_len, settings.mesh, settings.cache_dtype,
-                    settings.prefill_pin_rows)
+                    settings.prefill_pin_rows, settings.decode_kernel)
     return decode_loop(cfg, params, start, prompts.tokens.shape[1], key, stopping, settings)
 
 
@@ -451,7 +463,7 @@ def _prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, *, cache_le
              settings: DecodeSettings) -> Frontier:
     """:func:`prefill` as a program of its own, with ``settings``' cache dtype and layout."""
     return prefill(cfg, params, prompts, cache_len, settings.mesh, settings.cache_dtype,
-                   settings.prefill_pin_rows)
+                   settings.prefill_pin_rows, settings.decode_kernel)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "first_slot", "settings"),
@@ -489,7 +501,7 @@ def generation_kernels(cfg: ModelConfig, params: Params, prompts: Sequence[Seque
 
 def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: int,
             mesh: Mesh | None = None, cache_dtype: str = "float32",
-            pin_rows: bool = True) -> Frontier:
+            pin_rows: bool = True, decode_kernel: str = "xla") -> Frontier:
     """Prefill each distinct prompt once (GRPO samples a group per prompt) into a cache of
     the prompt's slots stored in `cache_dtype` (every write casts to it), then give every row
     a copy of its prompt's cache, padded with empty slots to `cache_len`: the frontier the
@@ -505,15 +517,17 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
     left to GSPMD, which tends to keep the weights sharded and replicate the activations.
     Neither is smaller for every model and slice (the planned peaks are on the benchmarks
     page), so a config picks it (``trainer.prefill_pin_rows``) and ``rl.plan`` compiles the
-    config's choice."""
+    config's choice. ``decode_kernel``: the decode's attention kernel, whose layout the cache
+    takes (``models.transformer.kv_layout``)."""
     params = unstack_layers(params)
     rows, width = prompts.rows, prompts.tokens.shape[1]
-    layout = kv_layout(mesh)
+    layout = kv_layout(mesh, decode_kernel)
     cache = constrain_rows(KVCache.zeros(cfg, prompts.tokens.shape[0], width,
                                          jnp.dtype(cache_dtype), layout), mesh)
     hidden, cache = forward_with_cache(cfg, params, prompts.tokens, prompts.mask, cache=cache,
                                        cache_index=0,  # an empty cache: the prompts only
-                                       placement=Placement(mesh, pin_rows, extent=0))
+                                       placement=Placement(mesh, pin_rows, extent=0,
+                                                           decode_kernel=decode_kernel))
 
     def grown(x: jax.Array, axis: int) -> jax.Array:  # a row's copy, empty slots after
         pad = [(0, 0)] * x.ndim
@@ -545,7 +559,8 @@ class DecodeState:
     The arrays hold the sampler's device rows; with a ``mesh`` (the one the generation ran
     on, and its continuations run on) in equal blocks, one per data-parallel shard (which
     holds their cache). ``layout[i]`` is the device row of the generation's output row i
-    (None: row i is device row i)."""
+    (None: row i is device row i). ``decode_kernel``: the generation's
+    (``SamplingParams.decode_kernel``), which set its cache's layout."""
 
     cache: KVCache
     logits: jax.Array
@@ -555,6 +570,7 @@ class DecodeState:
     stops: tuple[str, ...] = ()
     layout: np.ndarray | None = None
     mesh: Mesh | None = None
+    decode_kernel: str = "xla"
 
     @property
     def rows(self) -> int:
@@ -630,12 +646,13 @@ def _key(seed: int | jax.Array) -> jax.Array:
     return jax.random.key(seed) if isinstance(seed, int) else seed
 
 
-def _result(tokenizer: Tokenizer, decoded: Decoded, n_rows: int, decode_text: bool,
-            stops: tuple[str, ...], order: np.ndarray | None = None,
-            mesh: Mesh | None = None, layout: np.ndarray | None = None) -> Generation:
+def _result(tokenizer: Tokenizer, decoded: Decoded, n_rows: int, sampling: SamplingParams,
+            order: np.ndarray | None = None, mesh: Mesh | None = None,
+            layout: np.ndarray | None = None) -> Generation:
     """The host's copy of a decode (output row i is the decode's row ``order[i]``, default
     i) and the state a continuation starts from (left on device; output row i is its device
-    row ``layout[i]``, default ``order[i]``)."""
+    row ``layout[i]``, default ``order[i]``), by ``sampling``'s decode_text, stop strings and
+    decode kernel."""
     front = decoded.frontier
     out, logp, length, finish, n_host, stop_host, slot_host = host_copy(
         (decoded.tokens, decoded.logprobs, decoded.lengths, decoded.finish, front.n_tokens,
@@ -643,14 +660,15 @@ def _result(tokenizer: Tokenizer, decoded: Decoded, n_rows: int, decode_text: bo
     pick = (lambda a: a[:n_rows]) if order is None else (lambda a: a[order])  # noqa: E731
     out, logp, length, finish = pick(out), pick(logp), pick(length), pick(finish)
     lists = [row[:k].tolist() for row, k in zip(out, length)]
-    texts = tuple(tokenizer.decode_batch(lists)) if decode_text else ()
+    texts = tuple(tokenizer.decode_batch(lists)) if sampling.decode_text else ()
     return Generation(tokens=np.asarray(out), logprobs=np.asarray(logp),
                       lengths=np.asarray(length),
                       finish=tuple(FINISH_REASONS[int(f)] for f in finish), texts=texts,
                       state=DecodeState(front.cache, front.logits, np.asarray(n_host),
                                         np.asarray(slot_host), np.asarray(stop_host),
-                                        _canonical(stops), order if layout is None else layout,
-                                        mesh))
+                                        _canonical(sampling.stop),
+                                        order if layout is None else layout, mesh,
+                                        sampling.decode_kernel))
 
 
 def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
@@ -678,8 +696,7 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
         cfg, params, batch, _key(seed), stopping, settings=DecodeSettings.of(sampling, mesh),
         cache_len=cache_length(batch.tokens.shape[1], sampling))
     order = None if mesh is None else np.arange(len(prompts))  # the padding rows: not rows
-    return _result(tokenizer, decoded, len(prompts), sampling.decode_text, sampling.stop, order,
-                   mesh)
+    return _result(tokenizer, decoded, len(prompts), sampling, order, mesh)
 
 
 def cache_length(width: int, sampling: SamplingParams) -> int:

@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec
 
 from models.config import ModelConfig
 from models.constraints import row_axes, shard_rows, shard_tree_rows
+from models.decode_attention import bounded_attention, row_bounds
 from models.quant import Quantized, dequantize
 
 Params = dict[str, Any]
@@ -136,7 +137,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     return joined_attention(q, ((k, v, mask),))
 
 
-def joined_attention(q: jax.Array, parts: Sequence[tuple[jax.Array, jax.Array, jax.Array]]
+def joined_attention(q: jax.Array, parts: Sequence[tuple[jax.Array, jax.Array, jax.Array]],
+                     reduced: Sequence[tuple[jax.Array, jax.Array, jax.Array]] = ()
                      ) -> jax.Array:
     """:func:`attention` over the slots of several parts taken together, each part
     (k [B,KV,hd,S_i], v [B,KV,S_i,hd], mask [B,T,S_i]) read where it is. One part is
@@ -147,17 +149,21 @@ def joined_attention(q: jax.Array, parts: Sequence[tuple[jax.Array, jax.Array, j
     m = max_i m_i: the softmax over all the slots, without joining the keys and values
     (a copy of the cache). A forward over a cache attends over the cache as it was and over
     the tokens' own keys and values (:func:`forward_with_cache`), so the cache is read
-    before the step writes into it, in place."""
+    before the step writes into it, in place.
+
+    ``reduced``: parts another computation has already reduced to (m_i, l_i, o_i) (for one
+    token: [B,KV,G,1], [B,KV,G,1], [B,KV,G,hd], float32, scores scaled by 1/sqrt(hd)), as
+    the Pallas decode kernel returns them (``models.decode_attention``)."""
     b, t, h, hd = q.shape
     kv = parts[0][0].shape[1]
     qg = q.reshape(b, t, kv, h // kv, hd)
     scored = [(_scores(qg, k, t), mask[:, None, None, 0, :] if t == 1 else
                mask[:, None, None, :, :], v) for k, v, mask in parts]
-    if len(parts) == 1:
+    if len(parts) == 1 and not reduced:
         (scores, mask, v), = scored
         out = _weighed(_masked_softmax(scores, mask, hd), v, t)
         return out.reshape(b, t, h * hd).astype(q.dtype)
-    merged = []
+    merged = list(reduced)
     for scores, mask, v in scored:
         scores = jnp.where(mask, scores * (1.0 / np.sqrt(hd)), NEG_INF)
         top = jnp.max(scores, axis=-1, keepdims=True)
@@ -196,11 +202,11 @@ def _weighed(probs: jax.Array, v: jax.Array, t: int) -> jax.Array:
                       precision=probability_precision(v.dtype))
 
 
-def decode_extents(slots: int, first: int = 0) -> tuple[int, ...]:
+def decode_extents(slots: int, first: int = 0, most: int = 8) -> tuple[int, ...]:
     """The cache prefixes a forward over a cache may attend over (``Placement.extent`` of
-    :func:`forward_with_cache`): multiples of a block of at least 128 slots, at most 8 of
-    them, the last the whole cache; those past slot ``first`` (a loop's first write)."""
-    block = 128 * max(1, -(-slots // (8 * 128)))
+    :func:`forward_with_cache`): multiples of a block of at least 128 slots, at most ``most``
+    of them, the last the whole cache; those past slot ``first`` (a loop's first write)."""
+    block = 128 * max(1, -(-slots // (most * 128)))
     return tuple(e for e in range(block, slots, block) if e > first) + (slots,)
 
 
@@ -233,12 +239,12 @@ def _masked_softmax(scores: jax.Array, mask: jax.Array, hd: int) -> jax.Array:
 
 
 #: KV cache layouts (:func:`kv_layout`).
-DEFAULT_LAYOUT, TPU_LAYOUT = "default", "tpu"
+DEFAULT_LAYOUT, TPU_LAYOUT, SLOT_ROWS_LAYOUT = "default", "tpu", "slot_rows"
 
 
 class KVCache(NamedTuple):
     """Keys and values, one buffer per layer (a tuple of L arrays each: keys [B,KV,hd,S],
-    values [B,KV,S,hd], or their transposes on TPU: see :func:`kv_layout`), and which slots
+    values [B,KV,S,hd], or another layout: see :func:`kv_layout`), and which slots
     hold real tokens, [B,S]. Per-layer buffers, like the per-layer weights of
     :func:`unstack_layers`, keep a decode loop from slicing (copying) stacked arrays at every
     step."""
@@ -255,18 +261,20 @@ class KVCache(NamedTuple):
         float32 cache faster than it converts a bfloat16 one, and a several-token forward
         reads a bfloat16 cache in float32)."""
         kv, hd = cfg.num_kv_heads, cfg.head_dim
-        k_shape, v_shape = (batch, kv, hd, length), (batch, kv, length, hd)
-        if layout != DEFAULT_LAYOUT:
-            k_shape, v_shape = v_shape, k_shape
+        slots_minor, slot_rows = (batch, kv, hd, length), (batch, kv, length, hd)
+        k_shape, v_shape = {DEFAULT_LAYOUT: (slots_minor, slot_rows),
+                            TPU_LAYOUT: (slot_rows, slots_minor),
+                            SLOT_ROWS_LAYOUT: (slot_rows, slot_rows)}[layout]
         n = cfg.num_layers
         return KVCache(tuple(jnp.zeros(k_shape, dtype) for _ in range(n)),
                        tuple(jnp.zeros(v_shape, dtype) for _ in range(n)),
                        jnp.zeros((batch, length), bool))
 
 
-def kv_layout(mesh: Any = None) -> str:
+def kv_layout(mesh: Any = None, decode_kernel: str = "xla") -> str:
     """How a KV cache stores each layer on the platform a program runs on (the mesh's
-    devices', else JAX's default backend: ``rl.plan`` compiles for TPU on a CPU host).
+    devices', else JAX's default backend: ``rl.plan`` compiles for TPU on a CPU host), for
+    the decode step's attention kernel (``models.decode_attention``).
 
     ``"default"`` (CPU, GPU): keys [B,KV,hd,S] (slot-minor), values [B,KV,S,hd] (see
     :func:`cached_keys`); rows write at their own slots by a scatter.
@@ -275,7 +283,11 @@ def kv_layout(mesh: Any = None) -> str:
     (:func:`_write_each_row`). The TPU compiler gives a scatter's operand, and a dot's, a
     layout of its own choosing; a program that carries the cache through a loop of them (a
     decode chunk, the multi-turn read) then copied every layer of the cache into that layout
-    (the temporaries this saves are on the benchmarks page, "Design measurements")."""
+    (the temporaries this saves are on the benchmarks page, "Design measurements").
+    ``"slot_rows"`` (``decode_kernel="pallas_gpu"``, any platform): keys and values both
+    [B,KV,S,hd], as the Pallas GPU decode kernel reads them; rows write by a scatter."""
+    if decode_kernel == "pallas_gpu":
+        return SLOT_ROWS_LAYOUT
     return TPU_LAYOUT if platform_of(mesh) == "tpu" else DEFAULT_LAYOUT
 
 
@@ -287,12 +299,12 @@ def platform_of(mesh: Any = None) -> str:
 
 def slot_axes(layout: str = DEFAULT_LAYOUT) -> tuple[int, int]:
     """(the keys' slot axis, the values' slot axis) of a cache layer in ``layout``."""
-    return (3, 2) if layout == DEFAULT_LAYOUT else (2, 3)
+    return {DEFAULT_LAYOUT: (3, 2), TPU_LAYOUT: (2, 3), SLOT_ROWS_LAYOUT: (2, 2)}[layout]
 
 
 def cached_keys(k: jax.Array, layout: str = DEFAULT_LAYOUT) -> jax.Array:
     """Keys [B,T,KV,hd] as projected -> as cached: [B,KV,hd,T] (``"default"``, as attended
-    over) or [B,KV,T,hd] (``"tpu"``, :func:`kv_layout`).
+    over) or [B,KV,T,hd] (``"tpu"``, ``"slot_rows"``: :func:`kv_layout`).
 
     Keys slot-minor and values [B,KV,S,hd] (see :func:`cached_values`) put the axis that a
     decode step's multiply-and-reduce sums over (hd for q.k, slots for p.v) outside the one
@@ -301,15 +313,16 @@ def cached_keys(k: jax.Array, layout: str = DEFAULT_LAYOUT) -> jax.Array:
 
 
 def cached_values(v: jax.Array, layout: str = DEFAULT_LAYOUT) -> jax.Array:
-    """Values [B,T,KV,hd] as projected -> as cached: [B,KV,T,hd] (``"default"``) or
-    [B,KV,hd,T] (``"tpu"``; see :func:`cached_keys`)."""
-    return v.transpose(0, 2, 1, 3) if layout == DEFAULT_LAYOUT else v.transpose(0, 2, 3, 1)
+    """Values [B,T,KV,hd] as projected -> as cached: [B,KV,T,hd] (``"default"``,
+    ``"slot_rows"``) or [B,KV,hd,T] (``"tpu"``; see :func:`cached_keys`)."""
+    return v.transpose(0, 2, 3, 1) if layout == TPU_LAYOUT else v.transpose(0, 2, 1, 3)
 
 
 def attended(k: jax.Array, v: jax.Array, layout: str) -> tuple[jax.Array, jax.Array]:
     """A cache layer's keys and values in ``layout`` as :func:`attention` reads them (the
-    ``"default"`` layout; for the TPU's, transposed views the compiler lays out for free)."""
-    return (k, v) if layout == DEFAULT_LAYOUT else (k.swapaxes(2, 3), v.swapaxes(2, 3))
+    ``"default"`` layout; for the others, transposed views the compiler lays out for free)."""
+    keys = k if layout == DEFAULT_LAYOUT else k.swapaxes(2, 3)
+    return keys, v.swapaxes(2, 3) if layout == TPU_LAYOUT else v
 
 
 def unstack_layers(params: Params) -> Params:
@@ -406,11 +419,14 @@ class Placement:
     left to GSPMD. The prefill pins as its config says (``models.sampler.prefill``: which is
     smaller depends on the model, prompts and shards); the continuation's read pins
     (``models.continuation.read_in_place``). ``extent``: how much of the cache the tokens
-    attend over (see :func:`forward_with_cache`)."""
+    attend over (see :func:`forward_with_cache`). ``decode_kernel``: what computes a
+    one-token step's attention over the cache (``models.decode_attention``: "xla", or
+    "pallas_gpu" on a cache in its layout, :func:`kv_layout`)."""
 
     mesh: Any = None
     pin_rows: bool = False
     extent: int | None = None
+    decode_kernel: str = "xla"
 
 
 def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
@@ -444,14 +460,8 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
     inv_freq = jnp.asarray(rope_inv_freq(cfg))
     at = jnp.asarray(cache_index, jnp.int32)
     written = (at[:, None] if at.ndim else at[None, None]) + jnp.arange(t)  # [B|1,T] slots
-    layout = kv_layout(mesh)
-    extent = cache.valid.shape[1] if placement.extent is None else placement.extent
-    # the tokens attend over the cache as it was, up to `extent` (every slot valid there
-    # before them), and over themselves (causal, their real tokens)
-    before = (jnp.arange(extent) <= written[:, :, None]) & cache.valid[:, None, :extent]
-    own = jnp.broadcast_to(_causal(t)[None] & attn_mask[:, None, :], (before.shape[0], t, t))
-    # a several-token forward reads a bfloat16 cache in float32 on CPU
-    upcast = t > 1 and _no_bf16_dot_on_buffers(cache.k[0].dtype, mesh)
+    layout = kv_layout(mesh, placement.decode_kernel)
+    attend = _cache_attention(cache, written, attn_mask, placement, layout)
     write = _cache_writer(layout, at)
 
     pin = shard_rows if placement.pin_rows else (lambda a: a)
@@ -460,16 +470,48 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
         q, k, v = _qkv(cfg, p, rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), positions,
                        inv_freq)
         k, v = cached_keys(k, layout).astype(ck.dtype), cached_values(v, layout).astype(cv.dtype)
-        attended_out = joined_attention(q, _attended_parts(
-            (ck, cv, before), (k, v, own), layout, extent, upcast))
+        attended_out = attend(q, k, v, ck, cv)
         ck, cv = write(ck, cv, k, v, after=attended_out)
         x = x + dense(attended_out, p["wo"])
         x = pin(x + _mlp(p, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)))
         ks.append(ck)
         vs.append(cv)
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
-    valid = _write_at(cache.valid, attn_mask, at, axis=1, by_row=layout != DEFAULT_LAYOUT)
+    valid = _write_at(cache.valid, attn_mask, at, axis=1, by_row=layout == TPU_LAYOUT)
     return x, KVCache(tuple(ks), tuple(vs), valid)
+
+
+def _cache_attention(cache: KVCache, written: jax.Array, attn_mask: jax.Array,
+                     placement: Placement, layout: str) -> Any:
+    """``attend(q, k, v, ck, cv)`` for the layers of :func:`forward_with_cache`: the tokens'
+    attention over one layer's cache (ck, cv) as it was, up to ``placement.extent`` (every
+    slot valid there before them), and over their own keys and values (k, v, as cached:
+    causal, their real tokens). A one-token step by the decode kernel
+    (``placement.decode_kernel``, ``models.decode_attention``) reads each row's own slots of
+    the cache instead, whatever the extent."""
+    t, mesh = written.shape[1], placement.mesh
+    extent = cache.valid.shape[1] if placement.extent is None else placement.extent
+    before = (jnp.arange(extent) <= written[:, :, None]) & cache.valid[:, None, :extent]
+    own = jnp.broadcast_to(_causal(t)[None] & attn_mask[:, None, :], (before.shape[0], t, t))
+    if t == 1 and extent and placement.decode_kernel == "pallas_gpu":
+        bounds = row_bounds(cache.valid, written[:, 0])
+        interpret = platform_of(mesh) != "gpu"
+
+        def by_kernel(q: jax.Array, k: jax.Array, v: jax.Array, ck: jax.Array,
+                      cv: jax.Array) -> jax.Array:
+            cached = bounded_attention(q[:, 0], ck, cv, *bounds, interpret=interpret)
+            return joined_attention(q, [(*attended(k, v, layout), own)], [cached])
+
+        return by_kernel
+    # a several-token forward reads a bfloat16 cache in float32 on CPU
+    upcast = t > 1 and _no_bf16_dot_on_buffers(cache.k[0].dtype, mesh)
+
+    def by_parts(q: jax.Array, k: jax.Array, v: jax.Array, ck: jax.Array,
+                 cv: jax.Array) -> jax.Array:
+        return joined_attention(q, _attended_parts((ck, cv, before), (k, v, own), layout,
+                                                   extent, upcast))
+
+    return by_parts
 
 
 def _attended_parts(cache: tuple, tokens: tuple, layout: str, extent: int,
@@ -499,7 +541,7 @@ def _cache_writer(layout: str, at: jax.Array) -> Any:
     sharding): an exact zero for finite attention outputs, which XLA does not fold away (it
     would not be one for NaN)."""
     key_axis, value_axis = slot_axes(layout)
-    by_row = layout != DEFAULT_LAYOUT  # see _write_at
+    by_row = layout == TPU_LAYOUT  # see _write_at
 
     def write(ck: jax.Array, cv: jax.Array, k: jax.Array, v: jax.Array, after: jax.Array):
         b, kv = ck.shape[:2]  # each row and KV head waits for its own: no communication

@@ -61,7 +61,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     task = bind_judge(task, judge, c["judge"])
     trainer = c["trainer"]
     policy = SamplerPolicy(model_cfg, params, tok, dtype=e.dtype or trainer["rollout_dtype"],
-                           kv_cache_dtype=e.dtype or trainer["kv_cache_dtype"])
+                           kv_cache_dtype=e.dtype or trainer["kv_cache_dtype"],
+                           decode_kernel=trainer.get("decode_kernel", "xla"))
     results = evaluate(task, policy, e.splits,
                        e.max_new_tokens or int(c["trainer"]["max_new_tokens"]),
                        judge=judge,

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from judges.cost import prices
+from models.decode_attention import DECODE_KERNELS
 from models.lora import LoraConfig, lora_problem
 from models.sampler import SamplingParams
 from rewards.qa_metrics import METRIC_SETS, NORMALIZERS
@@ -65,6 +66,7 @@ class TrainerConfig:
     kv_cache_dtype: str  # the rollout's KV cache: float32 | bfloat16 (attention in float32)
     eval_dtype: str | None  # evaluation's weights and cache (None: the rollout's)
     prefill_pin_rows: bool  # the rollout prefill's activations pinned to the rows (sampler)
+    decode_kernel: str  # the decode step's cache attention (models.decode_attention)
     rollout_sub_batches: bool  # continuations gather their rows (SamplingParams.sub_batches)
     rollout_chunks: int  # the rollout in this many sampler calls (rl.run.loop.rollout_in_chunks)
     seed: int
@@ -474,6 +476,8 @@ def check(run: RunConfig) -> None:
              f"must be one of {', '.join(ROLLOUT_DTYPES)}, got {t.rollout_dtype}")
     _require(t.kv_cache_dtype in KV_CACHE_DTYPES, "trainer.kv_cache_dtype",
              f"must be one of {', '.join(KV_CACHE_DTYPES)}, got {t.kv_cache_dtype}")
+    _require(t.decode_kernel in DECODE_KERNELS, "trainer.decode_kernel",
+             f"must be one of {', '.join(DECODE_KERNELS)}, got {t.decode_kernel}")
     _require(t.eval_dtype is None or t.eval_dtype in ROLLOUT_DTYPES, "trainer.eval_dtype",
              f"must be null (the rollout's) or one of {', '.join(ROLLOUT_DTYPES)}, got "
              f"{t.eval_dtype}")

@@ -24,8 +24,8 @@ class SamplerPolicy:
     (kept in the sampler's per-layer form, made once per policy; ``dtype`` "bfloat16" samples
     with bfloat16 matmuls, see models.sampler.decode_params; ``kv_cache_dtype`` "bfloat16"
     stores its generations' KV cache in bfloat16, whatever the environment's sampling says,
-    None: as it says; ``prefill_pin_rows`` and ``sub_batches`` likewise, see
-    models.sampler.SamplingParams). With a
+    None: as it says; ``prefill_pin_rows``, ``sub_batches`` and ``decode_kernel`` likewise,
+    see models.sampler.SamplingParams). With a
     ``mesh`` the rollouts are data-parallel: rows, KV cache and outputs sharded over its data
     axes, the weights by ``models.sharding.decode_param_shardings``."""
 
@@ -37,6 +37,7 @@ class SamplerPolicy:
     kv_cache_dtype: str | None = None
     prefill_pin_rows: bool | None = None
     sub_batches: bool | None = None
+    decode_kernel: str | None = None
 
     def __post_init__(self) -> None:
         params = decode_params(self.params, self.dtype)
@@ -62,7 +63,8 @@ class SamplerPolicy:
         """`sampling` with this policy's settings where it has them (not None)."""
         mine: dict[str, Any] = {"kv_cache_dtype": self.kv_cache_dtype,
                                 "prefill_pin_rows": self.prefill_pin_rows,
-                                "sub_batches": self.sub_batches}
+                                "sub_batches": self.sub_batches,
+                                "decode_kernel": self.decode_kernel}
         return dataclasses.replace(sampling, **{k: v for k, v in mine.items() if v is not None})
 
 

@@ -12,3 +12,5 @@ def test_cache_slots_read_by_hand():
     held, read = cache_slots_read(100, 112, 60, 176)
     assert held == pytest.approx(130.0)
     assert read == pytest.approx((16 * 128 + 43 * 176) / 59)
+    # the Pallas decode kernel reads each row's own slots: what it holds
+    assert cache_slots_read(100, 112, 60, 176, "pallas_gpu") == pytest.approx((130.0, 130.0))

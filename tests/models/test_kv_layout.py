@@ -2,6 +2,7 @@
 give what the default layout and its scatter give. Only a TPU picks that layout
 (``models.transformer.kv_layout``), so these tests force it on the CPU."""
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -57,21 +58,23 @@ def tpu_layout(monkeypatch):
     """Every module that builds or writes a cache picks the TPU layout; jit caches
     cleared so no program traced for the CPU layout is reused."""
     for module in (transformer, sampler, continuation):
-        monkeypatch.setattr(module, "kv_layout", lambda mesh=None: TPU_LAYOUT)
+        monkeypatch.setattr(module, "kv_layout", lambda mesh=None, decode_kernel="xla": TPU_LAYOUT)
     jax.clear_caches()
     yield
     jax.clear_caches()
 
 
-def _rollout(tiny):
+def _rollout(tiny, decode_kernel="xla"):
     """A generation, then continuations reading observations in 16-token blocks (a subset of
-    rows, gathered and scattered back, then every row), sampled at temperature 1."""
+    rows, gathered and scattered back, then every row), sampled at temperature 1; the
+    generation's decode kernel (``SamplingParams.decode_kernel``) kept by its continuations."""
     cfg, params, tok = tiny
     prompts = [tok.encode(t) for t in ("hello", "a much longer prompt than the first one",
                                        "third", "fourth one")]
     sp = SamplingParams(max_new_tokens=5, temperature=1.0, ignore_eos=True, read_block=16)
+    kernel = dataclasses.replace(sp, decode_kernel=decode_kernel)
+    first = generate(cfg, params, tok, prompts, kernel, seed=1, max_new_per_row=[5, 2, 4, 5])
     doc = tok.encode(" <information> " + "the tower is old and tall " * 6 + "</information>")
-    first = generate(cfg, params, tok, prompts, sp, seed=1, max_new_per_row=[5, 2, 4, 5])
     second = continue_generation(cfg, params, tok, first.state,
                                  Continuation([1, 3], [doc, []]), sp, seed=2)
     third = continue_generation(cfg, params, tok, second.state,
@@ -102,6 +105,21 @@ def test_the_tpu_layout_generates_what_the_cpu_layout_does(tiny, cpu_rollout,
     assert k.shape == (ref_k.shape[0], cfg.num_kv_heads, ref_k.shape[3], cfg.head_dim)
     assert v.shape == (ref_k.shape[0], cfg.num_kv_heads, cfg.head_dim, ref_k.shape[3])
     np.testing.assert_allclose(k, np.swapaxes(ref_k, 2, 3), atol=1e-5)
+
+
+def test_the_pallas_kernels_rows_generate_what_the_default_does(tiny, cpu_rollout):
+    """decode_kernel="pallas_gpu" (its interpreter on CPU): each row attends over its own
+    slots only, in the kernel's layout (keys and values [B,KV,S,hd]); the same samples, in a
+    generation and in continuations over a gathered sub-batch and over every row."""
+    got = _rollout(tiny, "pallas_gpu")
+    for g, ref in zip(got, cpu_rollout):
+        assert g.token_lists() == ref.token_lists() and g.finish == ref.finish
+        np.testing.assert_allclose(g.logprobs, ref.logprobs, atol=1e-5)
+    k, v = got[2].state.cache.k[0], got[2].state.cache.v[0]
+    ref_k, ref_v = cpu_rollout[2].state.cache.k[0], cpu_rollout[2].state.cache.v[0]
+    assert k.shape == v.shape == ref_v.shape
+    np.testing.assert_allclose(k, np.swapaxes(ref_k, 2, 3), atol=1e-5)
+    np.testing.assert_allclose(v, ref_v, atol=1e-5)
 
 
 SHARDED = textwrap.dedent("""

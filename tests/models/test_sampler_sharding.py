@@ -167,6 +167,16 @@ SCRIPT = textwrap.dedent("""
             assert ops, name
         print("NO_ROW_MOVES_OK")
 
+    # the Pallas decode kernel (in its interpreter here) over the mesh, on each device's rows
+    # and KV heads: the same samples as one device's default attention, then continued
+    kern = SamplerPolicy(cfg, shard(params, param_shardings(params, mesh)), tok, mesh=mesh,
+                         decode_kernel="pallas_gpu")
+    gk = kern.generate(rows, sp, 0, limits)
+    same(g1, gk)
+    state_sharded(gk, shards * per)
+    same(c1, kern.continue_from(gk.state, cont, sp, 1))
+    print("KERNEL_OK")
+
     class Retriever:
         def retrieve(self, queries, topk=3):
             return [[Doc(id="d", title=q, text="about " + q, score=1.0)] * topk
@@ -219,6 +229,10 @@ def test_a_rollout_mesh_takes_resharded_weights_and_gathers_none(mesh_run):
 def test_a_tensor_parallel_rollout_mesh_computes_split_weights_in_place(mesh_run):
     if "fsdp" in mesh_run[0]:
         _expect(mesh_run, "TENSOR_ROLLOUT_OK")
+
+
+def test_the_pallas_decode_kernel_runs_on_each_devices_rows(mesh_run):
+    _expect(mesh_run, "KERNEL_OK")
 
 
 def test_generate_sharded_and_equal_to_one_device(mesh_run):

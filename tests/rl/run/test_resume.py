@@ -300,6 +300,10 @@ def test_a_checkpoint_from_before_the_kv_cache_dtype_key_resumes_as_float32():
     assert changes(before, {**before, "trainer.kv_cache_dtype": "float32"}) == {}
     assert changes(before, {**before, "trainer.kv_cache_dtype": "bfloat16"}) == {
         "trainer.kv_cache_dtype": ("float32", "bfloat16")}
+    # and before trainer.decode_kernel: those runs decoded by XLA's attention
+    assert changes(before, {**before, "trainer.decode_kernel": "xla"}) == {}
+    assert changes(before, {**before, "trainer.decode_kernel": "pallas_gpu"}) == {
+        "trainer.decode_kernel": ("xla", "pallas_gpu")}
     # trainer.rollout_sub_batches (2026-12-05): runs before it gathered their rows
     assert changes(before, {**before, "trainer.rollout_sub_batches": True}) == {}
     assert changes(before, {**before, "trainer.rollout_sub_batches": False}) == {

@@ -252,6 +252,7 @@ def test_bfloat16_model_trains_float32_master_weights(tmp_path):
     ("trainer.kv_cache_dtype=float16", "trainer.kv_cache_dtype: must be one of float32, "
      "bfloat16"),
     ("trainer.prefill_pin_rows=maybe", "trainer.prefill_pin_rows: expected true or false"),
+    ("trainer.decode_kernel=triton", "trainer.decode_kernel: must be one of xla, pallas_gpu"),
     ("trainer.rollout_sub_batches=2", "trainer.rollout_sub_batches: expected true or false"),
     ("trainer.batch_prompts=4 trainer.rollout_chunks=3", "trainer.rollout_chunks: must be >= 1 "
      "and divide trainer.batch_prompts = 4, got 3"),
