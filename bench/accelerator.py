@@ -209,7 +209,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--json", default=None, help="append the figures as one JSON line here")
     ap.add_argument("--parts", nargs="+", choices=("decode", "update"),
                     default=["decode", "update"], help="what to time")
-    ap.add_argument("--decode-kernel", choices=("xla", "pallas_gpu"), default="xla",
+    from models.decode_attention import DECODE_KERNELS
+
+    ap.add_argument("--decode-kernel", choices=DECODE_KERNELS, default="xla",
                     help="the decode step's cache attention (SamplingParams.decode_kernel)")
     args = ap.parse_args(argv)
     if args.batch % args.group:

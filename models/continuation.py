@@ -321,10 +321,10 @@ def _read_rows(cfg: ModelConfig, params: Params, sub: Frontier, lines: jax.Array
 
 
 #: A read's cache extents: each is a copy of the whole forward per block width in the read's
-#: program (a decode's, of one step), and the TPU compiler took over 30 minutes on a read of
-#: 8 (Qwen3-4B's 36 layers, 2 widths: 16 copies; the H100 estimate of the ARBOR preset).
-#: A block's attention over the whole cache costs a read less than that: a read is compute,
-#: and for Qwen3-4B a token's attention over 3,760 slots is a quarter of its other FLOPs.
+#: program (a decode's, of one step), and the compile time grows with the copies (the models
+#: guide has the figures). A block's attention over the whole cache costs a read less than
+#: that: a read is compute, and for Qwen3-4B a token's attention over 3,760 slots is a
+#: quarter of its other FLOPs.
 READ_EXTENTS = 2
 
 # The TPU compiler's latency-hiding scheduler overlaps the read's layers (weight gathers,

@@ -461,7 +461,9 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
     at = jnp.asarray(cache_index, jnp.int32)
     written = (at[:, None] if at.ndim else at[None, None]) + jnp.arange(t)  # [B|1,T] slots
     layout = kv_layout(mesh, placement.decode_kernel)
-    attend = _cache_attention(cache, written, attn_mask, placement, layout, at)
+    # the slots valid once the tokens are written
+    valid = _write_at(cache.valid, attn_mask, at, axis=1, by_row=layout == TPU_LAYOUT)
+    attend = _cache_attention(cache, valid, written, attn_mask, placement, layout, at)
 
     pin = shard_rows if placement.pin_rows else (lambda a: a)
     x, ks, vs = pin(params["embed"][tokens]), [], []
@@ -475,30 +477,31 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
         ks.append(ck)
         vs.append(cv)
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
-    valid = _write_at(cache.valid, attn_mask, at, axis=1, by_row=layout == TPU_LAYOUT)
     return x, KVCache(tuple(ks), tuple(vs), valid)
 
 
-def _cache_attention(cache: KVCache, written: jax.Array, attn_mask: jax.Array,
-                     placement: Placement, layout: str, at: jax.Array) -> Any:
+def _cache_attention(cache: KVCache, valid: jax.Array, written: jax.Array,
+                     attn_mask: jax.Array, placement: Placement, layout: str,
+                     at: jax.Array) -> Any:
     """``attend(q, k, v, ck, cv) -> (output, ck, cv)`` for the layers of
     :func:`forward_with_cache`: the tokens' attention over one layer's cache (ck, cv) up to
     ``placement.extent`` and over their own keys and values (k, v, as cached: causal, their
-    real tokens), and the cache with k, v written from slot ``at``.
+    real tokens), and the cache with k, v written from slot ``at`` (``valid``: the slots
+    valid once they are).
 
     The cache is read as it was, then written, the write waiting for the output
     (:func:`_cache_writer`; written first, XLA:CPU copied every layer's cache at each step).
     On a TPU (the ``"tpu"`` layout) the opposite: a forward over a prefix of the cache writes
     first and attends over the written prefix, one part; reading first, the TPU compiler kept
-    copies of the cache through the decode loop (8 of Qwen3-8B's layers on a v5e-8, 64 rows of
-    1,280 slots: 0.72 GiB of temporaries per chip, 0.21 writing first; the cache is 0.31). A
-    one-token step by the decode kernel (``placement.decode_kernel``,
-    ``models.decode_attention``) reads each row's own slots, whatever the extent."""
+    copies of the cache through the decode loop (about twice the cache in temporaries: the
+    benchmarks page, the QLoRA plan on a v5e slice of 8 chips). A one-token step by the
+    decode kernel (``placement.decode_kernel``, ``models.decode_attention``) reads each row's
+    own slots, whatever the extent."""
     t, mesh = written.shape[1], placement.mesh
     write = _cache_writer(layout, at)
     extent = cache.valid.shape[1] if placement.extent is None else placement.extent
-    before = (jnp.arange(extent) <= written[:, :, None]) & cache.valid[:, None, :extent]
-    own = jnp.broadcast_to(_causal(t)[None] & attn_mask[:, None, :], (before.shape[0], t, t))
+    own = jnp.broadcast_to(_causal(t)[None] & attn_mask[:, None, :],
+                           (cache.valid.shape[0], t, t))
     if t == 1 and extent and placement.decode_kernel == "pallas_gpu":
         bounds = row_bounds(cache.valid, written[:, 0])
         interpret = platform_of(mesh) != "gpu"
@@ -510,9 +513,7 @@ def _cache_attention(cache: KVCache, written: jax.Array, attn_mask: jax.Array,
             return out, *write(ck, cv, k, v, after=out)
 
         return by_kernel
-    if extent and layout == TPU_LAYOUT:
-        # the slots valid once the tokens are written, up to each token's own
-        valid = _write_at(cache.valid, attn_mask, at, axis=1, by_row=True)
+    if extent and layout == TPU_LAYOUT:  # up to each token's own slot, once written
         upto = (jnp.arange(extent) <= written[:, :, None]) & valid[:, None, :extent]
 
         def written_first(q: jax.Array, k: jax.Array, v: jax.Array, ck: jax.Array,
@@ -523,7 +524,9 @@ def _cache_attention(cache: KVCache, written: jax.Array, attn_mask: jax.Array,
             return out, ck, cv
 
         return written_first
-    # a several-token forward reads a bfloat16 cache in float32 on CPU
+    # the cache as it was, up to `extent` (every slot valid there before the tokens); a
+    # several-token forward reads a bfloat16 cache in float32 on CPU
+    before = (jnp.arange(extent) <= written[:, :, None]) & cache.valid[:, None, :extent]
     upcast = t > 1 and _no_bf16_dot_on_buffers(cache.k[0].dtype, mesh)
 
     def by_parts(q: jax.Array, k: jax.Array, v: jax.Array, ck: jax.Array,

@@ -368,7 +368,7 @@ def test_a_multi_turn_read_of_one_row_groups_compiles_for_tpu():
     "INTERNAL: ... Bitcast cannot have different shape sizes", on a reshape inside the
     per-layer ``lax.switch`` over cache extents that the read's layers then held. The read's
     blocks now run one loop per extent (``models.transformer.while_in_extents``) and the
-    program compiles (about a minute on the 2-core AMD EPYC)."""
+    program compiles."""
     code = textwrap.dedent("""
         import os
         os.environ["JAX_PLATFORMS"] = "cpu"
