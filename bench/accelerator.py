@@ -79,25 +79,6 @@ def decode_step_bytes(cfg: Any, rows: int, slots: float, kv_itemsize: int = 2) -
     return (cfg.num_params - gathered) * 2 + cache
 
 
-def cache_slots_read(prompt: int, width: int, new: int, capacity: int,
-                     decode_kernel: str = "xla") -> tuple[float, float]:
-    """(slots a row holds, slots the sampler reads), each averaged over the decode steps
-    that follow the first token: step t of ``new`` (t >= 1) attends over the ``prompt + t``
-    tokens of its row, written from slot ``width - prompt`` on (prompts left padded to
-    ``width``), and the sampler reads the first of ``models.transformer.decode_extents``
-    that holds slot ``width + t - 1`` (its decode runs one loop per extent); the Pallas
-    decode kernel (``decode_kernel="pallas_gpu"``) reads the row's own slots."""
-    from models.transformer import decode_extents
-
-    steps = np.arange(1, max(new, 2))
-    held = float(np.mean(prompt + steps))
-    if decode_kernel == "pallas_gpu":
-        return held, held
-    extents = decode_extents(capacity)
-    read = [next(e for e in extents if e > width + t - 1) for t in steps]
-    return held, float(np.mean(read))
-
-
 def best_time(fn: Any, repeats: int) -> float:
     fn()  # compile
     times = []
@@ -172,6 +153,7 @@ def decode_step_lines(cfg: Any, args: argparse.Namespace, step_s: float,
     figures for the JSON line."""
     from models.padding import round_up
     from models.sampler import SamplingParams, cache_length
+    from models.transformer import cache_slots_read
 
     sampling = SamplingParams(args.new_tokens)
     width = round_up(args.prompt_len, sampling.prompt_bucket)

@@ -210,6 +210,23 @@ def decode_extents(slots: int, first: int = 0, most: int = 8) -> tuple[int, ...]
     return tuple(e for e in range(block, slots, block) if e > first) + (slots,)
 
 
+def cache_slots_read(prompt: int, width: int, new: int, capacity: int,
+                     decode_kernel: str = "xla") -> tuple[float, float]:
+    """(slots a row holds, slots the sampler reads), each averaged over the decode steps
+    that follow the first token: step t of ``new`` (t >= 1) attends over the ``prompt + t``
+    tokens of its row, written from slot ``width - prompt`` on (prompts left padded to
+    ``width``), and the sampler reads the first of :func:`decode_extents`
+    that holds slot ``width + t - 1`` (its decode runs one loop per extent); the Pallas
+    decode kernel (``decode_kernel="pallas_gpu"``) reads the row's own slots."""
+    steps = np.arange(1, max(new, 2))
+    held = float(np.mean(prompt + steps))
+    if decode_kernel == "pallas_gpu":
+        return held, held
+    extents = decode_extents(capacity)
+    read = [next(e for e in extents if e > width + t - 1) for t in steps]
+    return held, float(np.mean(read))
+
+
 def while_in_extents(extents: Sequence[int], last_slot: Any, running: Any, step: Any,
                      state: Any) -> Any:
     """``while running(state): state = step(state, extent)``, run as one ``while_loop`` per

@@ -37,15 +37,18 @@ layer stack and the micro-batch loop, once). Per token of a forward pass, with t
 matmul parameters M = L (d hd (h + 2 kv) + h hd d + 3 d f):
     2 M  +  4 L h hd K  (attention: scores and weighted values over the K keys it scores)
     + 2 d V for each token whose logits are computed
-(the implementation scores every cache slot or key, masked, so K is the full key length).
+(the implementation scores every cache slot or key, masked, so K is the full key length; for a
+decode step, the slots it reads, below).
 The update is forward + backward = 3 forwards (Kaplan et al. 2020, "6 N per token"), plus the
 recomputed attention (remat=false keeps only the weight matmuls' outputs) or the recomputed
 layer stack (remat=true). The time bound is max(FLOPs / (chips x peak FLOP/s),
 bytes / HBM bandwidth, gathered weights / ICI bandwidth) with bytes per chip the program's
-arguments and outputs (read and written once) or, for the decode loop, its arguments read at
-every step, and the gathered weights the rollout's split layer matrices each chip receives
-at every pass over them (a decode step, the prefill, a read's block of a group of rows);
-other collectives are not counted.
+arguments and outputs (read and written once) or, for the decode loop, at every step its
+arguments other than the KV cache and the cache slots the decode kernel reads (the XLA path: the
+cache prefix of the loop a step is in, ``models.transformer.while_in_extents``, for every row;
+trainer.decode_kernel=pallas_gpu: each row's own slots), and the gathered weights the
+rollout's split layer matrices each chip receives at every pass over them (a decode step, the
+prefill, a read's block of a group of rows); other collectives are not counted.
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ from models.sharding import (
     param_shardings,
     sharding_like,
 )
-from models.transformer import init_params
+from models.transformer import cache_slots_read, init_params
 from rl.grpo.batch import split_groups
 from rl.grpo.optim import lr_schedule, make_optimizer
 from rl.grpo.train_step import (
@@ -401,7 +404,7 @@ def matmul_params(cfg: ModelConfig) -> int:
     return cfg.num_layers * (d * hd * (h + 2 * kv) + h * hd * d + 3 * d * f)
 
 
-def forward_flops(cfg: ModelConfig, tokens: int, scored_keys: int,
+def forward_flops(cfg: ModelConfig, tokens: int, scored_keys: float,
                   logit_rows: int) -> tuple[float, float, float]:
     """(layer matmuls, attention, output layer) FLOPs of a forward pass over `tokens`
     tokens that score `scored_keys` (query, key) pairs in every layer and compute the
@@ -432,10 +435,12 @@ def prefill_flops(cfg: ModelConfig, lay: Layout) -> float:
                              lay.prompts * lay.prompt * lay.cache_len, lay.rows))
 
 
-def decode_flops(cfg: ModelConfig, lay: Layout) -> float:
-    """`response` steps of one token for every row, each scoring all cache_len slots."""
+def decode_flops(cfg: ModelConfig, lay: Layout, scored: float | None = None) -> float:
+    """`response` steps of one token for every row, each scoring `scored` cache slots (on
+    average over the steps; None: all cache_len)."""
     steps = lay.rows * lay.response
-    return sum(forward_flops(cfg, steps, steps * lay.cache_len, steps))
+    keys = lay.cache_len if scored is None else scored
+    return sum(forward_flops(cfg, steps, steps * keys, steps))
 
 
 # ------------------------------------------------------------------------------ programs
@@ -458,6 +463,7 @@ class Program:
     ici_bytes: float = 0.0  # weight bytes a chip receives from the others (gathered_per_step)
     calls: int = 1  # runs per step (the rollout's in trainer.rollout_chunks parts)
     failed: str = ""  # the compiler's error when it failed on the program (not for memory)
+    reads: DecodeReads | None = None  # a decode loop's reads per step (decode_reads)
 
     @property
     def total(self) -> int:
@@ -496,6 +502,41 @@ def refused_sizes(message: str, arguments: int) -> Sizes | None:
     number, unit = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
     total = int(float(number) * UNITS[unit])
     return Sizes(arguments, max(0, total - arguments), 0, 0, total)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeReads:
+    """What one decode step reads per chip at least (bytes): the loop's arguments other
+    than the KV cache (the weights, the stopping tables, the loop's state) and, of the
+    cache's `capacity` slots a row (`cache` bytes per chip, the validity mask included),
+    those the configured kernel reads (`read`, averaged over the steps) where the rows hold
+    `held` (``models.transformer.cache_slots_read``)."""
+
+    fixed: float
+    cache: float
+    capacity: int
+    held: float
+    read: float
+    kernel: str
+
+    @property
+    def per_step(self) -> float:
+        return self.fixed + self.cache * self.read / self.capacity
+
+
+def decode_reads(run: RunConfig, lay: Layout, dec: Any) -> DecodeReads:
+    """The decode loop `dec`'s reads per step (:class:`DecodeReads`): its arguments per
+    chip, of which its frontier's cache (``dec.args[1].cache``); prompts of `lay.prompt`
+    tokens padded to its first slot, `lay.response` new tokens; trainer.decode_kernel's
+    reads (the XLA path: each extent's prefix for every row; ``pallas_gpu``: each row's own
+    slots). The plan compiles the XLA path either way."""
+    cache = dec.args[1].cache
+    capacity = cache.valid.shape[1]
+    held, read = cache_slots_read(lay.prompt, dec.static["first_slot"], lay.response,
+                                  capacity, run.trainer.decode_kernel)
+    cache_bytes = bytes_per_chip(cache)
+    return DecodeReads(float(bytes_per_chip(dec.args) - cache_bytes), float(cache_bytes),
+                       capacity, held, read, run.trainer.decode_kernel)
 
 
 def compiled_program(name: str, lowered: Any, args: Any, *, resident: int, flops: float,
@@ -576,14 +617,16 @@ def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, 
                for _ in range(lay.rows // lay.prompts)]
     pre, dec = generation_kernels(cfg, dparams, prompts, sampling, mesh)
     gathered = gathered_per_step(dparams)  # per pass: the prefill one, each decode step one
+    reads = decode_reads(run, lay, dec)
     programs = [
         compiled_program("prefill", pre.lower(), pre.args, resident=resident,
                          flops=prefill_flops(cfg, lay), min_bytes=_in_and_out,
                          ici_bytes=gathered),
         compiled_program("decode", dec.lower(), dec.args, resident=resident,
-                         flops=decode_flops(cfg, lay),
-                         min_bytes=lambda m: lay.response * m.argument_size_in_bytes,
+                         flops=decode_flops(cfg, lay, reads.read),
+                         min_bytes=lambda m: lay.response * reads.per_step,
                          ici_bytes=gathered * lay.response)]
+    programs[1] = dataclasses.replace(programs[1], reads=reads)
     if chunk := int(run.task.get("chunk_tokens") or 0):  # a multi-turn task's chunked decode
         start = dec.args[1]
         programs += continue_programs(run, cfg, lay, mesh, dparams, start, resident, chunk)
@@ -1299,6 +1342,7 @@ def report(run: RunConfig, plan: Plan) -> str:
     lines.append(f"  {'program':<{name_width(plan)}}{'args':>8}{'temp':>8}{'out':>8}{'total':>8}"
                  f"{'+resid.':>9}  {'of HBM':>7}{'FLOPs':>11}  {'time >=':>10}   (GiB per chip)")
     lines += [_row(plan, p) for p in plan.programs]
+    lines += reads_lines(plan)
     if plan.fit is not None:
         lines.append(fit_line(run, plan.fit))
     lines.append(step_line(run, plan))
@@ -1396,6 +1440,23 @@ def _row(plan: Plan, p: Program) -> str:
             f"{_gib(p.outputs)} {_gib(p.total)}  {_gib(p.peak)}  "
             f"{100 * p.peak / plan.chip.hbm_bytes:6.0f}%"
             f"{p.flops:11.3e}  {_seconds(time_bound(plan, p))}{notes}")
+
+
+def reads_lines(plan: Plan) -> list[str]:
+    """What a rollout decode step reads per chip (its time bound's bytes): the line of
+    each decode program with :class:`DecodeReads`."""
+    out = []
+    for p in plan.programs:
+        if (r := p.reads) is None:
+            continue
+        own = ("each row's own slots" if r.kernel == "pallas_gpu" else
+               "for every row the cache prefix its decode loop is in: "
+               "trainer.decode_kernel=pallas_gpu reads each row's own")
+        out.append(f"  {p.name}: a step reads >= {_size(r.per_step)} per chip: weights and "
+                   f"loop state {_size(r.fixed)}, KV cache {_size(r.cache * r.read / r.capacity)}"
+                   f" of {_size(r.cache)} ({r.read:.0f} of {r.capacity} slots a row on "
+                   f"average, {own}; the rows hold {r.held:.0f})")
+    return out
 
 
 def verdict(run: RunConfig, plan: Plan) -> str:

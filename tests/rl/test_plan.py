@@ -708,6 +708,49 @@ def test_a_multi_turn_continuation_reads_and_decodes_in_place(monkeypatch):
     assert names == ["prefill", "decode"] and continue_programs
 
 
+@pytest.mark.parametrize("kernel", ["xla", "pallas_gpu"])
+def test_a_decode_step_reads_the_slots_its_kernel_reads_by_hand(kernel):
+    """The decode's bytes a step: the weights and loop state, and of the KV cache the slots
+    the configured kernel reads. Prompts of 64 tokens (width 64), a budget of 208: 272
+    slots, extents 128, 256, 272 (blocks of 128). Step t = 1..207 writes slot 63 + t: 64
+    steps read 128 slots, 128 read 256, 15 read 272 (the XLA path); the rows hold 64 + t,
+    168 on average, which the Pallas kernel reads."""
+    from models.sampler import generation_kernels
+    from models.sharding import make_mesh
+    from rl.plan import (
+        bytes_per_chip,
+        decode_reads,
+        layout,
+        reads_lines,
+        rollout_sampling,
+        sampler_weights,
+    )
+
+    run, plan = _config("plan.prompt_len=64", "plan.response_budget=208",
+                        f"trainer.decode_kernel={kernel}")
+    cfg = tiny_config()
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    lay = layout(run, plan, mesh)
+    assert (lay.prompt, lay.response) == (64, 208)
+    dparams = sampler_weights(run, abstract_params(cfg, mesh), mesh)
+    prompts = [[p + 1] * 64 for p in range(lay.prompts) for _ in range(lay.rows // lay.prompts)]
+    _, dec = generation_kernels(cfg, dparams, prompts, rollout_sampling(run, lay), mesh)
+    reads = decode_reads(run, lay, dec)
+    rows, slots = lay.rows, 272
+    # keys and values of 2 layers x 2 KV heads x 16 dims per slot, float32; the valid mask
+    cache = 2 * cfg.num_layers * rows * 2 * 16 * 4 * slots + rows * slots
+    assert (reads.capacity, reads.cache, reads.held) == (slots, cache, 168)
+    read = 168 if kernel == "pallas_gpu" else (64 * 128 + 128 * 256 + 15 * 272) / 207
+    assert reads.read == pytest.approx(read)
+    assert reads.fixed >= bytes_per_chip(dparams)
+    assert reads.per_step == pytest.approx(reads.fixed + cache * read / slots)
+    program = dataclasses.replace(
+        Program("decode", 0, 0, 0, 0, 0, 1.0, 208 * reads.per_step, True), reads=reads)
+    line, = reads_lines(Plan("m", cfg, "cpu", CHIPS["v5e"], 1, {"data": 1}, lay, 0, 0,
+                             (program,)))
+    assert f"{read:.0f} of 272 slots a row on average" in line and "hold 168" in line, line
+
+
 def test_the_start_up_row_is_the_loaded_weights_adam_and_the_reference_by_hand():
     """One chip, so every byte is on it: N float32 weights loaded (4 N bytes), then Adam's two
     float32 moments (8 N) and the bfloat16 reference (2 N), the step counters beside; the

@@ -1,8 +1,8 @@
-"""bench.accelerator's byte count for a decode step, by hand."""
+"""The cache slots a decode step reads (models.transformer.cache_slots_read), by hand."""
 
 import pytest
 
-from bench.accelerator import cache_slots_read
+from models.transformer import cache_slots_read
 
 
 def test_cache_slots_read_by_hand():
