@@ -569,6 +569,9 @@ def compiled_program(name: str, lowered: Any, args: Any, *, resident: int, flops
                            failed=str(e).split("\n")[0][:300])
         else:
             raise
+    # JAX's lowering cache keeps each program's executable (for a large model on a slice,
+    # gigabytes of host memory each): a plan compiles a dozen and needs none of them again
+    jax.clear_caches()
     log.info("rl.plan: compiled %s in %.0f s%s", name, time.monotonic() - start,
              " (refused for lack of HBM)" if refused else "")
     arguments, outputs = int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes)
