@@ -520,8 +520,12 @@ class DecodeReads:
     kernel: str
 
     @property
+    def cache_read(self) -> float:
+        return self.cache * self.read / self.capacity
+
+    @property
     def per_step(self) -> float:
-        return self.fixed + self.cache * self.read / self.capacity
+        return self.fixed + self.cache_read
 
 
 def decode_reads(run: RunConfig, lay: Layout, dec: Any) -> DecodeReads:
@@ -621,15 +625,14 @@ def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, 
     pre, dec = generation_kernels(cfg, dparams, prompts, sampling, mesh)
     gathered = gathered_per_step(dparams)  # per pass: the prefill one, each decode step one
     reads = decode_reads(run, lay, dec)
-    programs = [
-        compiled_program("prefill", pre.lower(), pre.args, resident=resident,
-                         flops=prefill_flops(cfg, lay), min_bytes=_in_and_out,
-                         ici_bytes=gathered),
-        compiled_program("decode", dec.lower(), dec.args, resident=resident,
-                         flops=decode_flops(cfg, lay, reads.read),
-                         min_bytes=lambda m: lay.response * reads.per_step,
-                         ici_bytes=gathered * lay.response)]
-    programs[1] = dataclasses.replace(programs[1], reads=reads)
+    prefill = compiled_program("prefill", pre.lower(), pre.args, resident=resident,
+                               flops=prefill_flops(cfg, lay), min_bytes=_in_and_out,
+                               ici_bytes=gathered)
+    decode = compiled_program("decode", dec.lower(), dec.args, resident=resident,
+                              flops=decode_flops(cfg, lay, reads.read),
+                              min_bytes=lambda m: lay.response * reads.per_step,
+                              ici_bytes=gathered * lay.response)
+    programs = [prefill, dataclasses.replace(decode, reads=reads)]
     if chunk := int(run.task.get("chunk_tokens") or 0):  # a multi-turn task's chunked decode
         start = dec.args[1]
         programs += continue_programs(run, cfg, lay, mesh, dparams, start, resident, chunk)
@@ -1456,7 +1459,7 @@ def reads_lines(plan: Plan) -> list[str]:
                "for every row the cache prefix its decode loop is in: "
                "trainer.decode_kernel=pallas_gpu reads each row's own")
         out.append(f"  {p.name}: a step reads >= {_size(r.per_step)} per chip: weights and "
-                   f"loop state {_size(r.fixed)}, KV cache {_size(r.cache * r.read / r.capacity)}"
+                   f"loop state {_size(r.fixed)}, KV cache {_size(r.cache_read)}"
                    f" of {_size(r.cache)} ({r.read:.0f} of {r.capacity} slots a row on "
                    f"average, {own}; the rows hold {r.held:.0f})")
     return out
