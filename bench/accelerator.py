@@ -151,6 +151,8 @@ def decode_step_lines(cfg: Any, args: argparse.Namespace, step_s: float,
     """Print one decode step's time against the bytes it must read (the weights and the
     rows' KV cache: by the slots they hold, and by those the sampler reads) and give the
     figures for the JSON line."""
+    import jax
+
     from models.padding import round_up
     from models.sampler import SamplingParams, cache_length
     from models.transformer import cache_slots_read
@@ -159,7 +161,7 @@ def decode_step_lines(cfg: Any, args: argparse.Namespace, step_s: float,
     width = round_up(args.prompt_len, sampling.prompt_bucket)
     capacity = cache_length(width, sampling)
     held, read = cache_slots_read(args.prompt_len, width, args.new_tokens, capacity,
-                                  args.decode_kernel)
+                                  args.decode_kernel, jax.default_backend())
     weights = decode_step_bytes(cfg, args.batch, 0)
     floor, as_read = decode_step_bytes(cfg, args.batch, held), decode_step_bytes(cfg, args.batch,
                                                                                 read)

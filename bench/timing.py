@@ -19,3 +19,18 @@ def alternating_times(fns: dict[str, Callable[[], object]], repeats: int) -> dic
             fn()
             times[name].append(time.perf_counter() - t0)
     return times
+
+
+def cpu_name() -> str:
+    """The host CPU's model name (``/proc/cpuinfo``; the machine type elsewhere): timings
+    and float rounding depend on it, so benchmarks print it."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -43,6 +43,7 @@ from models.transformer import (
     decode_extents,
     forward_with_cache,
     kv_layout,
+    platform_of,
     slot_axes,
     unembed,
     unembedding,
@@ -410,7 +411,7 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
             stop_state=jnp.where(s.done, s.stop_state,
                                  stopping.stop_next[s.stop_state, tok])), mesh)
 
-    extents = decode_extents(start.cache.valid.shape[1], first_slot or 0)  # reads what is used
+    extents = decode_extents(start.cache.valid.shape[1], first_slot or 0, platform_of(mesh))
     s = while_in_extents(extents, writing_at, running, step, init)
     return Decoded(s.tokens, s.logprobs, s.lengths, s.finish,
                    Frontier(s.cache, s.logits, start.n_tokens + s.lengths, s.stop_state,

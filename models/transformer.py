@@ -202,27 +202,36 @@ def _weighed(probs: jax.Array, v: jax.Array, t: int) -> jax.Array:
                       precision=probability_precision(v.dtype))
 
 
-def decode_extents(slots: int, first: int = 0, most: int = 8) -> tuple[int, ...]:
+def decode_extents(slots: int, first: int = 0, platform: str = "",
+                   most: int = 8) -> tuple[int, ...]:
     """The cache prefixes a forward over a cache may attend over (``Placement.extent`` of
     :func:`forward_with_cache`): multiples of a block of at least 128 slots, at most ``most``
-    of them, the last the whole cache; those past slot ``first`` (a loop's first write)."""
+    of them, the last the whole cache; those past slot ``first`` (a loop's first write).
+
+    On CPU (``platform="cpu"``) only prefixes of at most half the cache: XLA:CPU copies a
+    prefix before it reads it (:func:`_once_computed`), which costs more than reading the
+    whole cache once the prefix is past about 60 % of it (``bench.cache_prefix``, the decode's
+    attention at the shipped model's shapes, batch 32, 416 slots: a step over a 256-slot prefix
+    52 ms, over 128 slots 33, over the whole cache 52; the benchmarks page)."""
     block = 128 * max(1, -(-slots // (most * 128)))
-    return tuple(e for e in range(block, slots, block) if e > first) + (slots,)
+    largest = slots // 2 if platform == "cpu" else slots
+    return tuple(e for e in range(block, slots, block) if first < e <= largest) + (slots,)
 
 
 def cache_slots_read(prompt: int, width: int, new: int, capacity: int,
-                     decode_kernel: str = "xla") -> tuple[float, float]:
+                     decode_kernel: str = "xla", platform: str = "") -> tuple[float, float]:
     """(slots a row holds, slots the sampler reads), each averaged over the decode steps
     that follow the first token: step t of ``new`` (t >= 1) attends over the ``prompt + t``
     tokens of its row, written from slot ``width - prompt`` on (prompts left padded to
     ``width``), and the sampler reads the first of :func:`decode_extents`
-    that holds slot ``width + t - 1`` (its decode runs one loop per extent); the Pallas
-    decode kernel (``decode_kernel="pallas_gpu"``) reads the row's own slots."""
+    that holds slot ``width + t - 1`` (its decode runs one loop per extent; ``platform``: the
+    one it runs on); the Pallas decode kernel (``decode_kernel="pallas_gpu"``) reads the
+    row's own slots."""
     steps = np.arange(1, max(new, 2))
     held = float(np.mean(prompt + steps))
     if decode_kernel == "pallas_gpu":
         return held, held
-    extents = decode_extents(capacity)
+    extents = decode_extents(capacity, platform=platform)
     read = [next(e for e in extents if e > width + t - 1) for t in steps]
     return held, float(np.mean(read))
 
@@ -549,23 +558,42 @@ def _cache_attention(cache: KVCache, valid: jax.Array, written: jax.Array,
     def by_parts(q: jax.Array, k: jax.Array, v: jax.Array, ck: jax.Array,
                  cv: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         out = joined_attention(q, _attended_parts((ck, cv, before), (k, v, own), layout,
-                                                  extent, upcast))
+                                                  extent, upcast, q))
         return out, *write(ck, cv, k, v, after=out)
 
     return by_parts
 
 
 def _attended_parts(cache: tuple, tokens: tuple, layout: str, extent: int,
-                    upcast: bool) -> tuple:
+                    upcast: bool, q: jax.Array) -> tuple:
     """((keys, values, mask) of the cache's first ``extent`` slots, then of the tokens
     themselves), from (keys, values, mask) of each, as :func:`joined_attention` reads them
-    (float32 with ``upcast``); without the cache for ``extent`` 0."""
+    (float32 with ``upcast``); without the cache for ``extent`` 0. A prefix shorter than the
+    cache is copied once the layer's queries ``q`` are computed (:func:`_once_computed`)."""
     both = [(*attended(k, v, layout), mask) for k, v, mask in (cache, tokens)]
     if upcast:
         both = [(k.astype(jnp.float32), v.astype(jnp.float32), m) for k, v, m in both]
     k, v, mask = both[0]
-    both[0] = (k[..., :extent], v[:, :, :extent], mask)
+    if extent < k.shape[-1]:
+        both[0] = (*_once_computed((k[..., :extent], v[:, :, :extent]), q), mask)
     return tuple(both if extent else both[1:])
+
+
+def _once_computed(prefixes: tuple[jax.Array, ...], q: jax.Array) -> tuple[jax.Array, ...]:
+    """``prefixes`` (slices of a layer's cache, [B,KV,...]) as computed only once the layer's
+    queries q [B,T,H,hd] are: each row and KV head selects its slice where its first query
+    element equals itself (always, but for NaN, so XLA cannot fold it).
+
+    Why: a slice of the cache is a copy on XLA:CPU, and a decode loop's slices depend only on
+    the loop's carry, so XLA scheduled every layer's copy at the top of the loop body: all
+    layers' prefixes held at once and read back from memory, not cache (a batch-32 decode step
+    of the shipped model reading 384 of 416 slots took 178 ms, against 136 reading all 416;
+    the benchmarks page, "Design measurements"). Each row and head waits for its own queries:
+    no communication under any sharding of rows or heads."""
+    b, kv = prefixes[0].shape[:2]
+    first = q.reshape(b, q.shape[1], kv, -1)[:, 0, :, :1]  # [B,KV,1]
+    computed = (first == first)[..., None]  # [B,KV,1,1]
+    return tuple(jnp.where(computed, a, jnp.zeros((), a.dtype)) for a in prefixes)
 
 
 def _cache_writer(layout: str, at: jax.Array) -> Any:

@@ -537,7 +537,7 @@ def decode_reads(run: RunConfig, lay: Layout, dec: Any) -> DecodeReads:
     cache = dec.args[1].cache
     capacity = cache.valid.shape[1]
     held, read = cache_slots_read(lay.prompt, dec.static["first_slot"], lay.response,
-                                  capacity, run.trainer.decode_kernel)
+                                  capacity, run.trainer.decode_kernel, _platform(dec.args))
     cache_bytes = bytes_per_chip(cache)
     return DecodeReads(float(bytes_per_chip(dec.args) - cache_bytes), float(cache_bytes),
                        capacity, held, read, run.trainer.decode_kernel)
