@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from core.files import write_atomic
 
@@ -85,7 +86,7 @@ def train_unless_done(name: str, run_dir: Path, steps: int, cmd: list[str], logs
     return run_logged(cmd, logs / f"{name}.train.log", dry)
 
 
-def write_summary(out: Path, budget: object, extra: Sequence[str], table: dict,
+def write_summary(out: Path, budget: Any, extra: Sequence[str], table: dict,
                   failed: Sequence[str], plots: str, more: dict | None = None) -> int:
     """Write ``<out>/summary.json`` (with ``more``'s keys beside the table), say where the plots
     are, report failures; the exit code."""

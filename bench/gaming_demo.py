@@ -144,11 +144,11 @@ def summarize(out_dir: Path, arms: Sequence[str], seeds: Sequence[int]) -> dict[
                   *[fmt(r[k], r[f"{k}_std"]) for k, _ in COLUMNS]] for arm, r in table.items()])
     for arm in arms:  # each run's held-out F1 interval (95 %, bootstrap over questions)
         for s in seeds:
-            got = run_stats(out_dir / f"{arm}_s{s}") or {}
-            if "heldout_f1_ci" in got:
-                print(f"{arm}_s{s}: held-out F1 {got['heldout_f1']:.3f} "
-                      f"[{got['heldout_f1_ci']}], cites {got['heldout_cited']:.3f} "
-                      f"[{got['heldout_cited_ci']}]")
+            one = run_stats(out_dir / f"{arm}_s{s}") or {}
+            if "heldout_f1_ci" in one:
+                print(f"{arm}_s{s}: held-out F1 {one['heldout_f1']:.3f} "
+                      f"[{one['heldout_f1_ci']}], cites {one['heldout_cited']:.3f} "
+                      f"[{one['heldout_cited_ci']}]")
     if sft:
         print(f"warm-up start: held-out F1 {fmt(sft.get('heldout_f1'))} "
               f"[{sft.get('heldout_f1_ci')}], copied titles {fmt(sft.get('heldout_copied'))}, "

@@ -128,9 +128,9 @@ def ours_grpo(n_prompts: int, group: int, completion: int, steps: int,
     from pathlib import Path
 
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     from rl.run import trainer as tr
+    from rl.run.resolve import resolved_config
     from rl.run.wiring import TASKS
 
     if "bench" not in TASKS:
@@ -145,8 +145,8 @@ def ours_grpo(n_prompts: int, group: int, completion: int, steps: int,
             f"trainer.max_new_tokens={completion}", f"trainer.max_steps={steps + 1}",
             f"algo.beta={beta}", "trainer.progress=false", "trainer.loggers=[]",
             "trainer.save_every=0", "trainer.ignore_eos=true", f"trainer.run_dir={d}"])
-        t = tr.build_trainer(OmegaConf.to_container(cfg, resolve=True))
-        hist = [t.step(s) for s in range(steps + 1)][1:]  # step 0 includes compilation
+        t = tr.build_trainer(resolved_config(cfg))
+        hist = [t.step() for _ in range(steps + 1)][1:]  # step 0 includes compilation
         t.close()
     keys = ["time/rollout_s", "time/reference_s", "time/train_s", "time/step_s", "tokens_per_s"]
     return {k: float(np.mean([h[k] for h in hist])) for k in keys}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+from collections.abc import Callable
 
 import numpy as np
 
@@ -79,8 +80,9 @@ def main() -> None:
     cfg, runs = setups(a)
     batch = {k: jax.numpy.asarray(v) for k, v in synthetic_batch(
         a.groups, a.group, a.prompt, a.response, cfg.vocab_size).items()}
-    fns = {name: functools.partial(lambda f, s: jax.block_until_ready(f(s, batch)), f, s)
-           for name, (f, s) in runs.items()}
+    fns: dict[str, Callable[[], object]] = {
+        name: functools.partial(lambda f, s: jax.block_until_ready(f(s, batch)), f, s)
+        for name, (f, s) in runs.items()}
     times = alternating_times(fns, a.repeats)
     tokens = a.groups * (a.prompt + a.group * a.response)
     print(f"update (AdamW, f32) on SmolLM2-135M, CPU: {a.groups} groups x {a.group} x "

@@ -97,17 +97,17 @@ def plan_row(model: str, setting: str, topology: str, pin: bool = True) -> dict[
     resident train state), whether the config runs it, and whether the step fits (every
     program it runs within the HBM libtpu leaves usable, ``rl.plan.USABLE_HBM``)."""
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     from rl.plan import USABLE_HBM, make_plan
     from rl.run.config import parse_plan
+    from rl.run.resolve import resolved_config
 
     conf = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
         # a plan writes nothing; composed outside hydra's app, ${hydra:...} has no value
         cfg = compose("plan", overrides=[*overrides(model, setting, topology, pin),
                                          "trainer.run_dir=unused"])
-    run, plan_cfg = parse_plan(OmegaConf.to_container(cfg, resolve=True))
+    run, plan_cfg = parse_plan(resolved_config(cfg))
     plan = make_plan(run, plan_cfg)
     hbm = plan.chip.hbm_bytes
     usable = USABLE_HBM.get(plan.chip.name, hbm)  # v5e: libtpu leaves 15.75 of the 16 GiB
@@ -272,6 +272,7 @@ def slice_row(model: str, setting: str, topology: str, out: Path, minutes: float
         if not only_the_pinned_prefill_misses(row):
             return row
         pinned_gib = row["programs"]["prefill"]["peak_gib"]
+    assert row is not None  # the loop's last pass returned otherwise
     return row
 
 

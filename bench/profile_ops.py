@@ -66,7 +66,7 @@ def main() -> None:
         grad = jax.jit(jax.grad(lambda p: -token_logprobs(cfg, p, ids, mask).mean()))
         compiled = grad.lower(params).compile()  # compiled once: run it and read its HLO
         run = lambda: jax.block_until_ready(compiled(params))  # noqa: E731
-        hlo = compiled.as_text()
+        hlo = compiled.as_text() or ""
     else:
         b = a.batch or 16
         dp = decode_params(params)
