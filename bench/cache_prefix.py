@@ -27,7 +27,7 @@ def attention_loop(batch: int, kv: int, group: int, hd: int, slots: int, layers:
 
     from models.transformer import _once_computed
 
-    def layer(k, v, q, i):
+    def layer(k, v, q):
         if prefix is not None:
             k, v = k[..., :prefix], v[:, :, :prefix]
             if tied:
@@ -39,7 +39,7 @@ def attention_loop(batch: int, kv: int, group: int, hd: int, slots: int, layers:
         ks, vs, x = carry
         new_k, new_v = [], []
         for k, v in zip(ks, vs):
-            out = layer(k, v, jnp.broadcast_to(x[:, None, None, None], (batch, kv, group, hd)), i)
+            out = layer(k, v, jnp.broadcast_to(x[:, None, None, None], (batch, kv, group, hd)))
             zero = 0 * out[:, :, :1, :1]  # the write waits for the read (as the sampler's)
             new_k.append(jax.lax.dynamic_update_slice_in_dim(
                 k, jnp.ones((batch, kv, hd, 1)) + zero.swapaxes(2, 3), i, 3))

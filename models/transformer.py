@@ -574,7 +574,7 @@ def _attended_parts(cache: tuple, tokens: tuple, layout: str, extent: int,
     if upcast:
         both = [(k.astype(jnp.float32), v.astype(jnp.float32), m) for k, v, m in both]
     k, v, mask = both[0]
-    if extent < k.shape[-1]:
+    if 0 < extent < k.shape[-1]:
         both[0] = (*_once_computed((k[..., :extent], v[:, :, :extent]), q), mask)
     return tuple(both if extent else both[1:])
 
