@@ -100,13 +100,15 @@ def decode_figures(cfg: Any, params: Any, args: argparse.Namespace) -> tuple[flo
     tok = cached_tokenizer(str(args.tokenizer or shipped_gguf_path()))
     weights = decode_params(params, "bfloat16")
     rng = np.random.default_rng(0)
+    group = args.group if args.shared_prompts else 1  # rows a prompt
     prompts = [rng.integers(100, min(cfg.vocab_size, 40000), args.prompt_len).tolist()
-               for _ in range(args.batch)]
+               for _ in range(args.batch // group) for _ in range(group)]
 
     def run(new: int) -> Any:
         sampling = SamplingParams(new, temperature=0.0, ignore_eos=True,
                                   kv_cache_dtype="bfloat16", decode_text=False,
-                                  decode_kernel=args.decode_kernel)
+                                  decode_kernel=args.decode_kernel,
+                                  shared_prompts=args.shared_prompts)
         return lambda: generate(cfg, weights, tok, prompts, sampling)  # tokens on the host
 
     lay = Layout(prompts=args.batch, rows=args.batch, groups=args.batch, size=1,
@@ -149,8 +151,9 @@ def update_figures(cfg: Any, params: Any, args: argparse.Namespace) -> tuple[flo
 def decode_step_lines(cfg: Any, args: argparse.Namespace, step_s: float,
                       hbm: float | None) -> dict[str, float]:
     """Print one decode step's time against the bytes it must read (the weights and the
-    rows' KV cache: by the slots they hold, and by those the sampler reads) and give the
-    figures for the JSON line."""
+    rows' KV cache: by the slots they hold, and by those the sampler reads; with shared
+    prompts a group's prompt counts once, a G-th of it a row) and give the figures for the
+    JSON line."""
     import jax
 
     from models.padding import round_up
@@ -162,6 +165,11 @@ def decode_step_lines(cfg: Any, args: argparse.Namespace, step_s: float,
     capacity = cache_length(width, sampling)
     held, read = cache_slots_read(args.prompt_len, width, args.new_tokens, capacity,
                                   args.decode_kernel, jax.default_backend())
+    if args.shared_prompts:  # the rows' cache holds what they generate; their prompts apart
+        capacity -= width
+        held, read = cache_slots_read(0, 0, args.new_tokens, capacity, args.decode_kernel,
+                                      jax.default_backend())
+        held, read = held + args.prompt_len / args.group, read + width / args.group
     weights = decode_step_bytes(cfg, args.batch, 0)
     floor, as_read = decode_step_bytes(cfg, args.batch, held), decode_step_bytes(cfg, args.batch,
                                                                                 read)
@@ -197,6 +205,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     ap.add_argument("--decode-kernel", choices=DECODE_KERNELS, default="xla",
                     help="the decode step's cache attention (SamplingParams.decode_kernel)")
+    ap.add_argument("--shared-prompts", action="store_true",
+                    help="the decode's prompts in groups of --group rows, each group reading "
+                         "one copy of its prompt's cache (SamplingParams.shared_prompts)")
     args = ap.parse_args(argv)
     if args.batch % args.group:
         ap.error(f"--batch {args.batch} is not a multiple of --group {args.group}")
@@ -215,11 +226,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           + (f", HBM {hbm / 1e12:.2f} TB/s" if hbm else ""))
     print(f"  batch {args.batch}, prompt {args.prompt_len}, new tokens {args.new_tokens}, "
           f"update groups of {args.group}, best of {args.repeats}, decode kernel "
-          f"{args.decode_kernel}")
+          f"{args.decode_kernel}"
+          + (f", decode prompts shared by groups of {args.group}" if args.shared_prompts
+             else ""))
     row: dict[str, Any] = {"shapes": args.shapes, "device": device.device_kind,
                            "batch": args.batch, "prompt": args.prompt_len,
                            "new_tokens": args.new_tokens, "group": args.group,
                            "decode_kernel": args.decode_kernel,
+                           "shared_prompts": args.shared_prompts,
                            "xla_flags": os.environ.get("XLA_FLAGS", "")}
     tokens = args.batch * args.new_tokens
     parts = {"decode": decode_figures, "update": update_figures}

@@ -15,6 +15,8 @@
 #      taking in while loops and conditionals (COMMAND_BUFFERS);
 #    - the Pallas GPU decode kernel (trainer.decode_kernel=pallas_gpu): its tests compiled for
 #      the GPU (on a CPU they run in Pallas' interpreter), then the decode timed through it;
+#    - one prompt per group (trainer.shared_prompts): its tests, then the decode timed with
+#      prompts shared by groups of 8;
 #    - bench.scoring_precision (a float32 policy's log-probs against float32-true, sampler
 #      against scoring pass, at the default precision, at ours and at HIGHEST);
 #    - 3 steps of rl.train on a random-weight Qwen3-0.6B-shaped HF folder (bench.random_model,
@@ -26,7 +28,8 @@
 # Each part's output goes to OUT_DIR/<part>.log, the figures to OUT_DIR/*.jsonl.
 # TOKENIZER=<HF folder or GGUF> names the tokenizer (default: the shipped SmolLM2 GGUF).
 # ONLY=<regex> runs the parts whose names match (sampling_check sampler_tests accelerator
-# decode_command_buffers pallas_kernel_tests decode_pallas_kernel scoring_precision train
+# decode_command_buffers pallas_kernel_tests decode_pallas_kernel shared_prompts_tests
+# decode_shared_prompts scoring_precision train
 # resume smoke accelerator_large). A dry run
 # on a CPU, small: SHAPES=tiny, and extra arguments appended (so they win) with
 # ACCEL_ARGS (bench.accelerator), SAMPLING_ARGS (bench.sampling_check), PRECISION_ARGS
@@ -108,6 +111,12 @@ part pallas_kernel_tests 120 env JAX_PLATFORMS="${JAX_PLATFORMS:-cuda}" "$PY" -m
   tests/models/test_kv_layout.py::test_the_pallas_kernels_rows_generate_what_the_default_does
 part decode_pallas_kernel 90 "$PY" -m bench.accelerator "${TOK_ARGS[@]}" --parts decode \
   --decode-kernel pallas_gpu --json "$OUT_DIR/accelerator.jsonl" "${ACCEL[@]}"
+# one prompt per group (trainer.shared_prompts): the decode's prompts in groups of 8, each
+# group reading its prompt's cache once; its tests compiled for the GPU first
+part shared_prompts_tests 90 env JAX_PLATFORMS="${JAX_PLATFORMS:-cuda}" "$PY" -m pytest -q \
+  -p no:cacheprovider tests/models/test_prompt_sharing.py -k "softmax or sample_what"
+part decode_shared_prompts 90 "$PY" -m bench.accelerator "${TOK_ARGS[@]}" --parts decode \
+  --shared-prompts --group 8 --json "$OUT_DIR/accelerator.jsonl" "${ACCEL[@]}"
 part scoring_precision 120 "$PY" -m bench.scoring_precision --shapes "$SHAPES" "${TOK_ARGS[@]}" \
   --json "$OUT_DIR/scoring_precision.jsonl" "${PRECISION[@]}"
 

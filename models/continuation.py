@@ -412,7 +412,7 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
         if continuation.consume:
             _delete(state)
     elif not continuation.consume:
-        front = jax.tree.map(jnp.copy, front)  # the programs below update it in place
+        front = _copied(front, cache=state.prompt is None)
     settings = DecodeSettings.of(sampling, mesh)
     width = line_width(max(continuation.read_width, *map(len, appended)), sampling.read_block)
     if continuation.compile_buckets:
@@ -439,6 +439,14 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
                    layout=device_rows)
 
 
+def _copied(front: Frontier, cache: bool) -> Frontier:
+    """``front`` copied, for programs that update it in place (a state continued without
+    ``consume`` stays as it was), its ``cache`` too unless it is a new one already (a shared
+    prompt's rows': ``DecodeState.frontier``)."""
+    kept = jax.tree.map(jnp.copy, front.cache) if cache else front.cache
+    return Frontier(kept, *jax.tree.map(jnp.copy, tuple(front[1:])))
+
+
 def _checked_rows(state: DecodeState, continuation: Continuation) -> np.ndarray:
     """The device rows of the continuation's rows, after checking they index the state."""
     rows, n = continuation.rows, state.rows
@@ -449,7 +457,7 @@ def _checked_rows(state: DecodeState, continuation: Continuation) -> np.ndarray:
 
 def _delete(state: DecodeState) -> None:
     """Free a consumed state's device arrays (those not already taken over by a program)."""
-    for x in jax.tree.leaves((state.cache, state.logits)):
+    for x in jax.tree.leaves((state.cache, state.logits, state.prompt)):
         if not x.is_deleted():
             x.delete()
 

@@ -26,6 +26,7 @@ from models.config import ModelConfig
 from models.constraints import dividing_axes
 from models.decode_attention import DECODE_KERNELS
 from models.padding import left_pad, prompt_count_bucket, round_up
+from models.prompt_sharing import grouped_prompts, prompt_group, rows_cache
 from models.sharding import (
     batch_shards,
     constrain_rows,
@@ -80,7 +81,12 @@ class SamplingParams:
     ``decode_kernel``: what computes a decode step's attention over the cache
     (``models.decode_attention``): "xla" (the default), or "pallas_gpu", the Pallas GPU
     decode kernel reading each row's own slots, on a cache in its layout (not yet checked
-    on a GPU; interpreted, slowly, elsewhere). A continuation keeps its state's."""
+    on a GPU; interpreted, slowly, elsewhere). A continuation keeps its state's.
+    ``shared_prompts``: the rows that continue one prompt (a GRPO group, consecutive rows)
+    read one copy of its KV cache, each decode step attending over the group's prompt once
+    for the group and over each row's own slots (``models.prompt_sharing``); rows not laid
+    out in whole groups per shard keep a copy each. A continuation gives each row its own
+    copy first (once)."""
 
     max_new_tokens: int = 128
     temperature: float = 1.0
@@ -95,6 +101,7 @@ class SamplingParams:
     sub_batches: bool = True
     decode_text: bool = True
     decode_kernel: str = "xla"
+    shared_prompts: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -248,8 +255,10 @@ class DecodeSettings:
     data-parallel axes its rows are sharded over (None: no constraint, one device), the
     dtype a fresh generation's KV cache stores (SamplingParams.kv_cache_dtype), the block
     a continuation reads appended tokens in (SamplingParams.read_block), the prefill's
-    activation layout (SamplingParams.prefill_pin_rows) and the decode step's attention
-    kernel (SamplingParams.decode_kernel)."""
+    activation layout (SamplingParams.prefill_pin_rows), the decode step's attention
+    kernel (SamplingParams.decode_kernel) and how many consecutive rows of a fresh
+    generation share each prompt's cache (``group``: SamplingParams.shared_prompts, read off
+    the prompts by ``models.prompt_sharing.prompt_group``; 1, none)."""
 
     max_new: int
     temperature: float
@@ -259,13 +268,15 @@ class DecodeSettings:
     read_block: int = 128
     prefill_pin_rows: bool = True
     decode_kernel: str = "xla"
+    group: int = 1
 
     @staticmethod
-    def of(sampling: SamplingParams, mesh: Mesh | None = None) -> DecodeSettings:
+    def of(sampling: SamplingParams, mesh: Mesh | None = None,
+           group: int = 1) -> DecodeSettings:
         return DecodeSettings(sampling.max_new_tokens, float(sampling.temperature),
                               float(sampling.top_p), mesh, sampling.kv_cache_dtype,
                               sampling.read_block, sampling.prefill_pin_rows,
-                              sampling.decode_kernel)
+                              sampling.decode_kernel, group)
 
 
 def host_arrays(*arrays: np.ndarray) -> tuple[jax.Array, ...]:
@@ -294,6 +305,9 @@ class Frontier(NamedTuple):
     n_tokens: jax.Array     # [B] real tokens so far: the next token's RoPE position
     stop_state: jax.Array   # [B] stop-string automaton state (0 = nothing matched yet)
     next_slot: jax.Array    # [B] the cache slot the row's next token goes to
+    # the prompts that groups of consecutive rows share before their cache
+    # (models.prompt_sharing), [B/G, ...]; None: each row's cache holds its prompt
+    prompt: KVCache | None = None
 
 
 class DecodeLoop(NamedTuple):
@@ -387,8 +401,7 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
                       settings.top_p)
         logp = jnp.take_along_axis(jax.nn.log_softmax(s.logits / logp_scale, axis=-1),
                                    tok[:, None], axis=-1)[:, 0]
-        tok = jnp.where(s.done, stopping.pad_id, tok)
-        logp = jnp.where(s.done, 0.0, logp)
+        tok, logp = jnp.where(s.done, stopping.pad_id, tok), jnp.where(s.done, 0.0, logp)
         hit = stopping.stop_hit[s.stop_state, tok]
         is_eos = jnp.any(tok[:, None] == stopping.eos_ids[None, :], axis=-1)
         at_limit = s.step + 1 >= stopping.max_new_per_row
@@ -400,7 +413,8 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
             cfg, params, tok[:, None], ~s.done[:, None],
             positions=(start.n_tokens + s.step)[:, None], cache=s.cache,
             cache_index=first + (s.lengths if first_slot is None else s.step),
-            placement=Placement(mesh, extent=extent, decode_kernel=settings.decode_kernel))
+            placement=Placement(mesh, extent=extent, decode_kernel=settings.decode_kernel,
+                                prompt=start.prompt))
         return constrain_rows(DecodeLoop(
             step=s.step + 1, key=s.key,
             tokens=s.tokens.at[:, s.step].set(tok), logprobs=s.logprobs.at[:, s.step].set(logp),
@@ -415,7 +429,7 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
     s = while_in_extents(extents, writing_at, running, step, init)
     return Decoded(s.tokens, s.logprobs, s.lengths, s.finish,
                    Frontier(s.cache, s.logits, start.n_tokens + s.lengths, s.stop_state,
-                            first + s.lengths))
+                            first + s.lengths, start.prompt))
 
 
 _STATIC = ("cfg", "settings")
@@ -436,9 +450,16 @@ def _take_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
 def _generate(cfg: ModelConfig, params: Params, prompts: PromptBatch, key: jax.Array,
               stopping: Stopping, *, settings: DecodeSettings, cache_len: int) -> Decoded:
     params = unstack_layers(params)  # a no-op for decode_params
-    start = prefill(cfg, params, prompts, cache_len, settings.mesh, settings.cache_dtype,
-                    settings.prefill_pin_rows, settings.decode_kernel)
-    return decode_loop(cfg, params, start, prompts.tokens.shape[1], key, stopping, settings)
+    start = prefill(cfg, params, prompts, cache_len, settings)
+    return decode_loop(cfg, params, start, first_slot(prompts.tokens.shape[1], settings.group),
+                       key, stopping, settings)
+
+
+def first_slot(width: int, group: int) -> int:
+    """The cache slot a fresh generation's first new token goes to: after its prompts,
+    ``width`` slots, or, with a prompt shared by each group of ``group`` > 1 rows, the
+    rows' first (their cache holds what they generate)."""
+    return 0 if group > 1 else width
 
 
 @dataclasses.dataclass(frozen=True)
@@ -463,8 +484,7 @@ class Kernel:
 def _prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, *, cache_len: int,
              settings: DecodeSettings) -> Frontier:
     """:func:`prefill` as a program of its own, with ``settings``' cache dtype and layout."""
-    return prefill(cfg, params, prompts, cache_len, settings.mesh, settings.cache_dtype,
-                   settings.prefill_pin_rows, settings.decode_kernel)
+    return prefill(cfg, params, prompts, cache_len, settings)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "first_slot", "settings"),
@@ -486,8 +506,9 @@ def generation_kernels(cfg: ModelConfig, params: Params, prompts: Sequence[Seque
     tokenizer the stopping tables are :func:`stopping_tables`' shapes-only ones."""
     batch, limits = prompt_batch(prompts, sampling, 0 if tokenizer is None
                                  else tokenizer.pad_id, mesh)
+    group = prompt_group(batch.rows) if sampling.shared_prompts else 1
     batch = place_rows(batch, mesh, abstract=True)
-    settings = DecodeSettings.of(sampling, mesh)
+    settings = DecodeSettings.of(sampling, mesh, group)
     width = batch.tokens.shape[1]
     pre = Kernel("prefill", _prefill, cfg, (params, batch),
                  {"cache_len": cache_length(width, sampling), "settings": settings})
@@ -496,16 +517,17 @@ def generation_kernels(cfg: ModelConfig, params: Params, prompts: Sequence[Seque
     stopping = placed_stopping(stopping_tables(cfg, tokenizer, sampling, limits), mesh,
                                abstract=True)
     dec = Kernel("decode", _decode, cfg, (params, place_rows(front, mesh, abstract=True), key,
-                                          stopping), {"first_slot": width, "settings": settings})
+                                          stopping),
+                 {"first_slot": first_slot(width, group), "settings": settings})
     return pre, dec
 
 
 def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: int,
-            mesh: Mesh | None = None, cache_dtype: str = "float32",
-            pin_rows: bool = True, decode_kernel: str = "xla") -> Frontier:
+            settings: DecodeSettings | None = None) -> Frontier:
     """Prefill each distinct prompt once (GRPO samples a group per prompt) into a cache of
-    the prompt's slots stored in `cache_dtype` (every write casts to it), then give every row
-    a copy of its prompt's cache, padded with empty slots to `cache_len`: the frontier the
+    the prompt's slots stored in ``settings.cache_dtype`` (every write casts to it; by
+    default :class:`DecodeSettings`' defaults, one device), then give every row a copy of
+    its prompt's cache, padded with empty slots to `cache_len`: the frontier the
     decode loop starts from (the first half of a fresh generation; ``rl.plan`` compiles the
     two halves apart). The distinct prompts' cache holds only their own slots: at
     `cache_len` slots it would be a fifth of the rows' cache again (groups of 5) while both
@@ -513,18 +535,26 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
     With ``prompts.rows`` [S,B/S] (a mesh's S shards, see :func:`_take_rows`) every shard's
     rows copy from the shard's own prompts.
 
-    ``pin_rows``: the prompts' activations pinned to the mesh's batch axes after every layer
-    (each device computes its own prompts, gathering each layer's FSDP-sharded weights), or
-    left to GSPMD, which tends to keep the weights sharded and replicate the activations.
+    ``settings.prefill_pin_rows``: the prompts' activations pinned to the mesh's batch axes
+    after every layer (each device computes its own prompts, gathering each layer's
+    FSDP-sharded weights), or left to GSPMD, which tends to keep the weights sharded and
+    replicate the activations.
     Neither is smaller for every model and slice (the planned peaks are on the benchmarks
     page), so a config picks it (``trainer.prefill_pin_rows``) and ``rl.plan`` compiles the
-    config's choice. ``decode_kernel``: the decode's attention kernel, whose layout the cache
-    takes (``models.transformer.kv_layout``)."""
+    config's choice. ``settings.decode_kernel``: the decode's attention kernel, whose layout
+    the cache takes (``models.transformer.kv_layout``).
+
+    ``settings.group`` > 1 (``models.prompt_sharing.prompt_group`` of ``prompts.rows``): each
+    group of that many consecutive rows shares its prompt's cache instead (the frontier's
+    ``prompt``), and the rows' own cache holds ``cache_len - width`` empty slots, the first
+    written next."""
+    s = settings or DecodeSettings(1, 0.0, 1.0)
+    mesh, pin_rows, decode_kernel, group = s.mesh, s.prefill_pin_rows, s.decode_kernel, s.group
     params = unstack_layers(params)
     rows, width = prompts.rows, prompts.tokens.shape[1]
     layout = kv_layout(mesh, decode_kernel)
     cache = constrain_rows(KVCache.zeros(cfg, prompts.tokens.shape[0], width,
-                                         jnp.dtype(cache_dtype), layout), mesh)
+                                         jnp.dtype(s.cache_dtype), layout), mesh)
     hidden, cache = forward_with_cache(cfg, params, prompts.tokens, prompts.mask, cache=cache,
                                        cache_index=0,  # an empty cache: the prompts only
                                        placement=Placement(mesh, pin_rows, extent=0,
@@ -536,14 +566,20 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
         return jnp.pad(_take_rows(x, rows), pad)
 
     key_axis, value_axis = slot_axes(layout)
-    cache = KVCache(tuple(grown(k, key_axis) for k in cache.k),
-                    tuple(grown(v, value_axis) for v in cache.v), grown(cache.valid, 1))
+    shared = None
+    if group > 1:
+        shared = grouped_prompts(cache, rows, group)
+        cache = KVCache.zeros(cfg, rows.size, cache_len - width, cache.k[0].dtype, layout)
+    else:
+        cache = KVCache(tuple(grown(k, key_axis) for k in cache.k),
+                        tuple(grown(v, value_axis) for v in cache.v), grown(cache.valid, 1))
     last = hidden[rows, -1] if rows.ndim == 1 else _take_rows(hidden[:, -1], rows)
     return constrain_rows(Frontier(
         cache, logits=row_logits(cfg, params, last, mesh),
         n_tokens=_take_rows(jnp.sum(prompts.mask, axis=1).astype(jnp.int32), rows),
         stop_state=jnp.zeros((rows.size,), jnp.int32),
-        next_slot=jnp.full((rows.size,), width, jnp.int32)), mesh)
+        next_slot=jnp.full((rows.size,), first_slot(width, group), jnp.int32),
+        prompt=shared), mesh)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -561,7 +597,12 @@ class DecodeState:
     on, and its continuations run on) in equal blocks, one per data-parallel shard (which
     holds their cache). ``layout[i]`` is the device row of the generation's output row i
     (None: row i is device row i). ``decode_kernel``: the generation's
-    (``SamplingParams.decode_kernel``), which set its cache's layout."""
+    (``SamplingParams.decode_kernel``), which set its cache's layout.
+
+    ``prompt``: the prompts that groups of consecutive rows share
+    (``SamplingParams.shared_prompts``), the rows' ``cache`` holding what they generated
+    after them; slots (``next_slot``, ``capacity``) count from the prompt's first, as in the
+    one cache per row a continuation joins them into (:meth:`frontier`)."""
 
     cache: KVCache
     logits: jax.Array
@@ -572,6 +613,7 @@ class DecodeState:
     layout: np.ndarray | None = None
     mesh: Mesh | None = None
     decode_kernel: str = "xla"
+    prompt: KVCache | None = None
 
     @property
     def rows(self) -> int:
@@ -580,8 +622,13 @@ class DecodeState:
 
     @property
     def capacity(self) -> int:
-        """Cache slots per row."""
-        return int(self.cache.valid.shape[1])
+        """Cache slots per row (its prompt's, shared or not, and its own)."""
+        return int(self.cache.valid.shape[1]) + self.prompt_slots
+
+    @property
+    def prompt_slots(self) -> int:
+        """Slots of the shared prompts before the rows' cache (0: none shared)."""
+        return 0 if self.prompt is None else int(self.prompt.valid.shape[1])
 
     def device_rows(self, rows: Sequence[int]) -> np.ndarray:
         """The device rows of output rows `rows`."""
@@ -589,7 +636,8 @@ class DecodeState:
         return index if self.layout is None else np.asarray(self.layout)[index]
 
     def frontier(self) -> Frontier:
-        """This state as the jitted continuation reads it."""
+        """This state as the jitted continuation reads it: one cache per row (a shared
+        prompt copied into each of its rows' own: ``models.prompt_sharing.rows_cache``)."""
         stop_state = (np.zeros(len(self.n_tokens), np.int32) if self.stop_state is None
                       else self.stop_state)
         host = (np.asarray(self.n_tokens, np.int32), np.asarray(stop_state, np.int32),
@@ -602,7 +650,17 @@ class DecodeState:
             # argument committed where it was not)
             n_tokens, stop_state, next_slot = jax.device_put(
                 (n_tokens, stop_state, next_slot), self.logits.sharding)
-        return Frontier(self.cache, self.logits, n_tokens, stop_state, next_slot)
+        cache = self.cache
+        if self.prompt is not None:
+            cache = _rows_cache(self.prompt, cache, kv_layout(self.mesh, self.decode_kernel),
+                                self.mesh)
+        return Frontier(cache, self.logits, n_tokens, stop_state, next_slot)
+
+
+@functools.partial(jax.jit, static_argnames=("layout", "mesh"))
+def _rows_cache(prompt: KVCache, own: KVCache, layout: str, mesh: Mesh | None) -> KVCache:
+    """``models.prompt_sharing.rows_cache``, the result on the rows' shardings."""
+    return constrain_rows(rows_cache(prompt, own, layout), mesh)
 
 
 def stopping_tables(cfg: ModelConfig, tokenizer: Tokenizer | None, sampling: SamplingParams,
@@ -655,6 +713,7 @@ def _result(tokenizer: Tokenizer, decoded: Decoded, n_rows: int, sampling: Sampl
     row ``layout[i]``, default ``order[i]``), by ``sampling``'s decode_text, stop strings and
     decode kernel."""
     front = decoded.frontier
+    shared = 0 if front.prompt is None else front.prompt.valid.shape[1]  # slots before
     out, logp, length, finish, n_host, stop_host, slot_host = host_copy(
         (decoded.tokens, decoded.logprobs, decoded.lengths, decoded.finish, front.n_tokens,
          front.stop_state, front.next_slot))
@@ -666,10 +725,10 @@ def _result(tokenizer: Tokenizer, decoded: Decoded, n_rows: int, sampling: Sampl
                       lengths=np.asarray(length),
                       finish=tuple(FINISH_REASONS[int(f)] for f in finish), texts=texts,
                       state=DecodeState(front.cache, front.logits, np.asarray(n_host),
-                                        np.asarray(slot_host), np.asarray(stop_host),
+                                        np.asarray(slot_host) + shared, np.asarray(stop_host),
                                         _canonical(sampling.stop),
                                         order if layout is None else layout, mesh,
-                                        sampling.decode_kernel))
+                                        sampling.decode_kernel, front.prompt))
 
 
 def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
@@ -684,17 +743,20 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     the same samples. The result's ``state`` lets ``models.continuation.continue_generation``
     extend the rows later.
 
-    The KV cache's shape: ``sampling.capacity`` and ``sampling.prompt_bucket``.
+    The KV cache's shape: ``sampling.capacity`` and ``sampling.prompt_bucket``; a group's
+    rows share their prompt's with ``sampling.shared_prompts``.
 
     With a ``mesh`` the rows are data-parallel (:func:`_sharded_prompts`): prompts, KV cache
     and outputs sharded along the rows over the mesh's data axes, the weights as they come
     (``models.sharding.decode_param_shardings``); greedy results equal the mesh-less ones.
     """
     batch, limits = prompt_batch(prompts, sampling, tokenizer.pad_id, mesh, max_new_per_row)
+    group = prompt_group(batch.rows) if sampling.shared_prompts else 1
     batch = place_rows(batch, mesh)
     stopping = placed_stopping(stopping_tables(cfg, tokenizer, sampling, limits), mesh)
     decoded = _generate(
-        cfg, params, batch, _key(seed), stopping, settings=DecodeSettings.of(sampling, mesh),
+        cfg, params, batch, _key(seed), stopping,
+        settings=DecodeSettings.of(sampling, mesh, group),
         cache_len=cache_length(batch.tokens.shape[1], sampling))
     order = None if mesh is None else np.arange(len(prompts))  # the padding rows: not rows
     return _result(tokenizer, decoded, len(prompts), sampling, order, mesh)

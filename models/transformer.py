@@ -179,6 +179,43 @@ def joined_attention(q: jax.Array, parts: Sequence[tuple[jax.Array, jax.Array, j
     return (out / total).reshape(b, t, h * hd).astype(q.dtype)
 
 
+def shared_prefix_part(q: jax.Array, keys: jax.Array, values: jax.Array, valid: jax.Array,
+                       upcast: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One token's attention over a prefix that each group of G consecutive rows shares (a
+    GRPO group's prompt), reduced to (m, l, o) for :func:`joined_attention`'s merge: q
+    [B,1,H,hd]; keys [N,KV,hd,W], values [N,KV,W,hd] (as attended), valid [N,W]: prefix n
+    is rows [nG, (n+1)G)'s, G = B / N. Returns [B,KV,H/KV,1] maxima, sums of exponentials
+    and [B,KV,H/KV,hd] unnormalised outputs, float32 (scores scaled by 1/sqrt(hd)).
+
+    Hydragen (Juravsky et al. 2024, sec. 3): the G rows' queries against their one prefix are
+    one matrix-matrix product per group and KV head (M = G H/KV queries), reading the prefix
+    once for the group instead of once per row; the rows' own slots are another part, merged
+    by log-sum-exp. The dots run in the prefix's dtype with float32 accumulation
+    (float32-true on a float32 cache, :func:`probability_precision`), in float32 with
+    ``upcast`` (a bfloat16 cache on CPU: :func:`_no_bf16_dot_on_buffers`)."""
+    b, _, h, hd = q.shape
+    n, kv = keys.shape[:2]
+    g, per = b // n, h // kv
+    if upcast:
+        keys, values = keys.astype(jnp.float32), values.astype(jnp.float32)
+    precision = probability_precision(keys.dtype)
+    grouped = q[:, 0].reshape(n, g, kv, per, hd).transpose(0, 2, 1, 3, 4)
+    grouped = grouped.reshape(n, kv, g * per, hd).astype(keys.dtype)
+    scores = jnp.einsum("nkmd,nkds->nkms", grouped, keys, preferred_element_type=jnp.float32,
+                        precision=precision)
+    scores = jnp.where(valid[:, None, None, :], scores * (1.0 / np.sqrt(hd)), NEG_INF)
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    weights = jnp.exp(scores - top)
+    out = jnp.einsum("nkms,nksd->nkmd", weights.astype(values.dtype), values,
+                     preferred_element_type=jnp.float32, precision=precision)
+
+    def by_row(x: jax.Array) -> jax.Array:  # [N,KV,G*per,X] -> [B,KV,per,X]
+        x = x.reshape(n, kv, g, per, x.shape[-1]).transpose(0, 2, 1, 3, 4)
+        return x.reshape(b, kv, per, x.shape[-1])
+
+    return by_row(top), by_row(jnp.sum(weights, axis=-1, keepdims=True)), by_row(out)
+
+
 def _scores(qg: jax.Array, k: jax.Array, t: int) -> jax.Array:
     """q.k for grouped queries qg [B,T,KV,G,hd] and keys k [B,KV,hd,S], in float32:
     [B,KV,G,S] for one token (a multiply-and-reduce, see :func:`attention`), else
@@ -447,12 +484,17 @@ class Placement:
     (``models.continuation.read_in_place``). ``extent``: how much of the cache the tokens
     attend over (see :func:`forward_with_cache`). ``decode_kernel``: what computes a
     one-token step's attention over the cache (``models.decode_attention``: "xla", or
-    "pallas_gpu" on a cache in its layout, :func:`kv_layout`)."""
+    "pallas_gpu" on a cache in its layout, :func:`kv_layout`). ``prompt``: what each group of
+    G consecutive rows shares before its cache, N = B / G prompts' keys and values (a
+    :class:`KVCache` of N rows, each read once for its group: :func:`shared_prefix_part`;
+    ``models.prompt_sharing``), for one-token steps: a decode whose rows' cache holds what
+    they generated after their group's prompt."""
 
     mesh: Any = None
     pin_rows: bool = False
     extent: int | None = None
     decode_kernel: str = "xla"
+    prompt: KVCache | None = None
 
 
 def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
@@ -480,8 +522,13 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
     Loops choose it by :func:`while_in_extents` (a multi-turn rollout reserves room for
     every turn up front; on the 2-core CPU a 48-token decode at batch 16 cost 12 % more per
     256 empty slots when every step read the whole cache).
+
+    ``placement.prompt``: a prompt shared by each group of rows, attended over before the
+    cache (:class:`Placement`).
     """
-    t, mesh = tokens.shape[1], placement.mesh
+    t, mesh, prompt = tokens.shape[1], placement.mesh, placement.prompt
+    if prompt is not None and t != 1:
+        raise ValueError(f"a shared prompt is read by one-token steps only, got {t} tokens")
     attn_mask, positions = _mask_and_positions(tokens, attn_mask, positions)
     inv_freq = jnp.asarray(rope_inv_freq(cfg))
     at = jnp.asarray(cache_index, jnp.int32)
@@ -493,11 +540,13 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
 
     pin = shard_rows if placement.pin_rows else (lambda a: a)
     x, ks, vs = pin(params["embed"][tokens]), [], []
-    for p, ck, cv in zip(unstack_layers(params)["layers"], cache.k, cache.v, strict=True):
+    prompt_parts = _prompt_parts(prompt, len(cache.k), layout, mesh)
+    for p, ck, cv, prompt_part in zip(unstack_layers(params)["layers"], cache.k, cache.v,
+                                      prompt_parts, strict=True):
         q, k, v = _qkv(cfg, p, rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), positions,
                        inv_freq)
         k, v = cached_keys(k, layout).astype(ck.dtype), cached_values(v, layout).astype(cv.dtype)
-        attended_out, ck, cv = attend(q, k, v, ck, cv)
+        attended_out, ck, cv = attend(q, k, v, ck, cv, prompt_part(q))
         x = x + dense(attended_out, p["wo"])
         x = pin(x + _mlp(p, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)))
         ks.append(ck)
@@ -506,14 +555,30 @@ def forward_with_cache(cfg: ModelConfig, params: Params, tokens: jax.Array,
     return x, KVCache(tuple(ks), tuple(vs), valid)
 
 
+def _prompt_parts(prompt: KVCache | None, layers: int, layout: str, mesh: Any) -> list[Any]:
+    """For each of the ``layers``, ``part(q)``: the attention of the layer's one-token
+    queries q over the ``prompt`` its rows' groups share (``Placement.prompt``), reduced for
+    :func:`joined_attention` (:func:`shared_prefix_part`); without a prompt, no part."""
+    if prompt is None:
+        return [lambda q: ()] * layers
+    upcast = _no_bf16_dot_on_buffers(prompt.k[0].dtype, mesh)
+
+    def part(k: jax.Array, v: jax.Array) -> Any:
+        keys, values = attended(k, v, layout)
+        return lambda q: (shared_prefix_part(q, keys, values, prompt.valid, upcast),)
+
+    return [part(k, v) for k, v in zip(prompt.k, prompt.v, strict=True)]
+
+
 def _cache_attention(cache: KVCache, valid: jax.Array, written: jax.Array,
                      attn_mask: jax.Array, placement: Placement, layout: str,
                      at: jax.Array) -> Any:
-    """``attend(q, k, v, ck, cv) -> (output, ck, cv)`` for the layers of
+    """``attend(q, k, v, ck, cv, reduced) -> (output, ck, cv)`` for the layers of
     :func:`forward_with_cache`: the tokens' attention over one layer's cache (ck, cv) up to
-    ``placement.extent`` and over their own keys and values (k, v, as cached: causal, their
-    real tokens), and the cache with k, v written from slot ``at`` (``valid``: the slots
-    valid once they are).
+    ``placement.extent``, over their own keys and values (k, v, as cached: causal, their
+    real tokens) and over parts already ``reduced`` (a shared prompt's, see
+    :func:`joined_attention`), and the cache with k, v written from slot ``at`` (``valid``:
+    the slots valid once they are).
 
     The cache is read as it was, then written, the write waiting for the output
     (:func:`_cache_writer`; written first, XLA:CPU copied every layer's cache at each step).
@@ -533,9 +598,9 @@ def _cache_attention(cache: KVCache, valid: jax.Array, written: jax.Array,
         interpret = platform_of(mesh) != "gpu"
 
         def by_kernel(q: jax.Array, k: jax.Array, v: jax.Array, ck: jax.Array,
-                      cv: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+                      cv: jax.Array, reduced: tuple) -> tuple[jax.Array, jax.Array, jax.Array]:
             cached = bounded_attention(q[:, 0], ck, cv, *bounds, interpret=interpret)
-            out = joined_attention(q, [(*attended(k, v, layout), own)], [cached])
+            out = joined_attention(q, [(*attended(k, v, layout), own)], [cached, *reduced])
             return out, *write(ck, cv, k, v, after=out)
 
         return by_kernel
@@ -543,10 +608,11 @@ def _cache_attention(cache: KVCache, valid: jax.Array, written: jax.Array,
         upto = (jnp.arange(extent) <= written[:, :, None]) & valid[:, None, :extent]
 
         def written_first(q: jax.Array, k: jax.Array, v: jax.Array, ck: jax.Array,
-                          cv: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+                          cv: jax.Array, reduced: tuple) -> tuple[jax.Array, jax.Array, jax.Array]:
             ck, cv = write(ck, cv, k, v, after=None)
             keys, values = attended(ck, cv, layout)
-            out = joined_attention(q, [(keys[..., :extent], values[:, :, :extent], upto)])
+            out = joined_attention(q, [(keys[..., :extent], values[:, :, :extent], upto)],
+                                   reduced)
             return out, ck, cv
 
         return written_first
@@ -556,9 +622,9 @@ def _cache_attention(cache: KVCache, valid: jax.Array, written: jax.Array,
     upcast = t > 1 and _no_bf16_dot_on_buffers(cache.k[0].dtype, mesh)
 
     def by_parts(q: jax.Array, k: jax.Array, v: jax.Array, ck: jax.Array,
-                 cv: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+                 cv: jax.Array, reduced: tuple) -> tuple[jax.Array, jax.Array, jax.Array]:
         out = joined_attention(q, _attended_parts((ck, cv, before), (k, v, own), layout,
-                                                  extent, upcast, q))
+                                                  extent, upcast, q), reduced)
         return out, *write(ck, cv, k, v, after=out)
 
     return by_parts

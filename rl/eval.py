@@ -62,7 +62,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     trainer = c["trainer"]
     policy = SamplerPolicy(model_cfg, params, tok, dtype=e.dtype or trainer["rollout_dtype"],
                            kv_cache_dtype=e.dtype or trainer["kv_cache_dtype"],
-                           decode_kernel=trainer.get("decode_kernel", "xla"))
+                           decode_kernel=trainer.get("decode_kernel", "xla"),
+                           shared_prompts=trainer.get("shared_prompts", False))
     results = evaluate(task, policy, e.splits,
                        e.max_new_tokens or int(c["trainer"]["max_new_tokens"]),
                        judge=judge,

@@ -510,7 +510,9 @@ class DecodeReads:
     than the KV cache (the weights, the stopping tables, the loop's state) and, of the
     cache's `capacity` slots a row (`cache` bytes per chip, the validity mask included),
     those the configured kernel reads (`read`, averaged over the steps) where the rows hold
-    `held` (``models.transformer.cache_slots_read``)."""
+    `held` (``models.transformer.cache_slots_read``). Prompts shared by their groups
+    (trainer.shared_prompts) are among the fixed arguments, read whole at every step; the
+    rows' cache then holds what they generate."""
 
     fixed: float
     cache: float
@@ -536,7 +538,8 @@ def decode_reads(run: RunConfig, lay: Layout, dec: Any) -> DecodeReads:
     slots). The plan compiles the XLA path either way."""
     cache = dec.args[1].cache
     capacity = cache.valid.shape[1]
-    held, read = cache_slots_read(lay.prompt, dec.static["first_slot"], lay.response,
+    own = 0 if dec.args[1].prompt is not None else lay.prompt  # the prompt in the rows' cache
+    held, read = cache_slots_read(own, dec.static["first_slot"], lay.response,
                                   capacity, run.trainer.decode_kernel, _platform(dec.args))
     cache_bytes = bytes_per_chip(cache)
     return DecodeReads(float(bytes_per_chip(dec.args) - cache_bytes), float(cache_bytes),
@@ -598,13 +601,14 @@ def _platform(args: Any) -> str:
 
 def rollout_sampling(run: RunConfig, lay: Layout) -> SamplingParams:
     """The sampling a rollout of `lay` runs: the trainer's, for the planned response budget,
-    with its KV cache dtype, prefill layout and sub-batches (as ``rl.tasks.envs.
-    SamplerPolicy`` sets them)."""
+    with its KV cache dtype, prefill layout, sub-batches and shared prompts (as
+    ``rl.tasks.envs.SamplerPolicy`` sets them)."""
     t = run.trainer
     return dataclasses.replace(run.sampling(), max_new_tokens=lay.response,
                                kv_cache_dtype=t.kv_cache_dtype,
                                prefill_pin_rows=t.prefill_pin_rows,
-                               sub_batches=t.rollout_sub_batches)
+                               sub_batches=t.rollout_sub_batches,
+                               shared_prompts=t.shared_prompts)
 
 
 def sampler_rows(prompts: int, size: int, shards: int) -> int:

@@ -67,6 +67,7 @@ class TrainerConfig:
     eval_dtype: str | None  # evaluation's weights and cache (None: the rollout's)
     prefill_pin_rows: bool  # the rollout prefill's activations pinned to the rows (sampler)
     decode_kernel: str  # the decode step's cache attention (models.decode_attention)
+    shared_prompts: bool  # a group's rows share their prompt's cache (models.prompt_sharing)
     rollout_sub_batches: bool  # continuations gather their rows (SamplingParams.sub_batches)
     rollout_chunks: int  # the rollout in this many sampler calls (rl.run.loop.rollout_in_chunks)
     seed: int

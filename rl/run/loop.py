@@ -104,7 +104,8 @@ class Components:
         mesh = self.mesh if self.rollout_mesh is None else self.rollout_mesh
         return SamplerPolicy(self.model_cfg, params, self.tokenizer, dtype=dtype, mesh=mesh,
                              kv_cache_dtype=cache, prefill_pin_rows=t.prefill_pin_rows,
-                             sub_batches=t.rollout_sub_batches, decode_kernel=t.decode_kernel)
+                             sub_batches=t.rollout_sub_batches, decode_kernel=t.decode_kernel,
+                             shared_prompts=t.shared_prompts)
 
     def scoring_params(self, params: Any) -> Any:
         """The model parameters the update's forward runs for the train state's `params`."""

@@ -50,7 +50,7 @@ NEVER_ALLOWED = ("model_config",)
 # keys added after checkpoints were written without them, with the value those runs computed
 # with: a checkpoint lacking the key compares as having it
 ADDED_LATER = {"trainer.off_policy_steps": 0, "trainer.kv_cache_dtype": "float32",
-               "trainer.decode_kernel": "xla",
+               "trainer.decode_kernel": "xla", "trainer.shared_prompts": False,
                "algo.rubric_gate": "none", "algo.correct_at": 1.0,
                "algo.rewarder_options.rubric_gate": "none",
                "algo.rewarder_options.correct_at": 1.0, "algo.filter_metric": "reward",

@@ -24,7 +24,8 @@ class SamplerPolicy:
     (kept in the sampler's per-layer form, made once per policy; ``dtype`` "bfloat16" samples
     with bfloat16 matmuls, see models.sampler.decode_params; ``kv_cache_dtype`` "bfloat16"
     stores its generations' KV cache in bfloat16, whatever the environment's sampling says,
-    None: as it says; ``prefill_pin_rows``, ``sub_batches`` and ``decode_kernel`` likewise,
+    None: as it says; ``prefill_pin_rows``, ``sub_batches``, ``decode_kernel`` and
+    ``shared_prompts`` likewise,
     see models.sampler.SamplingParams). With a
     ``mesh`` the rollouts are data-parallel: rows, KV cache and outputs sharded over its data
     axes, the weights by ``models.sharding.decode_param_shardings``."""
@@ -38,6 +39,7 @@ class SamplerPolicy:
     prefill_pin_rows: bool | None = None
     sub_batches: bool | None = None
     decode_kernel: str | None = None
+    shared_prompts: bool | None = None
 
     def __post_init__(self) -> None:
         params = decode_params(self.params, self.dtype)
@@ -64,7 +66,8 @@ class SamplerPolicy:
         mine: dict[str, Any] = {"kv_cache_dtype": self.kv_cache_dtype,
                                 "prefill_pin_rows": self.prefill_pin_rows,
                                 "sub_batches": self.sub_batches,
-                                "decode_kernel": self.decode_kernel}
+                                "decode_kernel": self.decode_kernel,
+                                "shared_prompts": self.shared_prompts}
         return dataclasses.replace(sampling, **{k: v for k, v in mine.items() if v is not None})
 
 

@@ -1,7 +1,7 @@
 """bench/gpu_check.sh, the accelerator check of README "Benchmarks", as a CPU dry run: the
-same script and commands (bench.sampling_check, bench.accelerator, bench.scoring_precision,
-bench.random_model, rl.train with the accelerator settings) on the tiny shape, each part ending
-with exit 0."""
+same script and commands (bench.sampling_check, bench.accelerator, its decode with shared
+prompts, bench.scoring_precision, bench.random_model, rl.train with the accelerator settings)
+on the tiny shape, each part ending with exit 0."""
 
 import json
 import os
@@ -13,7 +13,7 @@ from tests.paths import ROOT
 
 def test_the_gpu_check_runs_end_to_end_on_a_cpu(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHON=sys.executable, SHAPES="tiny",
-               ONLY="^(sampling_check|accelerator|scoring_precision|train)$",
+               ONLY="^(sampling_check|accelerator|decode_shared_prompts|scoring_precision|train)$",
                ACCEL_ARGS="--shapes tiny --batch 8 --group 4 --prompt-len 16 --new-tokens 16 "
                           "--repeats 1",
                SAMPLING_ARGS="--vocab 4096 --grid-bits 16 --chunk 4096",
@@ -24,11 +24,16 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu(tmp_path):
     res = subprocess.run(["bash", "bench/gpu_check.sh", str(out)], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    for part in ("sampling_check", "accelerator", "scoring_precision", "train"):
+    for part in ("sampling_check", "accelerator", "decode_shared_prompts", "scoring_precision",
+                 "train"):
         assert f"== {part}: exit 0" in res.stdout, res.stdout[-3000:]
     assert "HIGHEST max error" in (out / "sampling_check.log").read_text()
-    row = json.loads((out / "accelerator.jsonl").read_text().splitlines()[0])
+    row, shared = map(json.loads, (out / "accelerator.jsonl").read_text().splitlines())
     assert row["shapes"] == "tiny" and row["decode_tok_s"] > 0 and row["update_s"] > 0
+    # prompts shared by groups of 4: a step must read less of the cache (a quarter of the
+    # 16 prompt slots a row instead of all 16)
+    assert shared["shared_prompts"] and shared["decode_tok_s"] > 0
+    assert shared["decode_step_gb"] < row["decode_step_gb"]
     # a CPU computes float32 dots float32-true at any precision: the three settings agree, and
     # the sampler's log-probs are the scoring pass's to float32 rounding
     precision = json.loads((out / "scoring_precision.jsonl").read_text())

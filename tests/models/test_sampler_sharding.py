@@ -150,6 +150,26 @@ SCRIPT = textwrap.dedent("""
     assert all(x.is_deleted() for x in gc.state.cache.k + gc.state.cache.v)
     print("CONSUME_OK")
 
+    # GRPO groups reading one copy of their prompt's cache (SamplingParams.shared_prompts):
+    # the samples of one device's own copies; each group's prompt on its rows' shard, and
+    # with the weights replicated no collective but scalar reductions; then continued
+    grpo = [p for p in prompts + [tok.encode("fourth")] for _ in range(4)]  # 16 rows
+    shared = dataclasses.replace(sp, shared_prompts=True)
+    gs1, gs = one.generate(grpo, sp, 0), many.generate(grpo, shared, 0)
+    same(gs1, gs)
+    groups = gs.state.prompt.valid.shape[0]
+    assert groups == 16 // min(4, 16 // shards), groups  # a shard's rows, at most a group
+    for x in gs.state.prompt.k + (gs.state.prompt.valid,):
+        rows_sharded(x, groups)
+    if mesh.shape["fsdp"] == mesh.shape["tensor"] == 1:
+        fn, a, k = programs["_generate"]
+        assert k["settings"].group > 1
+        ops = re.findall(r"= (\\S+) (all-gather|all-to-all|collective-permute|all-reduce|"
+                         r"reduce-scatter)\\(", fn.lower(*a, **k).compile().as_text())
+        assert all(shape.endswith("[]") and op == "all-reduce" for shape, op in ops), ops
+    same(one.continue_from(gs1.state, cont, sp, 1), many.continue_from(gs.state, cont, shared, 1))
+    print("SHARED_OK")
+
     if mesh.shape["fsdp"] == mesh.shape["tensor"] == 1:
         # weights replicated: any collective but a scalar reduction would move rows
         assert sorted(programs) == ["_generate", "decode_in_place", "read_in_place"]
@@ -247,6 +267,10 @@ def test_the_sampler_gathers_no_unembedding(mesh_run):
 
 def test_an_unpinned_prefill_gives_the_same_samples_and_layout(mesh_run):
     _expect(mesh_run, "UNPINNED_PREFILL_OK")
+
+
+def test_shared_prompts_sharded_and_equal_to_one_device(mesh_run):
+    _expect(mesh_run, "SHARED_OK")
 
 
 def test_continuations_sharded_and_equal_to_one_device(mesh_run):
