@@ -511,7 +511,7 @@ class DecodeReads:
     cache's `capacity` slots a row (`cache` bytes per chip, the validity mask included),
     those the configured kernel reads (`read`, averaged over the steps) where the rows hold
     `held` (``models.transformer.cache_slots_read``). Prompts shared by their groups
-    (trainer.shared_prompts) are among the fixed arguments, read whole at every step; the
+    (trainer.shared_prompts: `shared` bytes per chip) are read whole at every step; the
     rows' cache then holds what they generate."""
 
     fixed: float
@@ -520,6 +520,7 @@ class DecodeReads:
     held: float
     read: float
     kernel: str
+    shared: float = 0.0
 
     @property
     def cache_read(self) -> float:
@@ -527,7 +528,7 @@ class DecodeReads:
 
     @property
     def per_step(self) -> float:
-        return self.fixed + self.cache_read
+        return self.fixed + self.shared + self.cache_read
 
 
 def decode_reads(run: RunConfig, lay: Layout, dec: Any) -> DecodeReads:
@@ -536,14 +537,16 @@ def decode_reads(run: RunConfig, lay: Layout, dec: Any) -> DecodeReads:
     tokens padded to its first slot, `lay.response` new tokens; trainer.decode_kernel's
     reads (the XLA path: each extent's prefix for every row; ``pallas_gpu``: each row's own
     slots). The plan compiles the XLA path either way."""
-    cache = dec.args[1].cache
+    cache, prompt = dec.args[1].cache, dec.args[1].prompt  # prompt: shared by the groups
     capacity = cache.valid.shape[1]
-    own = 0 if dec.args[1].prompt is not None else lay.prompt  # the prompt in the rows' cache
+    own = lay.prompt if prompt is None else 0  # the prompt tokens in the rows' cache
     held, read = cache_slots_read(own, dec.static["first_slot"], lay.response,
                                   capacity, run.trainer.decode_kernel, _platform(dec.args))
     cache_bytes = bytes_per_chip(cache)
-    return DecodeReads(float(bytes_per_chip(dec.args) - cache_bytes), float(cache_bytes),
-                       capacity, held, read, run.trainer.decode_kernel)
+    shared = 0 if prompt is None else bytes_per_chip(prompt)
+    return DecodeReads(float(bytes_per_chip(dec.args) - cache_bytes - shared),
+                       float(cache_bytes), capacity, held, read, run.trainer.decode_kernel,
+                       float(shared))
 
 
 def compiled_program(name: str, lowered: Any, args: Any, *, resident: int, flops: float,
@@ -1462,8 +1465,9 @@ def reads_lines(plan: Plan) -> list[str]:
         own = ("each row's own slots" if r.kernel == "pallas_gpu" else
                "for every row the cache prefix its decode loop is in: "
                "trainer.decode_kernel=pallas_gpu reads each row's own")
+        shared = (f", the groups' shared prompts {_size(r.shared)}" if r.shared else "")
         out.append(f"  {p.name}: a step reads >= {_size(r.per_step)} per chip: weights and "
-                   f"loop state {_size(r.fixed)}, KV cache {_size(r.cache_read)}"
+                   f"loop state {_size(r.fixed)}{shared}, KV cache {_size(r.cache_read)}"
                    f" of {_size(r.cache)} ({r.read:.0f} of {r.capacity} slots a row on "
                    f"average, {own}; the rows hold {r.held:.0f})")
     return out

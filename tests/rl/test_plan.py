@@ -751,6 +751,36 @@ def test_a_decode_step_reads_the_slots_its_kernel_reads_by_hand(kernel):
     assert f"{read:.0f} of 272 slots a row on average" in line and "hold 168" in line, line
 
 
+def test_the_plans_decode_reads_with_prompts_shared_by_their_groups():
+    """trainer.shared_prompts: the rows' cache holds the 208 new tokens' slots only (on CPU
+    one extent, the whole cache: none past half of it), the rows hold t = 1..207 of them,
+    104 on average; the groups' prompts, one of 64 slots a group, are read whole every step."""
+    from models.sampler import generation_kernels
+    from models.sharding import make_mesh
+    from rl.plan import decode_reads, layout, reads_lines, rollout_sampling, sampler_weights
+
+    run, plan = _config("plan.prompt_len=64", "plan.response_budget=208",
+                        "trainer.shared_prompts=true")
+    cfg = tiny_config()
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    lay = layout(run, plan, mesh)
+    assert lay.rows > lay.prompts  # groups of more than one row
+    dparams = sampler_weights(run, abstract_params(cfg, mesh), mesh)
+    prompts = [[p + 1] * 64 for p in range(lay.prompts) for _ in range(lay.rows // lay.prompts)]
+    _, dec = generation_kernels(cfg, dparams, prompts, rollout_sampling(run, lay), mesh)
+    reads = decode_reads(run, lay, dec)
+    # a slot: keys and values of 2 layers x 2 KV heads x 16 dims, float32, and its valid flag
+    slot = 2 * cfg.num_layers * 2 * 16 * 4 + 1
+    assert (reads.capacity, reads.held, reads.read) == (208, 104, 208)
+    assert (reads.cache, reads.shared) == (lay.rows * 208 * slot, lay.prompts * 64 * slot)
+    assert reads.per_step == pytest.approx(reads.fixed + reads.shared + reads.cache)
+    program = dataclasses.replace(
+        Program("decode", 0, 0, 0, 0, 0, 1.0, 208 * reads.per_step, True), reads=reads)
+    line, = reads_lines(Plan("m", cfg, "cpu", CHIPS["v5e"], 1, {"data": 1}, lay, 0, 0,
+                             (program,)))
+    assert "the groups' shared prompts" in line and "hold 104" in line, line
+
+
 def test_the_start_up_row_is_the_loaded_weights_adam_and_the_reference_by_hand():
     """One chip, so every byte is on it: N float32 weights loaded (4 N bytes), then Adam's two
     float32 moments (8 N) and the bfloat16 reference (2 N), the step counters beside; the
