@@ -162,13 +162,12 @@ def decode_step_lines(cfg: Any, args: argparse.Namespace, step_s: float,
 
     sampling = SamplingParams(args.new_tokens)
     width = round_up(args.prompt_len, sampling.prompt_bucket)
-    capacity = cache_length(width, sampling)
-    held, read = cache_slots_read(args.prompt_len, width, args.new_tokens, capacity,
-                                  args.decode_kernel, jax.default_backend())
+    capacity, prompt, first = cache_length(width, sampling), args.prompt_len, width
     if args.shared_prompts:  # the rows' cache holds what they generate; their prompts apart
-        capacity -= width
-        held, read = cache_slots_read(0, 0, args.new_tokens, capacity, args.decode_kernel,
-                                      jax.default_backend())
+        capacity, prompt, first = capacity - width, 0, 0
+    held, read = cache_slots_read(prompt, first, args.new_tokens, capacity, args.decode_kernel,
+                                  jax.default_backend())
+    if args.shared_prompts:  # a group's prompt read once: a G-th of it a row
         held, read = held + args.prompt_len / args.group, read + width / args.group
     weights = decode_step_bytes(cfg, args.batch, 0)
     floor, as_read = decode_step_bytes(cfg, args.batch, held), decode_step_bytes(cfg, args.batch,

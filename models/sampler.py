@@ -271,12 +271,18 @@ class DecodeSettings:
     group: int = 1
 
     @staticmethod
-    def of(sampling: SamplingParams, mesh: Mesh | None = None,
-           group: int = 1) -> DecodeSettings:
+    def of(sampling: SamplingParams, mesh: Mesh | None = None) -> DecodeSettings:
         return DecodeSettings(sampling.max_new_tokens, float(sampling.temperature),
                               float(sampling.top_p), mesh, sampling.kv_cache_dtype,
                               sampling.read_block, sampling.prefill_pin_rows,
-                              sampling.decode_kernel, group)
+                              sampling.decode_kernel)
+
+    @staticmethod
+    def fresh(sampling: SamplingParams, mesh: Mesh | None, rows: Any) -> DecodeSettings:
+        """The settings of a fresh generation whose prompt batch has ``rows`` (host), the
+        group read off them where ``sampling`` shares prompts."""
+        group = prompt_group(rows) if sampling.shared_prompts else 1
+        return dataclasses.replace(DecodeSettings.of(sampling, mesh), group=group)
 
 
 def host_arrays(*arrays: np.ndarray) -> tuple[jax.Array, ...]:
@@ -506,9 +512,8 @@ def generation_kernels(cfg: ModelConfig, params: Params, prompts: Sequence[Seque
     tokenizer the stopping tables are :func:`stopping_tables`' shapes-only ones."""
     batch, limits = prompt_batch(prompts, sampling, 0 if tokenizer is None
                                  else tokenizer.pad_id, mesh)
-    group = prompt_group(batch.rows) if sampling.shared_prompts else 1
+    settings = DecodeSettings.fresh(sampling, mesh, batch.rows)
     batch = place_rows(batch, mesh, abstract=True)
-    settings = DecodeSettings.of(sampling, mesh, group)
     width = batch.tokens.shape[1]
     pre = Kernel("prefill", _prefill, cfg, (params, batch),
                  {"cache_len": cache_length(width, sampling), "settings": settings})
@@ -518,7 +523,7 @@ def generation_kernels(cfg: ModelConfig, params: Params, prompts: Sequence[Seque
                                abstract=True)
     dec = Kernel("decode", _decode, cfg, (params, place_rows(front, mesh, abstract=True), key,
                                           stopping),
-                 {"first_slot": first_slot(width, group), "settings": settings})
+                 {"first_slot": first_slot(width, settings.group), "settings": settings})
     return pre, dec
 
 
@@ -565,12 +570,12 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
         pad[axis] = (0, max(cache_len - width, 0))
         return jnp.pad(_take_rows(x, rows), pad)
 
-    key_axis, value_axis = slot_axes(layout)
     shared = None
     if group > 1:
         shared = grouped_prompts(cache, rows, group)
         cache = KVCache.zeros(cfg, rows.size, cache_len - width, cache.k[0].dtype, layout)
     else:
+        key_axis, value_axis = slot_axes(layout)
         cache = KVCache(tuple(grown(k, key_axis) for k in cache.k),
                         tuple(grown(v, value_axis) for v in cache.v), grown(cache.valid, 1))
     last = hidden[rows, -1] if rows.ndim == 1 else _take_rows(hidden[:, -1], rows)
@@ -623,12 +628,8 @@ class DecodeState:
     @property
     def capacity(self) -> int:
         """Cache slots per row (its prompt's, shared or not, and its own)."""
-        return int(self.cache.valid.shape[1]) + self.prompt_slots
-
-    @property
-    def prompt_slots(self) -> int:
-        """Slots of the shared prompts before the rows' cache (0: none shared)."""
-        return 0 if self.prompt is None else int(self.prompt.valid.shape[1])
+        shared = 0 if self.prompt is None else self.prompt.valid.shape[1]
+        return int(self.cache.valid.shape[1] + shared)
 
     def device_rows(self, rows: Sequence[int]) -> np.ndarray:
         """The device rows of output rows `rows`."""
@@ -751,13 +752,11 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     (``models.sharding.decode_param_shardings``); greedy results equal the mesh-less ones.
     """
     batch, limits = prompt_batch(prompts, sampling, tokenizer.pad_id, mesh, max_new_per_row)
-    group = prompt_group(batch.rows) if sampling.shared_prompts else 1
+    settings = DecodeSettings.fresh(sampling, mesh, batch.rows)
     batch = place_rows(batch, mesh)
     stopping = placed_stopping(stopping_tables(cfg, tokenizer, sampling, limits), mesh)
-    decoded = _generate(
-        cfg, params, batch, _key(seed), stopping,
-        settings=DecodeSettings.of(sampling, mesh, group),
-        cache_len=cache_length(batch.tokens.shape[1], sampling))
+    decoded = _generate(cfg, params, batch, _key(seed), stopping, settings=settings,
+                        cache_len=cache_length(batch.tokens.shape[1], sampling))
     order = None if mesh is None else np.arange(len(prompts))  # the padding rows: not rows
     return _result(tokenizer, decoded, len(prompts), sampling, order, mesh)
 
