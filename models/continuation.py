@@ -45,6 +45,7 @@ from jax.sharding import Mesh
 
 from models.config import ModelConfig
 from models.padding import round_up
+from models.paged_cache import PagedCache, forward_cached, widened
 from models.sampler import (
     Decoded,
     DecodeSettings,
@@ -70,7 +71,6 @@ from models.transformer import (
     Params,
     Placement,
     decode_extents,
-    forward_with_cache,
     kv_layout,
     platform_of,
     slot_axes,
@@ -204,26 +204,45 @@ def _gathered(device_rows: np.ndarray, n_device: int, shards: int, size: int) ->
 
 def _take(tree: Any, index: jax.Array | None) -> Any:
     """The sub-batch of every row array of `tree`: for shard s, rows ``index[s]`` of its own
-    block (``models.sampler._take_rows``; out-of-range padding rows clamped)."""
+    block (``models.sampler._take_rows``; out-of-range padding rows clamped). Of a paged
+    cache, its table's rows only (:func:`_paged_rows`)."""
     if index is None:
         return tree
-    return jax.tree.map(lambda x: _take_rows(x, index), tree)
+
+    def one(x: Any) -> Any:
+        return _paged_rows(x, index) if isinstance(x, PagedCache) else _take_rows(x, index)
+
+    return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, PagedCache))
+
+
+def _paged_rows(cache: PagedCache, index: jax.Array) -> PagedCache:
+    """The sub-batch ``index`` (:func:`_take`) of a paged cache: the same pools, its rows'
+    page tables; a padding row's pages past its shard's block, so its writes are dropped
+    (a copy of a real row's table would write over that row's slots)."""
+    shards = index.shape[0] if index.ndim == 2 else 1
+    per = cache.table.shape[0] // shards
+    table = _take_rows(cache.table, index)
+    padding = (index >= per).reshape(-1)[:, None]
+    return cache._replace(table=jnp.where(padding, cache.k[0].shape[1] // shards, table))
 
 
 def _put(tree: Any, index: jax.Array | None, sub: Any) -> Any:
     """`tree` with the sub-batch `sub` written back to its rows (:func:`_take`'s inverse;
-    out-of-range rows dropped)."""
+    out-of-range rows dropped); a paged cache's pools are the sub-batch's, its table the
+    whole batch's."""
     if index is None:
         return sub
 
-    def one(x: jax.Array, y: jax.Array) -> jax.Array:
+    def one(x: Any, y: Any) -> Any:
+        if isinstance(x, PagedCache):
+            return y._replace(table=x.table)
         blocks = x.reshape(index.shape[0], -1, *x.shape[1:])
         rows = y.reshape(index.shape[0], -1, *y.shape[1:])
         out = jax.vmap(lambda block, at, values: block.at[at].set(values, mode="drop"))(
             blocks, index, rows)
         return out.reshape(x.shape)
 
-    return jax.tree.map(one, tree, sub)
+    return jax.tree.map(one, tree, sub, is_leaf=lambda x: isinstance(x, PagedCache))
 
 
 TAIL_BLOCK = 32  # tokens; on the 2-core CPU a 16-token block read at half the speed per token
@@ -274,14 +293,14 @@ def _read_rows(cfg: ModelConfig, params: Params, sub: Frontier, lines: jax.Array
     lines = jnp.pad(lines, ((0, 0), (0, TAIL_BLOCK)))
     mask = jnp.pad(mask, ((0, 0), (0, TAIL_BLOCK)))
     longest = jnp.max(read)
-    extents = decode_extents(sub.cache.valid.shape[1], most=READ_EXTENTS)
+    extents = decode_extents(sub.cache.slots, most=READ_EXTENTS)
     furthest = jnp.max(sub.next_slot)  # the rows' furthest first write, once for every block
 
-    def blocks(width: int, start: jax.Array, count: jax.Array, carry: tuple[KVCache, jax.Array]):
+    def blocks(width: int, start: jax.Array, count: jax.Array, carry: tuple[Any, jax.Array]):
         """Read `count` blocks of `width` tokens from column `start` on, in loops of fixed
         cache extent (``models.transformer.while_in_extents``)."""
-        def one(state: tuple[jax.Array, tuple[KVCache, jax.Array]],
-                extent: int) -> tuple[jax.Array, tuple[KVCache, jax.Array]]:
+        def one(state: tuple[jax.Array, tuple[Any, jax.Array]],
+                extent: int) -> tuple[jax.Array, tuple[Any, jax.Array]]:
             j, (cache, last) = state
             first = start + j * width
             tokens = jax.lax.dynamic_slice_in_dim(lines, first, width, axis=1)
@@ -290,7 +309,7 @@ def _read_rows(cfg: ModelConfig, params: Params, sub: Frontier, lines: jax.Array
             # activations pinned to the rows (as the prefill): left to GSPMD, the read's
             # temporaries were larger than a v5e chip's HBM (benchmarks, "Design
             # measurements")
-            hidden, cache = forward_with_cache(cfg, params, tokens, real, positions,
+            hidden, cache = forward_cached(cfg, params, tokens, real, positions,
                                                cache=cache, cache_index=sub.next_slot + first,
                                                placement=Placement(
                                                    mesh, pin_rows=True, extent=extent,
@@ -359,10 +378,13 @@ def decode_in_place(cfg: ModelConfig, params: Params, state: Frontier, rows: jax
     return decoded._replace(frontier=constrain_rows(_put(state, rows, decoded.frontier), mesh))
 
 
-@functools.partial(jax.jit, static_argnames=("slots", "layout"))
-def _grown(state: Frontier, slots: int, layout: str) -> Frontier:
+@functools.partial(jax.jit, static_argnames=("slots", "layout", "mesh"))
+def _grown(state: Frontier, slots: int, layout: str, mesh: Mesh | None = None) -> Frontier:
     """``state`` with its cache (in ``layout``, ``models.transformer.kv_layout``) widened to
-    `slots` slots (empty ones after)."""
+    `slots` slots (empty ones after; a paged cache: ``models.paged_cache.widened``)."""
+    if isinstance(state.cache, PagedCache):
+        return constrain_rows(state._replace(cache=widened(state.cache, slots, mesh)), mesh)
+
     def pad(x: jax.Array, axis: int) -> jax.Array:
         widths = [(0, 0)] * x.ndim
         widths[axis] = (0, slots - x.shape[axis])
@@ -408,7 +430,7 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
                    for d, a, n in zip(device_rows, appended, limits)))
     front = state.frontier()
     if need > state.capacity:
-        front = _grown(front, round_up(need, 256), kv_layout(mesh, sampling.decode_kernel))
+        front = _grown(front, round_up(need, 256), kv_layout(mesh, sampling.decode_kernel), mesh)
         if continuation.consume:
             _delete(state)
     elif not continuation.consume:

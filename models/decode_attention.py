@@ -32,8 +32,10 @@ from jax.sharding import PartitionSpec
 
 from models.constraints import row_axes
 
-#: The cache part's implementations (``SamplingParams.decode_kernel``).
-DECODE_KERNELS = ("xla", "pallas_gpu")
+#: What computes a decode step's attention over the cache (``SamplingParams.decode_kernel``):
+#: over the dense cache, XLA or the Pallas GPU decode kernel (this module); over a paged
+#: cache, XLA or the Pallas TPU or GPU paged-attention kernel (``models.paged_cache``).
+DECODE_KERNELS = ("xla", "pallas_gpu", "paged_xla", "paged_tpu", "paged_gpu")
 
 
 def row_bounds(valid: jax.Array, written: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -108,6 +110,8 @@ def bounded_attention(q: jax.Array, k: jax.Array, v: jax.Array, start: jax.Array
     heads = "tensor" if shape.get("tensor", 1) > 1 and kv % shape["tensor"] == 0 else None
     batch: Any = None if not rows else rows[0] if len(rows) == 1 else rows
     spec = PartitionSpec(batch, heads)
+    # check_vma off: a compiled Pallas kernel's output carries no varying-axes type (with
+    # it on, tracing the kernel for a GPU fails)
     return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, PartitionSpec(batch),
                                                      PartitionSpec(batch)),
-                         out_specs=(spec, spec, spec))(q, k, v, start, end)
+                         out_specs=(spec, spec, spec), check_vma=False)(q, k, v, start, end)

@@ -26,6 +26,7 @@ from models.config import ModelConfig
 from models.constraints import dividing_axes
 from models.decode_attention import DECODE_KERNELS
 from models.padding import left_pad, prompt_count_bucket, round_up
+from models.paged_cache import PagedCache, forward_cached, is_paged, prompt_pages, reads_own_slots
 from models.prompt_sharing import grouped_prompts, prompt_group, rows_cache
 from models.sharding import (
     batch_shards,
@@ -281,7 +282,8 @@ class DecodeSettings:
     def fresh(sampling: SamplingParams, mesh: Mesh | None, rows: Any) -> DecodeSettings:
         """The settings of a fresh generation whose prompt batch has ``rows`` (host), the
         group read off them where ``sampling`` shares prompts."""
-        group = prompt_group(rows) if sampling.shared_prompts else 1
+        shares = sampling.shared_prompts and not is_paged(sampling.decode_kernel)
+        group = prompt_group(rows) if shares else 1
         return dataclasses.replace(DecodeSettings.of(sampling, mesh), group=group)
 
 
@@ -306,7 +308,9 @@ class Frontier(NamedTuple):
     """Where each row's sequence ends, on device: what a decode loop starts from and what it
     leaves for the next one."""
 
-    cache: KVCache          # per layer (see unstack_layers); cache.valid marks real tokens
+    # per layer (see unstack_layers); a dense cache's valid marks real tokens, a paged
+    # cache's rows hold next_slot tokens from slot 0 (models.paged_cache)
+    cache: KVCache | PagedCache
     logits: jax.Array       # [B,V] next-token logits after the row's last real token
     n_tokens: jax.Array     # [B] real tokens so far: the next token's RoPE position
     stop_state: jax.Array   # [B] stop-string automaton state (0 = nothing matched yet)
@@ -326,7 +330,7 @@ class DecodeLoop(NamedTuple):
     lengths: jax.Array      # [B] tokens sampled, including the one that ended the row
     finish: jax.Array       # [B] index into FINISH_REASONS
     done: jax.Array         # [B] the row has ended
-    cache: KVCache
+    cache: KVCache | PagedCache
     logits: jax.Array       # [B,V] next-token logits (an ended row keeps its own)
     stop_state: jax.Array   # [B]
 
@@ -415,7 +419,7 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
         newly_done = ~s.done & (is_eos | hit | at_limit)
         # finished rows feed padding that the cache marks invalid (per row: at their next
         # free slot, which stays free), and keep their logits
-        hidden, cache = forward_with_cache(
+        hidden, cache = forward_cached(
             cfg, params, tok[:, None], ~s.done[:, None],
             positions=(start.n_tokens + s.step)[:, None], cache=s.cache,
             cache_index=first + (s.lengths if first_slot is None else s.step),
@@ -431,11 +435,20 @@ def decode_loop(cfg: ModelConfig, params: Params, start: Frontier, first_slot: i
             stop_state=jnp.where(s.done, s.stop_state,
                                  stopping.stop_next[s.stop_state, tok])), mesh)
 
-    extents = decode_extents(start.cache.valid.shape[1], first_slot or 0, platform_of(mesh))
-    s = while_in_extents(extents, writing_at, running, step, init)
+    s = while_in_extents(_loop_extents(start.cache.slots, first_slot, settings), writing_at,
+                         running, step, init)
     return Decoded(s.tokens, s.logprobs, s.lengths, s.finish,
                    Frontier(s.cache, s.logits, start.n_tokens + s.lengths, s.stop_state,
                             first + s.lengths, start.prompt))
+
+
+def _loop_extents(slots: int, first_slot: int | None,
+                  settings: DecodeSettings) -> tuple[int, ...]:
+    """The cache extents a decode loop runs one loop each for (``models.transformer.
+    decode_extents``), or the whole cache alone where a kernel reads each row's own slots."""
+    if reads_own_slots(settings.decode_kernel):
+        return (slots,)
+    return decode_extents(slots, first_slot or 0, platform_of(settings.mesh))
 
 
 _STATIC = ("cfg", "settings")
@@ -457,15 +470,18 @@ def _generate(cfg: ModelConfig, params: Params, prompts: PromptBatch, key: jax.A
               stopping: Stopping, *, settings: DecodeSettings, cache_len: int) -> Decoded:
     params = unstack_layers(params)  # a no-op for decode_params
     start = prefill(cfg, params, prompts, cache_len, settings)
-    return decode_loop(cfg, params, start, first_slot(prompts.tokens.shape[1], settings.group),
+    return decode_loop(cfg, params, start, first_slot(prompts.tokens.shape[1], settings),
                        key, stopping, settings)
 
 
-def first_slot(width: int, group: int) -> int:
+def first_slot(width: int, settings: DecodeSettings) -> int | None:
     """The cache slot a fresh generation's first new token goes to: after its prompts,
-    ``width`` slots, or, with a prompt shared by each group of ``group`` > 1 rows, the
-    rows' first (their cache holds what they generate)."""
-    return 0 if group > 1 else width
+    ``width`` slots, or, with a prompt shared by each group of ``settings.group`` > 1 rows,
+    the rows' first (their cache holds what they generate); None, each row's own (a paged
+    cache: after the row's prompt, ``models.paged_cache``)."""
+    if is_paged(settings.decode_kernel):
+        return None
+    return 0 if settings.group > 1 else width
 
 
 @dataclasses.dataclass(frozen=True)
@@ -496,7 +512,7 @@ def _prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, *, cache_le
 @functools.partial(jax.jit, static_argnames=("cfg", "first_slot", "settings"),
                    donate_argnames="start")
 def _decode(cfg: ModelConfig, params: Params, start: Frontier, key: jax.Array,
-            stopping: Stopping, *, first_slot: int, settings: DecodeSettings) -> Decoded:
+            stopping: Stopping, *, first_slot: int | None, settings: DecodeSettings) -> Decoded:
     """The decode loop as a program of its own, the prefilled frontier donated (in
     ``_generate``'s one program the loop takes over the prefilled cache: one copy)."""
     return decode_loop(cfg, params, start, first_slot, key, stopping, settings)
@@ -523,7 +539,7 @@ def generation_kernels(cfg: ModelConfig, params: Params, prompts: Sequence[Seque
                                abstract=True)
     dec = Kernel("decode", _decode, cfg, (params, place_rows(front, mesh, abstract=True), key,
                                           stopping),
-                 {"first_slot": first_slot(width, settings.group), "settings": settings})
+                 {"first_slot": first_slot(width, settings), "settings": settings})
     return pre, dec
 
 
@@ -543,8 +559,7 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
     ``settings.prefill_pin_rows``: the prompts' activations pinned to the mesh's batch axes
     after every layer (each device computes its own prompts, gathering each layer's
     FSDP-sharded weights), or left to GSPMD, which tends to keep the weights sharded and
-    replicate the activations.
-    Neither is smaller for every model and slice (the planned peaks are on the benchmarks
+    replicate the activations. Neither is smaller for every model and slice (the benchmarks
     page), so a config picks it (``trainer.prefill_pin_rows``) and ``rl.plan`` compiles the
     config's choice. ``settings.decode_kernel``: the decode's attention kernel, whose layout
     the cache takes (``models.transformer.kv_layout``).
@@ -552,9 +567,10 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
     ``settings.group`` > 1 (``models.prompt_sharing.prompt_group`` of ``prompts.rows``): each
     group of that many consecutive rows shares its prompt's cache instead (the frontier's
     ``prompt``), and the rows' own cache holds ``cache_len - width`` empty slots, the first
-    written next."""
+    written next. A paged decode kernel: each row's copy moves into pages
+    (``models.paged_cache.prompt_pages``)."""
     s = settings or DecodeSettings(1, 0.0, 1.0)
-    mesh, pin_rows, decode_kernel, group = s.mesh, s.prefill_pin_rows, s.decode_kernel, s.group
+    mesh, pin_rows, decode_kernel = s.mesh, s.prefill_pin_rows, s.decode_kernel
     params = unstack_layers(params)
     rows, width = prompts.rows, prompts.tokens.shape[1]
     layout = kv_layout(mesh, decode_kernel)
@@ -564,27 +580,41 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
                                        cache_index=0,  # an empty cache: the prompts only
                                        placement=Placement(mesh, pin_rows, extent=0,
                                                            decode_kernel=decode_kernel))
+    lengths = _take_rows(jnp.sum(prompts.mask, axis=1).astype(jnp.int32), rows)
+    cache, shared = _rows_cache_of(cfg, cache, rows, cache_len, s)
+    last = hidden[rows, -1] if rows.ndim == 1 else _take_rows(hidden[:, -1], rows)
+    return constrain_rows(Frontier(
+        cache, logits=row_logits(cfg, params, last, mesh),
+        n_tokens=lengths, stop_state=jnp.zeros((rows.size,), jnp.int32),
+        next_slot=jnp.full((rows.size,), first_slot(width, s) or 0, jnp.int32) + (
+            lengths if is_paged(decode_kernel) else 0),
+        prompt=shared), mesh)
+
+
+def _rows_cache_of(cfg: ModelConfig, prompts: KVCache, rows: jax.Array, cache_len: int,
+                   settings: DecodeSettings) -> tuple[KVCache | PagedCache, KVCache | None]:
+    """(the rows' cache of `cache_len` slots, the prompts their groups share or None) from
+    the distinct ``prompts``' prefilled cache, as :func:`prefill` lays them out: pages
+    holding each row's prompt (a paged kernel), the groups' prompts and the rows' empty
+    slots (``settings.group`` > 1), or each row a copy of its prompt's, empty slots after."""
+    width, dtype = prompts.slots, prompts.k[0].dtype
+    layout = kv_layout(settings.mesh, settings.decode_kernel)
+    if is_paged(settings.decode_kernel):
+        taken: KVCache = jax.tree.map(lambda x: _take_rows(x, rows), prompts)
+        return prompt_pages(cfg, taken.k, taken.v, taken.valid, cache_len, dtype,
+                            settings.mesh), None
+    if settings.group > 1:
+        return (KVCache.zeros(cfg, rows.size, cache_len - width, dtype, layout),
+                grouped_prompts(prompts, rows, settings.group))
 
     def grown(x: jax.Array, axis: int) -> jax.Array:  # a row's copy, empty slots after
         pad = [(0, 0)] * x.ndim
         pad[axis] = (0, max(cache_len - width, 0))
         return jnp.pad(_take_rows(x, rows), pad)
 
-    shared = None
-    if group > 1:
-        shared = grouped_prompts(cache, rows, group)
-        cache = KVCache.zeros(cfg, rows.size, cache_len - width, cache.k[0].dtype, layout)
-    else:
-        key_axis, value_axis = slot_axes(layout)
-        cache = KVCache(tuple(grown(k, key_axis) for k in cache.k),
-                        tuple(grown(v, value_axis) for v in cache.v), grown(cache.valid, 1))
-    last = hidden[rows, -1] if rows.ndim == 1 else _take_rows(hidden[:, -1], rows)
-    return constrain_rows(Frontier(
-        cache, logits=row_logits(cfg, params, last, mesh),
-        n_tokens=_take_rows(jnp.sum(prompts.mask, axis=1).astype(jnp.int32), rows),
-        stop_state=jnp.zeros((rows.size,), jnp.int32),
-        next_slot=jnp.full((rows.size,), first_slot(width, group), jnp.int32),
-        prompt=shared), mesh)
+    key_axis, value_axis = slot_axes(layout)
+    return KVCache(tuple(grown(k, key_axis) for k in prompts.k),
+                   tuple(grown(v, value_axis) for v in prompts.v), grown(prompts.valid, 1)), None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -609,7 +639,7 @@ class DecodeState:
     after them; slots (``next_slot``, ``capacity``) count from the prompt's first, as in the
     one cache per row a continuation joins them into (:meth:`frontier`)."""
 
-    cache: KVCache
+    cache: KVCache | PagedCache
     logits: jax.Array
     n_tokens: np.ndarray
     next_slot: np.ndarray
@@ -629,7 +659,7 @@ class DecodeState:
     def capacity(self) -> int:
         """Cache slots per row (its prompt's, shared or not, and its own)."""
         shared = 0 if self.prompt is None else self.prompt.valid.shape[1]
-        return int(self.cache.valid.shape[1] + shared)
+        return self.cache.slots + shared
 
     def device_rows(self, rows: Sequence[int]) -> np.ndarray:
         """The device rows of output rows `rows`."""

@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.constraints import dividing_axes
 from models.device_mesh import device_grid
+from models.paged_cache import PagedCache, shard_specs
 from models.transformer import KVCache, Params
 
 log = logging.getLogger(__name__)
@@ -214,18 +215,31 @@ def cache_layer_sharding(layer: Any, mesh: Mesh,
                                      rules))
 
 
+def paged_shardings(cache: Any, mesh: Mesh) -> Any:
+    """NamedSharding for a paged KV cache (``models.paged_cache``): each layer's pools
+    [KV,N,P,hd] with their pages over the axes its rows' table [B,pages] is split over,
+    KV heads over ``tensor`` where it divides them (``models.paged_cache.shard_specs``)."""
+    rows, heads = shard_specs(mesh, cache.table.shape[0], cache.k[0].shape[0])
+    pool = NamedSharding(mesh, PartitionSpec(heads, rows))
+    return type(cache)(tuple(pool for _ in cache.k), tuple(pool for _ in cache.v),
+                       NamedSharding(mesh, PartitionSpec(rows)))
+
+
 def row_shardings(tree: Any, mesh: Mesh, rules: Mapping[str, Any] = DEFAULT_RULES) -> Any:
     """NamedSharding for every array of `tree` whose leading axis is rows (a batch): rows over
     the data-parallel axes (:func:`batch_sharding`), a ``KVCache`` by :func:`cache_shardings`,
-    scalars replicated. What the sampler constrains its prompts, cache and outputs to."""
+    a paged cache by :func:`paged_shardings`, scalars replicated. What the sampler constrains
+    its prompts, cache and outputs to."""
     def one(x: Any) -> Any:
+        if isinstance(x, PagedCache):
+            return paged_shardings(x, mesh)
         if isinstance(x, KVCache):
             return cache_shardings(x, mesh, rules)
         if x.ndim == 0:
             return NamedSharding(mesh, PartitionSpec())
         return batch_sharding(mesh, x.ndim, x.shape[0], rules)
 
-    return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, KVCache))
+    return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, (KVCache, PagedCache)))
 
 
 def place_rows(tree: Any, mesh: Mesh | None, abstract: bool = False) -> Any:

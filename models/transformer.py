@@ -266,7 +266,7 @@ def cache_slots_read(prompt: int, width: int, new: int, capacity: int,
     row's own slots."""
     steps = np.arange(1, max(new, 2))
     held = float(np.mean(prompt + steps))
-    if decode_kernel == "pallas_gpu":
+    if decode_kernel in ("pallas_gpu", "paged_tpu", "paged_gpu"):  # each row's own slots
         return held, held
     extents = decode_extents(capacity, platform=platform)
     read = [next(e for e in extents if e > width + t - 1) for t in steps]
@@ -316,6 +316,11 @@ class KVCache(NamedTuple):
     v: tuple[jax.Array, ...]
     valid: jax.Array
 
+    @property
+    def slots(self) -> int:
+        """Slots a row holds."""
+        return int(self.valid.shape[1])
+
     @staticmethod
     def zeros(cfg: ModelConfig, batch: int, length: int, dtype: Any = jnp.float32,
               layout: str = DEFAULT_LAYOUT) -> KVCache:
@@ -348,8 +353,9 @@ def kv_layout(mesh: Any = None, decode_kernel: str = "xla") -> str:
     decode chunk, the multi-turn read) then copied every layer of the cache into that layout
     (the temporaries this saves are on the benchmarks page, "Design measurements").
     ``"slot_rows"`` (``decode_kernel="pallas_gpu"``, any platform): keys and values both
-    [B,KV,S,hd], as the Pallas GPU decode kernel reads them; rows write by a scatter."""
-    if decode_kernel == "pallas_gpu":
+    [B,KV,S,hd], as the Pallas GPU decode kernel reads them; rows write by a scatter. The
+    paged kernels' prefill too (``models.paged_cache.prompt_pages`` moves it into pages)."""
+    if decode_kernel != "xla":
         return SLOT_ROWS_LAYOUT
     return TPU_LAYOUT if platform_of(mesh) == "tpu" else DEFAULT_LAYOUT
 

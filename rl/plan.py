@@ -74,6 +74,7 @@ from models.continuation import bucket_kernel, line_width, read_kernel, row_buck
 from models.device_mesh import device_grid
 from models.lora import init_adapters, quantized_base
 from models.padding import round_up
+from models.paged_cache import reads_own_slots
 from models.quant import Quantized
 from models.sampler import Frontier, SamplingParams, decode_params, generation_kernels
 from models.shapes import model_shapes
@@ -535,12 +536,13 @@ def decode_reads(run: RunConfig, lay: Layout, dec: Any) -> DecodeReads:
     """The decode loop `dec`'s reads per step (:class:`DecodeReads`): its arguments per
     chip, of which its frontier's cache (``dec.args[1].cache``); prompts of `lay.prompt`
     tokens padded to its first slot, `lay.response` new tokens; trainer.decode_kernel's
-    reads (the XLA path: each extent's prefix for every row; ``pallas_gpu``: each row's own
-    slots). The plan compiles the XLA path either way."""
+    reads (the XLA path: each extent's prefix for every row; ``pallas_gpu`` and the paged
+    kernels: each row's own slots). The plan compiles the dense XLA path either way."""
     cache, prompt = dec.args[1].cache, dec.args[1].prompt  # prompt: shared by the groups
-    capacity = cache.valid.shape[1]
+    capacity = cache.slots
     own = lay.prompt if prompt is None else 0  # the prompt tokens in the rows' cache
-    held, read = cache_slots_read(own, dec.static["first_slot"], lay.response,
+    first = dec.static["first_slot"]  # None: each row's own (a paged cache, from slot 0)
+    held, read = cache_slots_read(own, own if first is None else first, lay.response,
                                   capacity, run.trainer.decode_kernel, _platform(dec.args))
     cache_bytes = bytes_per_chip(cache)
     shared = 0 if prompt is None else bytes_per_chip(prompt)
@@ -1462,7 +1464,7 @@ def reads_lines(plan: Plan) -> list[str]:
     for p in plan.programs:
         if (r := p.reads) is None:
             continue
-        own = ("each row's own slots" if r.kernel == "pallas_gpu" else
+        own = ("each row's own slots" if reads_own_slots(r.kernel) else
                "for every row the cache prefix its decode loop is in: "
                "trainer.decode_kernel=pallas_gpu reads each row's own")
         shared = (f", the groups' shared prompts {_size(r.shared)}" if r.shared else "")

@@ -197,6 +197,32 @@ SCRIPT = textwrap.dedent("""
     same(c1, kern.continue_from(gk.state, cont, sp, 1))
     print("KERNEL_OK")
 
+    # a paged KV cache (models.paged_cache): each shard's rows in its own block of pages;
+    # the samples of one device's dense cache, continued as it is (reads, sub-batches of
+    # table rows), and with the weights replicated no collective but scalar reductions
+    paged = SamplerPolicy(cfg, shard(params, param_shardings(params, mesh)), tok, mesh=mesh,
+                          decode_kernel="paged_xla")
+    gp = paged.generate(rows, sp, 0, limits)
+    same(g1, gp)
+    pool, table = gp.state.cache.k[0], gp.state.cache.table
+    rows_sharded(table, shards * per)
+    assert pool.shape[1] == shards * per * table.shape[1]
+    assert {s.data.shape[1] for s in pool.addressable_shards} == {pool.shape[1] // shards}
+    cp = paged.continue_from(gp.state, cont, sp, 1)
+    same(c1, cp)
+    same(one.continue_from(c1.state, again, sp, 2), paged.continue_from(cp.state, again, sp, 2))
+    if mesh.shape["fsdp"] == mesh.shape["tensor"] == 1:
+        for name, (fn, a, k) in programs.items():
+            a = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                            sharding=x.sharding)
+                             if isinstance(x, jax.Array) and x.is_deleted() else x, a)
+            ops = re.findall(r"= (\\S+) (all-gather|all-to-all|collective-permute|"
+                             r"all-reduce|reduce-scatter)\\(",
+                             fn.lower(*a, **k).compile().as_text())
+            assert all(shape.endswith("[]") and op == "all-reduce"
+                       for shape, op in ops), (name, ops)
+    print("PAGED_OK")
+
     class Retriever:
         def retrieve(self, queries, topk=3):
             return [[Doc(id="d", title=q, text="about " + q, score=1.0)] * topk
@@ -253,6 +279,10 @@ def test_a_tensor_parallel_rollout_mesh_computes_split_weights_in_place(mesh_run
 
 def test_the_pallas_decode_kernel_runs_on_each_devices_rows(mesh_run):
     _expect(mesh_run, "KERNEL_OK")
+
+
+def test_a_paged_cache_sharded_and_equal_to_one_device(mesh_run):
+    _expect(mesh_run, "PAGED_OK")
 
 
 def test_generate_sharded_and_equal_to_one_device(mesh_run):

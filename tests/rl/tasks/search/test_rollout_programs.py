@@ -67,7 +67,10 @@ def tiny():
     return load_params("tiny", seed=1)
 
 
-def test_no_program_compiles_after_the_first_step(tiny, caplog):
+@pytest.mark.parametrize("decode_kernel", ["xla", "paged_xla"])
+def test_no_program_compiles_after_the_first_step(tiny, caplog, decode_kernel):
+    """Also on a paged KV cache (models.paged_cache): its sub-batches are rows of the page
+    table, the same programs compile once."""
     cfg, params, tok = tiny
     env = SearchEnv(tok, SamplingParams(24, temperature=1.0), FixedRetriever(), topk=2,
                     max_turns=3, max_response_tokens=240, max_obs_tokens=48, chunk_tokens=6)
@@ -79,7 +82,8 @@ def test_no_program_compiles_after_the_first_step(tiny, caplog):
                        for i in range(ROWS)]
             scripts = [TURNS[(i + step) % ROWS] for i in range(ROWS)]  # rows change scripts
             encoded = [tok.encode_chat(list(p.messages)) for p in prompts]
-            policy = SamplerDriven(tok, scripts, SamplerPolicy(cfg, params, tok))
+            policy = SamplerDriven(tok, scripts, SamplerPolicy(cfg, params, tok,
+                                                               decode_kernel=decode_kernel))
             policy.prompt_len = max(len(e) for e in encoded)
             policy.row_by_prompt = {tuple(e[:policy.prompt_len]): i
                                     for i, e in enumerate(encoded)}

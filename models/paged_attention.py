@@ -1,0 +1,162 @@
+"""A KV cache kept in pages, and one attention over it with per-row lengths.
+
+Each layer's keys and values live in a pool of fixed-size pages, ``k_pages`` and
+``v_pages`` [KV, N, P, hd] (N pages of P slots for each KV head: the layout JAX's Pallas
+paged-attention kernels for TPU and GPU both read). A row's tokens are its page table's
+pages in order, ``table`` [B, pages_per_row] of page indices, its token i in slot i % P of
+page ``table[b, i // P]``, from the row's first token on (no padding before it), and
+``lengths`` [B] says how many it has. So a row reads only its own tokens (vLLM's
+PagedAttention, Kwon et al. 2023, sec. 4.1), a sub-batch of rows is a few rows of the table
+(not a copy of their keys and values), and rows may share pages (a group's prompt).
+
+:func:`write_tokens` writes new tokens at each row's own slots; :func:`paged_attention`
+attends each row's new tokens over its first ``lengths[b]`` slots, computed by
+
+    "xla"         the reference: the rows' pages gathered (up to ``extent`` of them), a
+                  masked softmax in float32 (any platform, any number of new tokens)
+    "pallas_tpu"  JAX's Pallas TPU paged-attention kernel
+                  (``jax.experimental.pallas.ops.tpu.paged_attention``); it rounds keys and
+                  values to bfloat16 as it loads them (meant for a bfloat16 cache)
+    "pallas_gpu"  JAX's Pallas GPU paged-attention kernel
+                  (``jax.experimental.pallas.ops.gpu.paged_attention``, flash-decoding)
+
+The kernels take one new token per row (a decode step); on a platform other than theirs
+they run in Pallas' interpreter (how the tests check them on CPU; slow, for checks only).
+Not yet checked on a TPU or GPU, and not yet what the sampler's cache is (its cache is dense,
+``models.transformer.KVCache``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.transformer import NEG_INF, probability_precision
+
+#: What computes :func:`paged_attention` (see the module docstring).
+PAGE_KERNELS = ("xla", "pallas_tpu", "pallas_gpu")
+
+
+def empty_pages(kv_heads: int, pages: int, page_size: int, head_dim: int,
+                dtype: Any = jnp.float32) -> tuple[jax.Array, jax.Array]:
+    """(k_pages, v_pages), each [KV, N, P, hd] of zeros: a layer's pool of `pages` pages."""
+    shape = (kv_heads, pages, page_size, head_dim)
+    return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+
+
+def row_pages(rows: int, pages_per_row: int, first: int = 0) -> np.ndarray:
+    """The page table [rows, pages_per_row] that gives each row its own consecutive pages,
+    row b pages ``first + b * pages_per_row`` on (a dense cache's rows, as pages)."""
+    return (first + np.arange(rows * pages_per_row, dtype=np.int32)).reshape(rows, -1)
+
+
+def write_tokens(k_pages: jax.Array, v_pages: jax.Array, table: jax.Array, start: jax.Array,
+                 k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The pools with each row's T new keys and values k, v [B,T,KV,hd] written at its slots
+    ``start[b] + t``: page ``table[b, slot // P]``, offset ``slot % P`` (cast to the pools'
+    dtype). Slots past a row's last page are dropped, not written elsewhere; rows sharing a
+    page must not write the same slot (the result would be either's)."""
+    b, t = k.shape[:2]
+    n, size = k_pages.shape[1], k_pages.shape[2]
+    slot = start[:, None] + jnp.arange(t, dtype=jnp.int32)  # [B,T]
+    page = slot // size
+    inside = page < table.shape[1]
+    physical = jnp.take_along_axis(table, jnp.minimum(page, table.shape[1] - 1), axis=1)
+    physical = jnp.where(inside, physical, n)  # past the pool: dropped
+    offset = slot % size
+
+    def put(pages: jax.Array, new: jax.Array) -> jax.Array:  # new [B,T,KV,hd]
+        return pages.at[:, physical, offset].set(new.transpose(2, 0, 1, 3).astype(pages.dtype),
+                                                 mode="drop")
+
+    return put(k_pages, k), put(v_pages, v)
+
+
+def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table: jax.Array,
+                    lengths: jax.Array, kernel: str = "xla", extent: int | None = None,
+                    interpret: bool | None = None) -> jax.Array:
+    """Each row's attention over its own slots: q [B,T,H,hd] are row b's last T tokens of
+    its ``lengths[b]`` (already written, :func:`write_tokens`), query t attending over slots
+    ``[0, lengths[b] - T + t]`` (causal); pools [KV,N,P,hd], ``table`` [B, pages_per_row].
+    Returns [B,T,H,hd] in q's dtype: softmax(q.k / sqrt(hd)) v, grouped-query (query head
+    h reads KV head h // (H / KV)).
+
+    ``kernel``: "xla", the reference (float32 scores, float32-true on a float32 cache:
+    ``models.transformer.probability_precision``), reading each row's first ``extent`` pages
+    (None: all; every row's tokens must lie in them); "pallas_tpu" or "pallas_gpu", JAX's
+    kernels (T = 1), reading each row's ``lengths[b]`` slots; ``interpret``: run a kernel in
+    Pallas' interpreter (None: unless on its platform)."""
+    if kernel not in PAGE_KERNELS:
+        raise ValueError(f"paged_attention: kernel must be one of {PAGE_KERNELS}, got "
+                         f"{kernel!r}")
+    if kernel == "xla":
+        return _reference(q, k_pages, v_pages, table, lengths, extent)
+    if q.shape[1] != 1:
+        raise ValueError(f"paged_attention: the {kernel} kernel takes one new token per row "
+                         f"(a decode step), got {q.shape[1]}")
+    platform = kernel.split("_")[1]
+    if interpret is None:
+        interpret = jax.default_backend() != platform
+    run = _tpu_kernel if platform == "tpu" else _gpu_kernel
+    scaled = q[:, 0] * jnp.asarray(1.0 / np.sqrt(q.shape[-1]), q.dtype)  # kernels don't scale
+    return run(scaled, k_pages, v_pages, table, lengths, interpret)[:, None].astype(q.dtype)
+
+
+def _reference(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table: jax.Array,
+               lengths: jax.Array, extent: int | None) -> jax.Array:
+    """:func:`paged_attention` by XLA: the rows' pages gathered, then a masked softmax."""
+    b, t, h, hd = q.shape
+    kv = k_pages.shape[0]
+    pages = table if extent is None else table[:, :extent]
+    keys = k_pages[:, pages].reshape(kv, b, -1, hd)  # [KV,B,S,hd], S = pages * P
+    values = v_pages[:, pages].reshape(kv, b, -1, hd)
+    precision = probability_precision(keys.dtype)
+    qg = q.reshape(b, t, kv, h // kv, hd).astype(keys.dtype)
+    scores = jnp.einsum("btkgd,kbsd->bkgts", qg, keys, preferred_element_type=jnp.float32,
+                        precision=precision) * (1.0 / np.sqrt(hd))
+    last = lengths[:, None] - t + jnp.arange(t, dtype=jnp.int32)  # [B,T] each query's slot
+    seen = jnp.arange(keys.shape[2]) <= last[:, :, None]  # [B,T,S]
+    scores = jnp.where(seen[:, None, None], scores, NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bkgts,kbsd->btkgd", probs.astype(values.dtype), values,
+                     preferred_element_type=jnp.float32, precision=precision)
+    return out.reshape(b, t, h, hd).astype(q.dtype)
+
+
+def compute_block(pages_per_row: int, most: int = 8) -> int:
+    """Pages a kernel reads per block: the largest divisor of `pages_per_row` up to `most`
+    (the kernels want the row's pages cut into whole blocks)."""
+    return max(d for d in range(1, min(most, pages_per_row) + 1) if pages_per_row % d == 0)
+
+
+def _tpu_kernel(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table: jax.Array,
+                lengths: jax.Array, interpret: bool) -> jax.Array:
+    """JAX's Pallas TPU paged-attention kernel on q [B,H,hd] (already scaled)."""
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as tpu
+
+    def run() -> jax.Array:
+        return tpu(q, k_pages, v_pages, lengths.astype(jnp.int32), table.astype(jnp.int32),
+                   pages_per_compute_block=compute_block(table.shape[1]))
+
+    if not interpret:
+        return run()
+    with pltpu.force_tpu_interpret_mode():
+        return run()
+
+
+def _gpu_kernel(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table: jax.Array,
+                lengths: jax.Array, interpret: bool) -> jax.Array:
+    """JAX's Pallas GPU paged-attention kernel on q [B,H,hd] (already scaled): the row's
+    pages in k_splits parts (read in parallel, merged after), each in blocks of pages."""
+    from jax.experimental.pallas.ops.gpu import paged_attention as gpu
+
+    pages = table.shape[1]
+    splits = max(d for d in range(1, min(16, pages) + 1) if pages % d == 0)
+    return gpu.paged_attention(q, k_pages, v_pages, table.astype(jnp.int32),
+                               lengths.astype(jnp.int32),
+                               pages_per_compute_block=compute_block(pages // splits),
+                               k_splits=splits, interpret=interpret)

@@ -1,0 +1,268 @@
+"""A generation's KV cache in pages, each row reading its own tokens: the sampler's cache for
+the ``paged_*`` decode kernels (``SamplingParams.decode_kernel``).
+
+The dense cache (``models.transformer.KVCache``) holds B rows of S slots, prompts left padded
+to a common width, and a decode step attends over the prefix of slots the batch's longest
+row needs, for every row. With ``decode_kernel`` "paged_xla", "paged_tpu" or "paged_gpu" a
+generation keeps its keys and values in pools of pages instead (``models.paged_attention``):
+each row's tokens from slot 0 of its pages on, so its token count is its length, and every
+forward over the cache (a decode step, a continuation's read) writes its tokens at each
+row's own slots and then attends over each row's own tokens:
+
+    "paged_xla"  by XLA, the reference (any platform; its gather copies the rows' pages)
+    "paged_tpu"  a decode step by JAX's Pallas TPU paged-attention kernel (reads of
+                 several tokens by the reference)
+    "paged_gpu"  a decode step by JAX's Pallas GPU paged-attention kernel (likewise)
+
+The kernels read each row's ``length`` slots and no more, so a decode loop needs no cache
+extents (one loop, one copy of the step in the program). A sub-batch of rows (a multi-turn
+continuation's) is rows of the page table, not a copy of their keys and values.
+
+Layout: B rows of ``pages_per_row`` pages of :data:`PAGE_SLOTS` slots, B * pages_per_row
+pages per layer. Over a mesh the rows are cut into equal blocks, one per data-parallel
+shard, and a row's pages lie in its shard's block of the pools, the table counting from the
+block's start: every write and read is local to its shard (one ``shard_map`` over the rows'
+axes, KV heads over ``tensor`` where they divide it). Rows that pad a sub-batch point past
+their shard's pages: their writes are dropped.
+
+On CPU the dense cache is faster (the reference gathers each row's pages at every step), so
+the default stays dense; the kernels are checked in Pallas' interpreter only (not yet on a TPU
+or GPU).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from models.config import ModelConfig
+from models.constraints import BATCH_AXES, shard_rows
+from models.paged_attention import empty_pages, paged_attention, row_pages, write_tokens
+from models.transformer import (
+    KVCache,
+    Params,
+    Placement,
+    _mask_and_positions,
+    _mlp,
+    _qkv,
+    dense,
+    forward_with_cache,
+    platform_of,
+    rms_norm,
+    rope_inv_freq,
+    unstack_layers,
+)
+
+#: Slots a page holds.
+PAGE_SLOTS = 16
+
+#: The paged decode kernels and what computes their one-token attention
+#: (``models.paged_attention.paged_attention``'s kernel).
+PAGED_KERNELS = {"paged_xla": "xla", "paged_tpu": "pallas_tpu", "paged_gpu": "pallas_gpu"}
+
+
+def is_paged(decode_kernel: str) -> bool:
+    """Whether ``decode_kernel`` keeps its cache in pages."""
+    return decode_kernel in PAGED_KERNELS
+
+
+def reads_own_slots(decode_kernel: str) -> bool:
+    """Whether a decode step by ``decode_kernel`` reads each row's own slots (a Pallas
+    kernel) rather than a prefix of the cache common to the rows."""
+    return decode_kernel in ("pallas_gpu", "paged_tpu", "paged_gpu")
+
+
+class PagedCache(NamedTuple):
+    """Keys and values in pages, per layer [KV, N, P, hd] (``models.paged_attention``), and
+    ``table`` [B, pages_per_row], each row's pages in order, counted from its data shard's
+    block of the pools (see the module docstring). A row's tokens are its first slots; how
+    many there are is the sampler's ``next_slot``."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+    table: jax.Array
+
+    @property
+    def slots(self) -> int:
+        """Slots a row holds."""
+        return int(self.table.shape[1] * self.k[0].shape[2])
+
+    @staticmethod
+    def zeros(cfg: ModelConfig, rows: int, slots: int, dtype: Any = jnp.float32,
+              shards: int = 1) -> PagedCache:
+        """An empty cache of ``rows`` rows of at least ``slots`` slots (whole pages), each
+        row its own consecutive pages within its shard's block (`shards` equal blocks)."""
+        per_row = -(-slots // PAGE_SLOTS)
+        pools = [empty_pages(cfg.num_kv_heads, rows * per_row, PAGE_SLOTS, cfg.head_dim, dtype)
+                 for _ in range(cfg.num_layers)]
+        return PagedCache(tuple(k for k, _ in pools), tuple(v for _, v in pools),
+                          _own_pages(rows, per_row, shards))
+
+
+def _own_pages(rows: int, per_row: int, shards: int) -> jax.Array:
+    """The table giving each row its own consecutive pages, counted within its shard's
+    block of the pools (`shards` equal blocks of rows)."""
+    return jnp.asarray(np.tile(row_pages(rows // shards, per_row), (shards, 1)))
+
+
+def shard_specs(mesh: Any, rows: int, kv_heads: int) -> tuple[Any, Any]:
+    """(the mesh axes a paged cache's rows and pages are split over, the axis its KV heads
+    are split over): the data-parallel axes when they divide the rows (as
+    ``models.sharding.batch_sharding`` splits the sampler's rows), ``tensor`` when it
+    divides the KV heads; None for either where nothing divides."""
+    shape = dict(mesh.shape)
+    axes = tuple(a for a in BATCH_AXES if shape.get(a, 1) > 1)
+    split = bool(axes) and rows % math.prod(shape[a] for a in axes) == 0
+    row_spec = (axes[0] if len(axes) == 1 else axes) if split else None
+    tensor = shape.get("tensor", 1)
+    return row_spec, "tensor" if tensor > 1 and kv_heads % tensor == 0 else None
+
+
+def row_shards(mesh: Any, rows: int, kv_heads: int) -> int:
+    """Into how many blocks :func:`shard_specs` cuts ``rows`` rows (1 without a mesh)."""
+    if mesh is None:
+        return 1
+    row, _ = shard_specs(mesh, rows, kv_heads)
+    axes = () if row is None else (row,) if isinstance(row, str) else row
+    return math.prod(dict(mesh.shape)[a] for a in axes)
+
+
+def _on_shards(fn: Callable, mesh: Any, kinds: Sequence[str], out_kinds: Sequence[str],
+               rows: int, kv_heads: int) -> Callable:
+    """``fn`` run on each shard's rows and pages (``jax.shard_map``) over a mesh, as it is
+    without one. ``kinds`` name each argument's layout, ``out_kinds`` each result's:
+    "tokens" [B,T,heads,hd], "pool" [KV,N,P,hd], "table" [B,pages], "rows" [B,...]."""
+    if mesh is None:
+        return fn
+    row, heads = shard_specs(mesh, rows, kv_heads)
+    spec = {"tokens": PartitionSpec(row, None, heads), "pool": PartitionSpec(heads, row),
+            "table": PartitionSpec(row), "rows": PartitionSpec(row)}
+    # check_vma off: a compiled Pallas kernel's output carries no varying-axes type
+    return jax.shard_map(fn, mesh=mesh, in_specs=tuple(spec[k] for k in kinds),
+                         out_specs=tuple(spec[k] for k in out_kinds), check_vma=False)
+
+
+def _interpret(kernel: str, mesh: Any) -> bool:
+    """Whether ``kernel`` runs in Pallas' interpreter: a kernel off its own platform."""
+    return kernel != "xla" and platform_of(mesh) != kernel.removeprefix("pallas_")
+
+
+def _layer_attention(table: jax.Array, start: jax.Array, kernel: str, extent: int | None,
+                     mesh: Any) -> Callable:
+    """``attend(q, k, v, k_pages, v_pages) -> (output, k_pages, v_pages)`` for the layers of
+    :func:`forward_with_pages`: the tokens' keys and values k, v [B,T,KV,hd] written at each
+    row's slots from ``start`` [B] (``table`` its pages), then the queries q [B,T,H,hd]
+    attending over their rows' tokens up to themselves, by ``kernel`` (T = 1; the reference
+    for more) or the reference over each row's first ``extent`` pages."""
+    def local(q: jax.Array, k: jax.Array, v: jax.Array, kp: jax.Array, vp: jax.Array,
+              table: jax.Array, start: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        t = q.shape[1]
+        use = kernel if t == 1 else "xla"  # the kernels take one token a row
+        kp, vp = write_tokens(kp, vp, table, start, k, v)
+        lengths = jnp.minimum(start + t, table.shape[1] * kp.shape[2])
+        readable = jnp.minimum(table, kp.shape[1] - 1)  # a padding row reads any page
+        out = paged_attention(q, kp, vp, readable, lengths, use, extent, _interpret(use, mesh))
+        return out, kp, vp
+
+    def attend(q: jax.Array, k: jax.Array, v: jax.Array, kp: jax.Array,
+               vp: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        run = _on_shards(local, mesh, ("tokens", "tokens", "tokens", "pool", "pool", "table",
+                                       "rows"), ("tokens", "pool", "pool"), q.shape[0],
+                         kp.shape[0])
+        return run(q, k, v, kp, vp, table, start)
+
+    return attend
+
+
+def forward_with_pages(cfg: ModelConfig, params: Params, tokens: jax.Array,
+                       attn_mask: jax.Array | None = None, positions: jax.Array | None = None,
+                       *, cache: PagedCache, start: jax.Array,
+                       placement: Placement) -> tuple[jax.Array, PagedCache]:
+    """(final hidden states [B,T,D], updated cache) for tokens [B,T] that follow each row's
+    tokens in a paged ``cache``: row b's tokens written at its slots from ``start[b]`` on,
+    each attending over the row's tokens before it and itself (causal; every token written,
+    padding too, so a row's padding must come after its real tokens and its next write
+    start after those). ``models.transformer.forward_with_cache`` for a :class:`PagedCache`;
+    ``placement.decode_kernel`` one of :data:`PAGED_KERNELS`, ``placement.extent`` (slots)
+    how much of each row the reference reads (the kernels read each row's own)."""
+    b, t = tokens.shape
+    attn_mask, positions = _mask_and_positions(tokens, attn_mask, positions)
+    inv_freq = jnp.asarray(rope_inv_freq(cfg))
+    kernel, mesh = PAGED_KERNELS[placement.decode_kernel], placement.mesh
+    extent = None if placement.extent is None else -(-placement.extent // PAGE_SLOTS)
+    start = jnp.broadcast_to(jnp.asarray(start, jnp.int32), (b,))
+    attend = _layer_attention(cache.table, start, kernel, extent, mesh)
+    pin = shard_rows if placement.pin_rows else (lambda a: a)
+    x, ks, vs = pin(params["embed"][tokens]), [], []
+    for p, kp, vp in zip(unstack_layers(params)["layers"], cache.k, cache.v, strict=True):
+        q, k, v = _qkv(cfg, p, rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), positions,
+                       inv_freq)
+        out, kp, vp = attend(q, k, v, kp, vp)
+        x = x + dense(out.reshape(b, t, -1), p["wo"])
+        x = pin(x + _mlp(p, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)))
+        ks.append(kp)
+        vs.append(vp)
+    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    return x, PagedCache(tuple(ks), tuple(vs), cache.table)
+
+
+def forward_cached(cfg: ModelConfig, params: Params, tokens: jax.Array,
+                   attn_mask: jax.Array | None = None, positions: jax.Array | None = None,
+                   *, cache: KVCache | PagedCache, cache_index: jax.Array | int,
+                   placement: Placement) -> tuple[jax.Array, Any]:
+    """A forward over either cache: :func:`forward_with_pages` (from ``cache_index``) for a
+    :class:`PagedCache`, else ``models.transformer.forward_with_cache``."""
+    if isinstance(cache, PagedCache):
+        return forward_with_pages(cfg, params, tokens, attn_mask, positions, cache=cache,
+                                  start=jnp.asarray(cache_index), placement=placement)
+    return forward_with_cache(cfg, params, tokens, attn_mask, positions, cache=cache,
+                              cache_index=cache_index, placement=placement)
+
+
+def prompt_pages(cfg: ModelConfig, keys: Sequence[jax.Array], values: Sequence[jax.Array],
+                 valid: jax.Array, slots: int, dtype: Any, mesh: Any = None) -> PagedCache:
+    """A paged cache of at least ``slots`` slots a row holding each row's prompt from slot
+    0: ``keys``, ``values`` per layer [B,KV,W,hd] and ``valid`` [B,W], the rows' prompts
+    left padded (the prefill's dense cache in the ``"slot_rows"`` layout, a copy per row).
+    The slots after a prompt hold its padding's keys, overwritten as the row goes on."""
+    b, kv, width, _ = keys[0].shape
+    cache = PagedCache.zeros(cfg, b, slots, dtype, row_shards(mesh, b, kv))
+    lengths = jnp.sum(valid, axis=1, dtype=jnp.int32)
+    # left-aligned slot j holds the padded prompt's slot width - length + j
+    at = jnp.clip(width - lengths[:, None] + jnp.arange(width), 0, width - 1)
+
+    def aligned(x: jax.Array) -> jax.Array:  # [B,KV,W,hd] -> [B,W,KV,hd], from slot 0
+        return jnp.take_along_axis(x, at[:, None, :, None], axis=2).transpose(0, 2, 1, 3)
+
+    write = _on_shards(lambda kp, vp, table, k, v: write_tokens(
+        kp, vp, table, jnp.zeros(table.shape[0], jnp.int32), k, v), mesh,
+        ("pool", "pool", "table", "tokens", "tokens"), ("pool", "pool"), b, kv)
+    pools = [write(kp, vp, cache.table, aligned(k), aligned(v))
+             for kp, vp, k, v in zip(cache.k, cache.v, keys, values, strict=True)]
+    return PagedCache(tuple(k for k, _ in pools), tuple(v for _, v in pools), cache.table)
+
+
+def widened(cache: PagedCache, slots: int, mesh: Any = None) -> PagedCache:
+    """``cache`` with at least ``slots`` slots a row: each row's pages copied, in order, to
+    the first of its new consecutive pages (a copy, like the dense cache's widening)."""
+    rows, kv = cache.table.shape[0], cache.k[0].shape[0]
+    per_row = -(-slots // PAGE_SLOTS)
+    more = per_row - cache.table.shape[1]
+
+    def local(pool: jax.Array, table: jax.Array) -> jax.Array:
+        pages = pool[:, table]  # [KV, rows, pages, P, hd]
+        pages = jnp.pad(pages, ((0, 0), (0, 0), (0, more), (0, 0), (0, 0)))
+        return pages.reshape(pool.shape[0], -1, *pool.shape[2:])
+
+    grow = _on_shards(lambda p, t: (local(p, t),), mesh, ("pool", "table"), ("pool",), rows,
+                      kv)
+    return PagedCache(tuple(grow(k, cache.table)[0] for k in cache.k),
+                      tuple(grow(v, cache.table)[0] for v in cache.v),
+                      _own_pages(rows, per_row, row_shards(mesh, rows, kv)))
+

@@ -1,0 +1,176 @@
+"""The sampler on a paged KV cache (``models.paged_cache``): rollouts whose log-probs are a
+plain forward's over each whole sequence (with the reference and both Pallas kernels,
+interpreted), the dense cache's samples through sub-batches, reads and widening, and the
+layout of rows in pages checked by hand."""
+
+import importlib.util
+import subprocess
+import sys
+import textwrap
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models import load_params
+from models.continuation import Continuation, _paged_rows, _put, continue_generation
+from models.paged_cache import PAGE_SLOTS, PagedCache
+from models.sampler import SamplingParams, generate
+from tests.models.test_prompt_sharing import _rollout, _same
+from tests.models.test_sampler import _logprob_gap
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_params("tiny", seed=3)
+
+
+@pytest.mark.parametrize("kernel, tol", [("paged_xla", 2e-5), ("paged_gpu", 2e-5),
+                                         # it rounds keys and values to bfloat16
+                                         ("paged_tpu", 2e-3)])
+def test_a_paged_rollout_follows_the_plain_forward(tiny, kernel, tol):
+    """A generation and its continuation (an observation read in blocks, then decoding) sample
+    with the log-probs of a plain forward over each whole sequence."""
+    cfg, params, tok = tiny
+    prompts = [tok.encode("the cat sat on the mat"), tok.encode("hello")]
+    sp = SamplingParams(12, temperature=1.0, ignore_eos=True, read_block=16,
+                        decode_kernel=kernel)
+    first = generate(cfg, params, tok, prompts, sp, seed=5)
+    state = first.state
+    assert isinstance(state.cache, PagedCache) and state.decode_kernel == kernel
+    # each row's tokens from slot 0: its prompt, then what it generated
+    assert state.next_slot.tolist() == [len(p) + 12 for p in prompts]
+    obs = tok.encode(" <information> the tower is old and tall, it stands by the wide river "
+                     "</information>")
+    assert len(obs) > 16  # read in two blocks
+    second = continue_generation(cfg, params, tok, state, Continuation([0, 1], [obs, []]),
+                                 SamplingParams(8, temperature=1.0, ignore_eos=True,
+                                                read_block=16), seed=6)
+    assert second.state.decode_kernel == kernel
+    context = [p + c for p, c in zip(prompts, first.token_lists())]
+    gaps = np.concatenate([_logprob_gap(cfg, params, tok, prompts, first),
+                           _logprob_gap(cfg, params, tok, [context[0] + obs, context[1]],
+                                        second)])
+    assert gaps.max() < tol, gaps.max()
+
+
+def test_paged_rows_sample_what_the_dense_cache_samples():
+    """Greedy GRPO-shaped rows, a continuation of 2 of the 6 rows (a sub-batch, one reading),
+    then every row again from the same state: the dense cache's samples and log-probs."""
+    tiny = load_params("tiny")
+    _same(_rollout(tiny, shared=True, decode_kernel="paged_xla"),
+          _rollout(tiny, shared=False))
+
+
+def test_a_paged_state_widens_when_a_continuation_needs_more_slots(tiny):
+    cfg, params, tok = tiny
+    prompts = [tok.encode("one two three"), tok.encode("four")]
+    short = SamplingParams(4, temperature=0.0, ignore_eos=True)
+    paged = SamplingParams(4, temperature=0.0, ignore_eos=True, decode_kernel="paged_xla")
+    longer = SamplingParams(40, temperature=0.0, ignore_eos=True)
+    want = continue_generation(cfg, params, tok, generate(cfg, params, tok, prompts, short).state,
+                               Continuation([1, 0], [[5, 6], []]), longer)
+    state = generate(cfg, params, tok, prompts, paged).state
+    before = state.capacity
+    got = continue_generation(cfg, params, tok, state, Continuation([1, 0], [[5, 6], []]),
+                              longer)
+    assert got.state.capacity > before and got.state.capacity % PAGE_SLOTS == 0
+    assert got.token_lists() == want.token_lists()
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+
+
+def test_a_sub_batch_is_its_rows_tables_and_padding_rows_write_nowhere():
+    k = (jnp.zeros((2, 8, PAGE_SLOTS, 4)),)  # 8 pages: 2 shards x 2 rows x 2 pages
+    table = jnp.asarray([[0, 1], [2, 3], [0, 1], [2, 3]], jnp.int32)  # local to each shard
+    cache = PagedCache(k, k, table)
+    # shard 0 takes its row 1 and a padding row (2 = its row count), shard 1 its row 0
+    index = jnp.asarray([[1, 2], [0, 2]], jnp.int32)
+    sub = _paged_rows(cache, index)
+    assert sub.k is cache.k
+    # a padding row's pages are past its shard's 4: its writes are dropped
+    assert sub.table.tolist() == [[2, 3], [4, 4], [0, 1], [4, 4]]
+    # putting the sub-batch back keeps its pools and the whole batch's table
+    new = (jnp.ones((2, 8, PAGE_SLOTS, 4)),)
+    back = _put(cache, index, sub._replace(k=new, v=new))
+    assert back.k is new and back.table is table
+
+
+TRACED = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=2")
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax, jax.numpy as jnp
+    from models.decode_attention import bounded_attention
+    from models.paged_attention import empty_pages, row_pages
+    from models.paged_cache import _layer_attention
+    from models.sharding import make_mesh
+    mesh = make_mesh({"data": 2})
+    q, kv = jnp.zeros((2, 1, 4, 128)), jnp.zeros((2, 1, 2, 128))
+    pools = empty_pages(2, 8, 16, 128)  # 2 rows of 4 pages, one a device
+    table = jnp.asarray([[0, 1, 2, 3]] * 2, jnp.int32)  # each counted in its own block
+    for kernel in ("pallas_tpu", "pallas_gpu"):
+        attend = _layer_attention(table, jnp.zeros(2, jnp.int32), kernel, None, mesh)
+        jax.make_jaxpr(lambda *a: attend(*a))(q, kv, kv, *pools)
+    k = jnp.zeros((2, 2, 64, 128))
+    with jax.set_mesh(mesh):
+        jax.make_jaxpr(lambda *a: bounded_attention(*a, interpret=False))(
+            q[:, 0], k, k, jnp.zeros(2, jnp.int32), jnp.ones(2, jnp.int32))
+    print("TRACED")
+""")
+
+
+def test_the_compiled_kernels_trace_on_each_devices_rows():
+    """Each Pallas kernel as its own chip compiles it (not interpreted) traces inside the
+    per-shard map over a mesh's rows (a varying-axes check that its output cannot satisfy
+    is off); tracing needs no GPU or TPU."""
+    res = subprocess.run([sys.executable, "-c", TRACED], capture_output=True, text=True,
+                         timeout=300)
+    assert "TRACED" in res.stdout, res.stdout[-2000:] + res.stderr[-3000:]
+
+
+COMPILED_FOR_TPU = textwrap.dedent("""
+    import os
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+    from models.config import from_hf_config
+    from models.continuation import bucket_kernel, read_kernel
+    from models.sampler import SamplingParams, decode_params, generation_kernels
+    from models.sharding import decode_param_shardings
+    from rl.plan import _abstract, abstract_params, topology_devices
+    # Qwen3-0.6B's attention (16 heads, 8 KV heads of 128), 2 layers
+    cfg = from_hf_config({"model_type": "qwen3", "hidden_size": 1024,
+                          "intermediate_size": 3072, "num_attention_heads": 16,
+                          "num_key_value_heads": 8, "head_dim": 128,
+                          "num_hidden_layers": 2, "vocab_size": 151936,
+                          "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                          "tie_word_embeddings": True, "max_position_embeddings": 40960})
+    mesh = Mesh(np.array(topology_devices("v5e:2x2")).reshape(4, 1, 1),
+                ("data", "fsdp", "tensor"))
+    shapes = jax.eval_shape(lambda p: decode_params(p, "bfloat16"), abstract_params(cfg, mesh))
+    params = _abstract(shapes, decode_param_shardings(shapes, mesh))
+    sampling = SamplingParams(max_new_tokens=256, kv_cache_dtype="bfloat16",
+                              decode_kernel="paged_tpu")
+    pre, dec = generation_kernels(cfg, params, [[p + 1] * 200 for p in range(16)], sampling,
+                                  mesh)
+    pre.lower().compile()
+    assert "tpu_custom_call" in dec.lower().compile().as_text()  # the Mosaic kernel
+    bucket_kernel(cfg, params, dec.args[1], 1, sampling, mesh, abstract=True).lower().compile()
+    read_kernel(cfg, params, dec.args[1], 64, sampling, mesh, abstract=True).lower().compile()
+    print("COMPILED")
+""")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed (pip install -e '.[tpu-plan]'): no TPU "
+                           "topology to compile for")
+def test_a_paged_tpu_rollout_compiles_for_a_tpu_slice():
+    """decode_kernel="paged_tpu" on a v5e 2x2 slice (libtpu, ahead of time: nothing runs):
+    the prefill, the decode with the Pallas TPU kernel lowered by Mosaic, a continuation's
+    decode of a sub-batch and its read all compile."""
+    res = subprocess.run([sys.executable, "-c", COMPILED_FOR_TPU], capture_output=True,
+                         text=True, timeout=600)
+    assert "COMPILED" in res.stdout, res.stdout[-2000:] + res.stderr[-3000:]
