@@ -100,6 +100,10 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table:
     platform = kernel.split("_")[1]
     if interpret is None:
         interpret = jax.default_backend() != platform
+    if platform == "tpu" and not interpret and q.shape[-1] % 128:
+        raise ValueError(f"paged_attention: the Pallas TPU kernel takes heads of a multiple "
+                         f"of 128 dimensions (the TPU's lanes), got {q.shape[-1]}; use the "
+                         "reference (decode_kernel=paged_xla) for this model")
     run = _tpu_kernel if platform == "tpu" else _gpu_kernel
     scaled = q[:, 0] * jnp.asarray(1.0 / np.sqrt(q.shape[-1]), q.dtype)  # kernels don't scale
     return run(scaled, k_pages, v_pages, table, lengths, interpret)[:, None].astype(q.dtype)

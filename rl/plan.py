@@ -74,7 +74,7 @@ from models.continuation import bucket_kernel, line_width, read_kernel, row_buck
 from models.device_mesh import device_grid
 from models.lora import init_adapters, quantized_base
 from models.padding import round_up
-from models.paged_cache import reads_own_slots
+from models.paged_cache import is_paged, reads_own_slots
 from models.quant import Quantized
 from models.sampler import Frontier, SamplingParams, decode_params, generation_kernels
 from models.shapes import model_shapes
@@ -86,7 +86,7 @@ from models.sharding import (
     param_shardings,
     sharding_like,
 )
-from models.transformer import cache_slots_read, init_params
+from models.transformer import cache_slots_read, init_params, platform_of
 from rl.grpo.batch import split_groups
 from rl.grpo.optim import lr_schedule, make_optimizer
 from rl.grpo.train_step import (
@@ -537,7 +537,8 @@ def decode_reads(run: RunConfig, lay: Layout, dec: Any) -> DecodeReads:
     chip, of which its frontier's cache (``dec.args[1].cache``); prompts of `lay.prompt`
     tokens padded to its first slot, `lay.response` new tokens; trainer.decode_kernel's
     reads (the XLA path: each extent's prefix for every row; ``pallas_gpu`` and the paged
-    kernels: each row's own slots). The plan compiles the dense XLA path either way."""
+    kernels: each row's own slots), on the cache the plan compiles (:func:`planned_kernel`:
+    dense or paged)."""
     cache, prompt = dec.args[1].cache, dec.args[1].prompt  # prompt: shared by the groups
     capacity = cache.slots
     own = lay.prompt if prompt is None else 0  # the prompt tokens in the rows' cache
@@ -604,16 +605,29 @@ def _platform(args: Any) -> str:
     return jax.default_backend()
 
 
-def rollout_sampling(run: RunConfig, lay: Layout) -> SamplingParams:
+def rollout_sampling(run: RunConfig, lay: Layout, mesh: Mesh | None = None) -> SamplingParams:
     """The sampling a rollout of `lay` runs: the trainer's, for the planned response budget,
-    with its KV cache dtype, prefill layout, sub-batches and shared prompts (as
+    with its KV cache dtype, prefill layout, sub-batches, decode kernel (as planned on
+    `mesh`'s devices: :func:`planned_kernel`) and shared prompts (as
     ``rl.tasks.envs.SamplerPolicy`` sets them)."""
     t = run.trainer
     return dataclasses.replace(run.sampling(), max_new_tokens=lay.response,
                                kv_cache_dtype=t.kv_cache_dtype,
                                prefill_pin_rows=t.prefill_pin_rows,
                                sub_batches=t.rollout_sub_batches,
+                               decode_kernel=planned_kernel(t.decode_kernel, platform_of(mesh)),
                                shared_prompts=t.shared_prompts)
+
+
+def planned_kernel(decode_kernel: str, platform: str) -> str:
+    """The decode kernel a plan compiles for trainer.decode_kernel on `platform`'s devices:
+    that kernel on its own chip; off it (a GPU estimate compiles for TPU stand-ins, which
+    cannot lower a GPU kernel) XLA's attention over the same cache, dense or paged. The
+    decode's reads are still counted as the configured kernel's (:func:`decode_reads`)."""
+    chip = {"pallas_gpu": "gpu", "paged_gpu": "gpu", "paged_tpu": "tpu"}.get(decode_kernel)
+    if chip is None or chip == platform:
+        return decode_kernel
+    return "paged_xla" if is_paged(decode_kernel) else "xla"
 
 
 def sampler_rows(prompts: int, size: int, shards: int) -> int:
@@ -628,7 +642,7 @@ def rollout_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh, 
     mesh (``models.sampler.generation_kernels``: `lay.prompts` distinct prompts of
     `lay.prompt` tokens, each sampled by a group), on the sampler's weights `dparams`
     (trainer.rollout_dtype, ``decode_params``) with a trainer.kv_cache_dtype KV cache."""
-    sampling = rollout_sampling(run, lay)
+    sampling = rollout_sampling(run, lay, mesh)
     prompts = [[p + 1] * lay.prompt for p in range(lay.prompts)
                for _ in range(lay.rows // lay.prompts)]
     pre, dec = generation_kernels(cfg, dparams, prompts, sampling, mesh)
@@ -690,7 +704,7 @@ def continue_programs(run: RunConfig, cfg: ModelConfig, lay: Layout, mesh: Mesh,
     is gathered out of the cache (half of each shard's rows: the cache and half of it in
     memory, see ``models.continuation.row_buckets``)."""
     b = state.logits.shape[0]
-    sampling = dataclasses.replace(rollout_sampling(run, lay), max_new_tokens=chunk)
+    sampling = dataclasses.replace(rollout_sampling(run, lay, mesh), max_new_tokens=chunk)
     slots, shards = lay.cache_len, batch_shards(mesh)
     per = b // shards
     obs = line_width(int(run.task.get("max_obs_tokens") or 1), sampling.read_block)
@@ -1466,7 +1480,7 @@ def reads_lines(plan: Plan) -> list[str]:
             continue
         own = ("each row's own slots" if reads_own_slots(r.kernel) else
                "for every row the cache prefix its decode loop is in: "
-               "trainer.decode_kernel=pallas_gpu reads each row's own")
+               "trainer.decode_kernel=pallas_gpu or a paged kernel reads each row's own")
         shared = (f", the groups' shared prompts {_size(r.shared)}" if r.shared else "")
         out.append(f"  {p.name}: a step reads >= {_size(r.per_step)} per chip: weights and "
                    f"loop state {_size(r.fixed)}{shared}, KV cache {_size(r.cache_read)}"

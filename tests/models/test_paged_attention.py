@@ -131,3 +131,7 @@ def test_bad_kernels_and_several_tokens_for_a_kernel_are_refused():
         paged_attention(q, k_pages, v_pages, table, lengths, kernel="cuda")
     with pytest.raises(ValueError, match="one new token per row"):
         paged_attention(q, k_pages, v_pages, table, lengths, kernel="pallas_tpu")
+    # compiled for a TPU (not interpreted) the kernel wants heads of 128 lanes' multiples
+    q64, (k64, v64) = jnp.zeros((1, 1, 2, 64)), empty_pages(1, 2, 8, 64)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        paged_attention(q64, k64, v64, table, lengths, kernel="pallas_tpu", interpret=False)

@@ -708,13 +708,15 @@ def test_a_multi_turn_continuation_reads_and_decodes_in_place(monkeypatch):
     assert names == ["prefill", "decode"] and continue_programs
 
 
-@pytest.mark.parametrize("kernel", ["xla", "pallas_gpu"])
+@pytest.mark.parametrize("kernel", ["xla", "pallas_gpu", "paged_xla", "paged_gpu"])
 def test_a_decode_step_reads_the_slots_its_kernel_reads_by_hand(kernel):
     """The decode's bytes a step: the weights and loop state, and of the KV cache the slots
     the configured kernel reads. Prompts of 64 tokens (width 64), a budget of 208: 272
     slots, extents 128, 272 (blocks of 128; on CPU none past half the cache). Step t =
-    1..207 writes slot 63 + t: 64 steps read 128 slots, 143 read 272 (the XLA path); the rows
-    hold 64 + t, 168 on average, which the Pallas kernel reads."""
+    1..207 writes slot 63 + t: 64 steps read 128 slots, 143 read 272 (the XLA paths, dense
+    or paged: rows from slot 0, the longest at 63 + t too); the rows hold 64 + t, 168 on
+    average, which the Pallas kernels read. A paged cache (planned here, on CPU, with XLA's
+    attention) holds 17 pages of 16 slots a row and a page table instead of the mask."""
     from models.sampler import generation_kernels
     from models.sharding import make_mesh
     from rl.plan import (
@@ -734,13 +736,18 @@ def test_a_decode_step_reads_the_slots_its_kernel_reads_by_hand(kernel):
     assert (lay.prompt, lay.response) == (64, 208)
     dparams = sampler_weights(run, abstract_params(cfg, mesh), mesh)
     prompts = [[p + 1] * 64 for p in range(lay.prompts) for _ in range(lay.rows // lay.prompts)]
-    _, dec = generation_kernels(cfg, dparams, prompts, rollout_sampling(run, lay), mesh)
+    sampling = rollout_sampling(run, lay, mesh)
+    assert sampling.decode_kernel == {"pallas_gpu": "xla", "paged_gpu": "paged_xla"}.get(
+        kernel, kernel)  # a GPU kernel is planned off a GPU by XLA's attention
+    _, dec = generation_kernels(cfg, dparams, prompts, sampling, mesh)
     reads = decode_reads(run, lay, dec)
     rows, slots = lay.rows, 272
     # keys and values of 2 layers x 2 KV heads x 16 dims per slot, float32; the valid mask
-    cache = 2 * cfg.num_layers * rows * 2 * 16 * 4 * slots + rows * slots
+    # (a byte a slot), or a paged cache's table (an int32 a page)
+    cache = 2 * cfg.num_layers * rows * 2 * 16 * 4 * slots + (
+        rows * 17 * 4 if kernel.startswith("paged") else rows * slots)
     assert (reads.capacity, reads.cache, reads.held) == (slots, cache, 168)
-    read = 168 if kernel == "pallas_gpu" else (64 * 128 + 143 * 272) / 207
+    read = 168 if kernel.endswith("gpu") else (64 * 128 + 143 * 272) / 207
     assert reads.read == pytest.approx(read)
     assert reads.fixed >= bytes_per_chip(dparams)
     assert reads.per_step == pytest.approx(reads.fixed + cache * read / slots)
