@@ -4,7 +4,9 @@ Prompts and responses come in many lengths, and batches in many sizes; jitted fu
 compile once per shape. These helpers pad to a few sizes only: :func:`round_up` rounds a
 length up to a multiple of a bucket, :func:`prompt_count_bucket` rounds a count of rows, and
 :func:`left_pad` lays token lists into a left-padded [rows, width] array with the mask of its
-real tokens (the sampler's and the judges' prompts, the training batch's prefixes).
+real tokens (the sampler's and the judges' prompts, the training batch's prefixes),
+:func:`right_pad` into a right-padded one (the prompts of a paged KV cache, whose rows start
+at slot 0).
 """
 
 from __future__ import annotations
@@ -34,12 +36,24 @@ def prompt_count_bucket(n: int) -> int:
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
              bucket: int = 16) -> tuple[np.ndarray, np.ndarray]:
     """Left-pad token lists to a common length rounded up to `bucket` (fewer recompiles)."""
+    return _padded(prompts, pad_id, bucket, left=True)
+
+
+def right_pad(prompts: Sequence[Sequence[int]], pad_id: int,
+              bucket: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`left_pad` with the padding after each row's tokens."""
+    return _padded(prompts, pad_id, bucket, left=False)
+
+
+def _padded(prompts: Sequence[Sequence[int]], pad_id: int, bucket: int,
+            left: bool) -> tuple[np.ndarray, np.ndarray]:
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     width = round_up(max(len(p) for p in prompts), bucket)
     tokens = np.full((len(prompts), width), pad_id, np.int32)
     mask = np.zeros((len(prompts), width), bool)
     for i, p in enumerate(prompts):
-        tokens[i, width - len(p):] = p
-        mask[i, width - len(p):] = True
+        at = slice(width - len(p), None) if left else slice(0, len(p))
+        tokens[i, at] = p
+        mask[i, at] = True
     return tokens, mask

@@ -225,27 +225,26 @@ def forward_cached(cfg: ModelConfig, params: Params, tokens: jax.Array,
                               cache_index=cache_index, placement=placement)
 
 
-def prompt_pages(cfg: ModelConfig, keys: Sequence[jax.Array], values: Sequence[jax.Array],
-                 valid: jax.Array, slots: int, dtype: Any, mesh: Any = None) -> PagedCache:
-    """A paged cache of at least ``slots`` slots a row holding each row's prompt from slot
-    0: ``keys``, ``values`` per layer [B,KV,W,hd] and ``valid`` [B,W], the rows' prompts
-    left padded (the prefill's dense cache in the ``"slot_rows"`` layout, a copy per row).
-    The slots after a prompt hold its padding's keys, overwritten as the row goes on."""
-    b, kv, width, _ = keys[0].shape
-    cache = PagedCache.zeros(cfg, b, slots, dtype, row_shards(mesh, b, kv))
-    lengths = jnp.sum(valid, axis=1, dtype=jnp.int32)
-    # left-aligned slot j holds the padded prompt's slot width - length + j
-    at = jnp.clip(width - lengths[:, None] + jnp.arange(width), 0, width - 1)
+def prompt_pages(keys: Sequence[jax.Array], values: Sequence[jax.Array], slots: int,
+                 mesh: Any = None) -> PagedCache:
+    """A paged cache of at least ``slots`` slots a row holding each row's prompt: ``keys``,
+    ``values`` per layer [B,KV,W,hd], the rows' prompts right padded (the prefill's dense
+    cache in the ``"slot_rows"`` layout, a copy per row; ``models.sampler.prompt_batch``).
+    Each row gets its own consecutive pages, so a layer's pool is the rows' prompts padded
+    with empty slots, viewed as pages: a copy, as the dense cache's prefill makes. (Left
+    padded prompts, moved to slot 0 row by row, took the TPU compiler 3 times the dense
+    prefill's temporaries: the benchmarks page.) The slots after a prompt hold its padding's
+    keys, overwritten as the row goes on."""
+    b, kv, width, hd = keys[0].shape
+    per_row = -(-slots // PAGE_SLOTS)
 
-    def aligned(x: jax.Array) -> jax.Array:  # [B,KV,W,hd] -> [B,W,KV,hd], from slot 0
-        return jnp.take_along_axis(x, at[:, None, :, None], axis=2).transpose(0, 2, 1, 3)
+    def pool(x: jax.Array) -> jax.Array:  # [B,KV,W,hd] -> [KV, B * per_row, P, hd]
+        x = jnp.pad(x.transpose(1, 0, 2, 3),
+                    ((0, 0), (0, 0), (0, per_row * PAGE_SLOTS - width), (0, 0)))
+        return x.reshape(kv, b * per_row, PAGE_SLOTS, hd)
 
-    write = _on_shards(lambda kp, vp, table, k, v: write_tokens(
-        kp, vp, table, jnp.zeros(table.shape[0], jnp.int32), k, v), mesh,
-        ("pool", "pool", "table", "tokens", "tokens"), ("pool", "pool"), b, kv)
-    pools = [write(kp, vp, cache.table, aligned(k), aligned(v))
-             for kp, vp, k, v in zip(cache.k, cache.v, keys, values, strict=True)]
-    return PagedCache(tuple(k for k, _ in pools), tuple(v for _, v in pools), cache.table)
+    return PagedCache(tuple(map(pool, keys)), tuple(map(pool, values)),
+                      _own_pages(b, per_row, row_shards(mesh, b, kv)))
 
 
 def widened(cache: PagedCache, slots: int, mesh: Any = None) -> PagedCache:

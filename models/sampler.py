@@ -25,7 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from models.config import ModelConfig
 from models.constraints import dividing_axes
 from models.decode_attention import DECODE_KERNELS
-from models.padding import left_pad, prompt_count_bucket, round_up
+from models.padding import left_pad, prompt_count_bucket, right_pad, round_up
 from models.paged_cache import PagedCache, forward_cached, is_paged, prompt_pages, reads_own_slots
 from models.prompt_sharing import grouped_prompts, prompt_group, rows_cache
 from models.sharding import (
@@ -582,7 +582,10 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
                                                            decode_kernel=decode_kernel))
     lengths = _take_rows(jnp.sum(prompts.mask, axis=1).astype(jnp.int32), rows)
     cache, shared = _rows_cache_of(cfg, cache, rows, cache_len, s)
-    last = hidden[rows, -1] if rows.ndim == 1 else _take_rows(hidden[:, -1], rows)
+    # each prompt's last token: the last column, or, right padded (paged), its own
+    ends = hidden[:, -1] if not is_paged(decode_kernel) else jnp.take_along_axis(
+        hidden, (jnp.sum(prompts.mask, axis=1) - 1)[:, None, None], axis=1)[:, 0]
+    last = ends[rows] if rows.ndim == 1 else _take_rows(ends, rows)
     return constrain_rows(Frontier(
         cache, logits=row_logits(cfg, params, last, mesh),
         n_tokens=lengths, stop_state=jnp.zeros((rows.size,), jnp.int32),
@@ -601,8 +604,7 @@ def _rows_cache_of(cfg: ModelConfig, prompts: KVCache, rows: jax.Array, cache_le
     layout = kv_layout(settings.mesh, settings.decode_kernel)
     if is_paged(settings.decode_kernel):
         taken: KVCache = jax.tree.map(lambda x: _take_rows(x, rows), prompts)
-        return prompt_pages(cfg, taken.k, taken.v, taken.valid, cache_len, dtype,
-                            settings.mesh), None
+        return prompt_pages(taken.k, taken.v, cache_len, settings.mesh), None
     if settings.group > 1:
         return (KVCache.zeros(cfg, rows.size, cache_len - width, dtype, layout),
                 grouped_prompts(prompts, rows, settings.group))
@@ -803,22 +805,25 @@ def prompt_batch(prompts: Sequence[Sequence[int]], sampling: SamplingParams, pad
     """The rows' distinct prompts as a prefill takes them (host arrays) and the rows' token
     budgets. Without a mesh each distinct prompt once (``models.padding.
     prompt_count_bucket`` of them: filler rows repeat the first, no row reads them); over a
-    mesh each data-parallel shard its own (:func:`_sharded_prompts`)."""
+    mesh each data-parallel shard its own (:func:`_sharded_prompts`). Left padded; right
+    padded for a paged cache (its rows start at slot 0: ``models.paged_cache``)."""
     limits = _limits(len(prompts), sampling, max_new_per_row)
+    right = is_paged(sampling.decode_kernel)
     if mesh is not None:
         return _sharded_prompts(prompts, limits, batch_shards(mesh), pad_id,
-                                sampling.prompt_bucket)
+                                sampling.prompt_bucket, right)
     distinct: dict[tuple[int, ...], int] = {}
     rows = np.asarray([distinct.setdefault(tuple(p), len(distinct)) for p in prompts],
                       np.int32)
     firsts = [list(p) for p in distinct]
     firsts += [firsts[0]] * (prompt_count_bucket(len(firsts)) - len(firsts))
-    tokens, mask = left_pad(firsts, pad_id, sampling.prompt_bucket)
+    tokens, mask = (right_pad if right else left_pad)(firsts, pad_id, sampling.prompt_bucket)
     return PromptBatch(*host_arrays(tokens, mask, rows)), limits
 
 
 def _sharded_prompts(prompts: Sequence[Sequence[int]], limits: np.ndarray, shards: int,
-                     pad_id: int, bucket: int = 16) -> tuple[PromptBatch, np.ndarray]:
+                     pad_id: int, bucket: int = 16,
+                     right: bool = False) -> tuple[PromptBatch, np.ndarray]:
     """The rows laid out for `shards` data-parallel shards: rows cut in order into shards
     blocks of ceil(B/shards) (padding rows at the end: token budget 0, so done before they
     start, copying their shard's first prompt; they never reach the output). Each shard
@@ -835,8 +840,8 @@ def _sharded_prompts(prompts: Sequence[Sequence[int]], limits: np.ndarray, shard
             rows[s, j] = distinct.setdefault(tuple(p), len(distinct))
         lists.append(list(distinct) or [tuple(prompts[0])])
     width = prompt_count_bucket(max(len(ps) for ps in lists))
-    tokens, mask = left_pad([ps[k] if k < len(ps) else ps[0] for ps in lists
-                             for k in range(width)], pad_id, bucket)
+    tokens, mask = (right_pad if right else left_pad)(
+        [ps[k] if k < len(ps) else ps[0] for ps in lists for k in range(width)], pad_id, bucket)
     padded = np.zeros(shards * per, np.int32)
     padded[:len(limits)] = limits
     return PromptBatch(*host_arrays(tokens, mask, rows)), padded

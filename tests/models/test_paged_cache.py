@@ -14,8 +14,9 @@ import pytest
 
 from models import load_params
 from models.continuation import Continuation, _paged_rows, _put, continue_generation
-from models.paged_cache import PAGE_SLOTS, PagedCache
-from models.sampler import SamplingParams, generate
+from models.padding import right_pad
+from models.paged_cache import PAGE_SLOTS, PagedCache, prompt_pages
+from models.sampler import SamplingParams, generate, prompt_batch
 from tests.models.test_prompt_sharing import _rollout, _same
 from tests.models.test_sampler import _logprob_gap
 
@@ -77,6 +78,24 @@ def test_a_paged_state_widens_when_a_continuation_needs_more_slots(tiny):
     assert got.state.capacity > before and got.state.capacity % PAGE_SLOTS == 0
     assert got.token_lists() == want.token_lists()
     np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+
+
+def test_a_paged_caches_prompts_are_right_padded_and_start_its_rows_pages():
+    tokens, mask = right_pad([[5, 6, 7], [8]], pad_id=0, bucket=4)
+    assert tokens.tolist() == [[5, 6, 7, 0], [8, 0, 0, 0]]
+    assert mask.tolist() == [[True, True, True, False], [True, False, False, False]]
+    batch, _ = prompt_batch([[5, 6, 7], [8]], SamplingParams(4, decode_kernel="paged_xla"),
+                            pad_id=0)
+    assert np.asarray(batch.tokens)[:2, :4].tolist() == [[5, 6, 7, 0], [8, 0, 0, 0]]
+    # 2 rows' prompts of 4 slots ([B,KV,W,hd] = [2,1,4,1], slot j holding 10 b + j) into
+    # pages of 16 slots, 20 slots a row: 2 pages each, row b's pages 2b and 2b + 1
+    keys = jnp.asarray([[[[10 * b + j] for j in range(4)]] for b in range(2)], jnp.float32)
+    cache = prompt_pages([keys], [-keys], slots=20)
+    assert cache.table.tolist() == [[0, 1], [2, 3]] and cache.slots == 32
+    pool = np.asarray(cache.k[0])[0, :, :, 0]  # [pages, slots]
+    assert pool[0, :4].tolist() == [0, 1, 2, 3] and pool[2, :4].tolist() == [10, 11, 12, 13]
+    assert not pool[0, 4:].any() and not pool[1].any() and not pool[3].any()
+    np.testing.assert_array_equal(cache.v[0], -cache.k[0])
 
 
 def test_a_sub_batch_is_its_rows_tables_and_padding_rows_write_nowhere():
