@@ -43,7 +43,7 @@ from jax.sharding import PartitionSpec
 
 from models.config import ModelConfig
 from models.constraints import BATCH_AXES, shard_rows
-from models.paged_attention import empty_pages, paged_attention, row_pages, write_tokens
+from models.paged_attention import paged_attention, row_pages, write_tokens
 from models.transformer import (
     KVCache,
     Params,
@@ -92,17 +92,6 @@ class PagedCache(NamedTuple):
     def slots(self) -> int:
         """Slots a row holds."""
         return int(self.table.shape[1] * self.k[0].shape[2])
-
-    @staticmethod
-    def zeros(cfg: ModelConfig, rows: int, slots: int, dtype: Any = jnp.float32,
-              shards: int = 1) -> PagedCache:
-        """An empty cache of ``rows`` rows of at least ``slots`` slots (whole pages), each
-        row its own consecutive pages within its shard's block (`shards` equal blocks)."""
-        per_row = -(-slots // PAGE_SLOTS)
-        pools = [empty_pages(cfg.num_kv_heads, rows * per_row, PAGE_SLOTS, cfg.head_dim, dtype)
-                 for _ in range(cfg.num_layers)]
-        return PagedCache(tuple(k for k, _ in pools), tuple(v for _, v in pools),
-                          _own_pages(rows, per_row, shards))
 
 
 def _own_pages(rows: int, per_row: int, shards: int) -> jax.Array:
