@@ -426,15 +426,9 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     shards = 1 if mesh is None else batch_shards(mesh)
     limits = _limits(len(device_rows), sampling, continuation.max_new_per_row)
     appended = [list(a) for a in continuation.appended]
-    need = int(max(state.next_slot[d] + len(a) + n
-                   for d, a, n in zip(device_rows, appended, limits)))
-    front = state.frontier()
-    if need > state.capacity:
-        front = _grown(front, round_up(need, 256), kv_layout(mesh, sampling.decode_kernel), mesh)
-        if continuation.consume:
-            _delete(state)
-    elif not continuation.consume:
-        front = _copied(front, cache=state.prompt is None)
+    needs = np.asarray([state.next_slot[d] + len(a) + n
+                        for d, a, n in zip(device_rows, appended, limits)])
+    front, row_slots = _fitted(state, device_rows, needs, continuation.consume)
     settings = DecodeSettings.of(sampling, mesh)
     width = line_width(max(continuation.read_width, *map(len, appended)), sampling.read_block)
     if continuation.compile_buckets:
@@ -458,7 +452,25 @@ def continue_generation(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     if continuation.consume:
         _delete(state)  # donated above; freed here where a backend could not reuse them
     return _result(tokenizer, decoded, len(device_rows), sampling, layout.sub, mesh,
-                   layout=device_rows)
+                   layout=device_rows, row_slots=row_slots)
+
+
+def _fitted(state: DecodeState, device_rows: np.ndarray, needs: np.ndarray,
+            consume: bool) -> tuple[Frontier, np.ndarray | None]:
+    """(the frontier a continuation runs on, its rows' slots where they differ) when
+    `device_rows` need `needs` slots: the state's, widened (a copy, to a multiple of 256
+    slots, every row as many) if a row needs more than it holds, else copied unless
+    `consume`."""
+    front = state.frontier()
+    if (needs > state.capacities(device_rows)).any():
+        front = _grown(front, round_up(int(needs.max()), 256),
+                       kv_layout(state.mesh, state.decode_kernel), state.mesh)
+        if consume:
+            _delete(state)
+        return front, None
+    if not consume:
+        front = _copied(front, cache=state.prompt is None)
+    return front, state.row_slots
 
 
 def _copied(front: Frontier, cache: bool) -> Frontier:

@@ -25,6 +25,10 @@ block's start: every write and read is local to its shard (one ``shard_map`` ove
 axes, KV heads over ``tensor`` where they divide it). Rows that pad a sub-batch point past
 their shard's pages: their writes are dropped.
 
+A GRPO group's rows (``SamplingParams.shared_prompts``) can share their prompt's full pages
+(:func:`shared_prompt_pages`): the prompt stored once, each row's own pages from the one its
+first new token goes to; rows then hold different numbers of slots (``DecodeState.row_slots``).
+
 On CPU the dense cache is faster (the reference gathers each row's pages at every step), so
 the default stays dense; the kernels are checked in Pallas' interpreter only (not yet on a TPU
 or GPU).
@@ -236,15 +240,89 @@ def prompt_pages(keys: Sequence[jax.Array], values: Sequence[jax.Array], slots: 
                       _own_pages(b, per_row, row_shards(mesh, b, kv)))
 
 
+def own_pages(width: int, slots: int) -> int:
+    """Pages of its own a row gets when its group shares its prompt's pages
+    (:func:`shared_prompt_pages`) in a cache of ``slots`` slots a row after prompts of at
+    most ``width``: the prompt's last partial page and room for ``slots - width`` more tokens
+    wherever in its page the prompt ends."""
+    return -(-(slots - width) // PAGE_SLOTS) + 1
+
+
+def shared_row_slots(lengths: np.ndarray, width: int, slots: int) -> np.ndarray:
+    """Each row's slots in :func:`shared_prompt_pages`' cache, from its prompt's length
+    (host ints, [B]): its prompt's full pages and its own, at least ``slots - width`` slots
+    after its prompt."""
+    return (np.asarray(lengths) // PAGE_SLOTS + own_pages(width, slots)) * PAGE_SLOTS
+
+
+def _shared_table(page_of: jax.Array, group: int, shards: int, full: int,
+                  own: int) -> jax.Array:
+    """:func:`shared_prompt_pages`' table [B, full + own]: row j of a shard (prompt
+    p = j // group, whose partial page is ``page_of[p]``) reads p's shared pages before its
+    partial page, then its own ``own`` pages; its entries past them point past the block."""
+    per = page_of.shape[0] // shards  # prompts a shard
+    j = jnp.arange(page_of.shape[0] * group) % (per * group)
+    first = jnp.repeat(page_of, group)[:, None]
+    entry = jnp.arange(full + own)[None]
+    shared = (j // group)[:, None] * full + entry
+    mine = per * full + j[:, None] * own + entry - first
+    past = per * full + per * group * own
+    return jnp.where(entry < first, shared, jnp.where(entry < first + own, mine, past)
+                     ).astype(jnp.int32)
+
+
+def shared_prompt_pages(keys: Sequence[jax.Array], values: Sequence[jax.Array],
+                        lengths: jax.Array, group: int, slots: int,
+                        mesh: Any = None) -> PagedCache:
+    """A paged cache whose rows share their group's prompt pages: ``keys``, ``values`` per
+    layer [Q,KV,W,hd], one right padded prompt per group of ``group`` consecutive rows, in
+    the rows' order (over a mesh each shard's Q/S in turn), ``lengths`` [Q] their token
+    counts, and ``slots`` what each row would hold unshared (:func:`prompt_pages`).
+
+    Row r of a prompt of L tokens reads the prompt's first L // P pages, stored once for
+    the group, then :func:`own_pages` pages of its own: the first a copy of the prompt's
+    page L // P (its partial last page, where the row's first new token goes), then empty
+    ones. A row writes after its prompt only, so only in its own pages; it holds
+    :func:`shared_row_slots` slots, at least ``slots - W`` after its prompt (what every row
+    has after its prompt in the dense cache). Each shard's block of the pools holds its
+    prompts' W // P pages each (the ones a shorter prompt does not fill go unread), then its
+    rows' own pages; table entries past a row's pages point past the block. The saving:
+    G - 1 copies of every full prompt page (groups of G)."""
+    q, kv, width, hd = keys[0].shape
+    shards = row_shards(mesh, q * group, kv)
+    full, own = width // PAGE_SLOTS, own_pages(width, slots)
+    page_of = lengths.astype(jnp.int32) // PAGE_SLOTS
+
+    def pool(x: jax.Array) -> jax.Array:  # [Q,KV,W,hd] -> [KV, N, P, hd]
+        x = jnp.pad(x, ((0, 0), (0, 0), (0, (full + 1) * PAGE_SLOTS - width), (0, 0)))
+        pages = x.reshape(q, kv, full + 1, PAGE_SLOTS, hd)
+        partial = jnp.take_along_axis(pages, page_of[:, None, None, None, None], axis=2)
+        mine = jnp.pad(jnp.repeat(partial, group, axis=0),  # [B, KV, own, P, hd]
+                       ((0, 0), (0, 0), (0, own - 1), (0, 0), (0, 0)))
+
+        def blocks(y: jax.Array) -> jax.Array:  # [n, KV, m, P, hd] -> [KV, S, n/S * m, P, hd]
+            n, m = y.shape[0], y.shape[2]
+            y = y.reshape(shards, n // shards, *y.shape[1:]).transpose(2, 0, 1, 3, 4, 5)
+            return y.reshape(kv, shards, n // shards * m, PAGE_SLOTS, hd)
+
+        both = jnp.concatenate([blocks(pages[:, :, :full]), blocks(mine)], axis=2)
+        return both.reshape(kv, -1, PAGE_SLOTS, hd)
+
+    return PagedCache(tuple(map(pool, keys)), tuple(map(pool, values)),
+                      _shared_table(page_of, group, shards, full, own))
+
+
 def widened(cache: PagedCache, slots: int, mesh: Any = None) -> PagedCache:
     """``cache`` with at least ``slots`` slots a row: each row's pages copied, in order, to
-    the first of its new consecutive pages (a copy, like the dense cache's widening)."""
+    the first of its new consecutive pages (a copy, like the dense cache's widening; pages
+    a group shared become each row's own)."""
     rows, kv = cache.table.shape[0], cache.k[0].shape[0]
-    per_row = -(-slots // PAGE_SLOTS)
+    per_row = max(-(-slots // PAGE_SLOTS), cache.table.shape[1])
     more = per_row - cache.table.shape[1]
 
     def local(pool: jax.Array, table: jax.Array) -> jax.Array:
-        pages = pool[:, table]  # [KV, rows, pages, P, hd]
+        # entries past a row's pages (shared prompt pages) point past the pool: any page
+        pages = pool[:, jnp.minimum(table, pool.shape[1] - 1)]  # [KV, rows, pages, P, hd]
         pages = jnp.pad(pages, ((0, 0), (0, 0), (0, more), (0, 0), (0, 0)))
         return pages.reshape(pool.shape[0], -1, *pool.shape[2:])
 

@@ -26,7 +26,15 @@ from models.config import ModelConfig
 from models.constraints import dividing_axes
 from models.decode_attention import DECODE_KERNELS
 from models.padding import left_pad, prompt_count_bucket, right_pad, round_up
-from models.paged_cache import PagedCache, forward_cached, is_paged, prompt_pages, reads_own_slots
+from models.paged_cache import (
+    PagedCache,
+    forward_cached,
+    is_paged,
+    prompt_pages,
+    reads_own_slots,
+    shared_prompt_pages,
+    shared_row_slots,
+)
 from models.prompt_sharing import grouped_prompts, prompt_group, rows_cache
 from models.sharding import (
     batch_shards,
@@ -87,7 +95,8 @@ class SamplingParams:
     read one copy of its KV cache, each decode step attending over the group's prompt once
     for the group and over each row's own slots (``models.prompt_sharing``); rows not laid
     out in whole groups per shard keep a copy each. A continuation gives each row its own
-    copy first (once)."""
+    copy first (once). On a paged cache the group's rows share its prompt's full pages
+    instead (``models.paged_cache.shared_prompt_pages``), through every turn."""
 
     max_new_tokens: int = 128
     temperature: float = 1.0
@@ -282,8 +291,7 @@ class DecodeSettings:
     def fresh(sampling: SamplingParams, mesh: Mesh | None, rows: Any) -> DecodeSettings:
         """The settings of a fresh generation whose prompt batch has ``rows`` (host), the
         group read off them where ``sampling`` shares prompts."""
-        shares = sampling.shared_prompts and not is_paged(sampling.decode_kernel)
-        group = prompt_group(rows) if shares else 1
+        group = prompt_group(rows) if sampling.shared_prompts else 1
         return dataclasses.replace(DecodeSettings.of(sampling, mesh), group=group)
 
 
@@ -568,7 +576,8 @@ def prefill(cfg: ModelConfig, params: Params, prompts: PromptBatch, cache_len: i
     group of that many consecutive rows shares its prompt's cache instead (the frontier's
     ``prompt``), and the rows' own cache holds ``cache_len - width`` empty slots, the first
     written next. A paged decode kernel: each row's copy moves into pages
-    (``models.paged_cache.prompt_pages``)."""
+    (``models.paged_cache.prompt_pages``), or, ``settings.group`` > 1, the group's rows
+    share their prompt's full pages (``models.paged_cache.shared_prompt_pages``)."""
     s = settings or DecodeSettings(1, 0.0, 1.0)
     mesh, pin_rows, decode_kernel = s.mesh, s.prefill_pin_rows, s.decode_kernel
     params = unstack_layers(params)
@@ -602,6 +611,10 @@ def _rows_cache_of(cfg: ModelConfig, prompts: KVCache, rows: jax.Array, cache_le
     slots (``settings.group`` > 1), or each row a copy of its prompt's, empty slots after."""
     width, dtype = prompts.slots, prompts.k[0].dtype
     layout = kv_layout(settings.mesh, settings.decode_kernel)
+    if is_paged(settings.decode_kernel) and settings.group > 1:
+        grouped = grouped_prompts(prompts, rows, settings.group)
+        return shared_prompt_pages(grouped.k, grouped.v, jnp.sum(grouped.valid, axis=1),
+                                   settings.group, cache_len, settings.mesh), None
     if is_paged(settings.decode_kernel):
         taken: KVCache = jax.tree.map(lambda x: _take_rows(x, rows), prompts)
         return prompt_pages(taken.k, taken.v, cache_len, settings.mesh), None
@@ -639,7 +652,9 @@ class DecodeState:
     ``prompt``: the prompts that groups of consecutive rows share
     (``SamplingParams.shared_prompts``), the rows' ``cache`` holding what they generated
     after them; slots (``next_slot``, ``capacity``) count from the prompt's first, as in the
-    one cache per row a continuation joins them into (:meth:`frontier`)."""
+    one cache per row a continuation joins them into (:meth:`frontier`). ``row_slots``: each
+    device row's slots where they differ (a paged cache whose groups share their prompts'
+    pages, ``models.paged_cache.shared_row_slots``); None, ``capacity`` each."""
 
     cache: KVCache | PagedCache
     logits: jax.Array
@@ -651,6 +666,7 @@ class DecodeState:
     mesh: Mesh | None = None
     decode_kernel: str = "xla"
     prompt: KVCache | None = None
+    row_slots: np.ndarray | None = None
 
     @property
     def rows(self) -> int:
@@ -662,6 +678,13 @@ class DecodeState:
         """Cache slots per row (its prompt's, shared or not, and its own)."""
         shared = 0 if self.prompt is None else self.prompt.valid.shape[1]
         return self.cache.slots + shared
+
+    def capacities(self, device_rows: np.ndarray) -> np.ndarray:
+        """Cache slots of each of `device_rows`: :attr:`capacity`, or, where a group's rows
+        share their prompt's pages, each row's own (``row_slots``)."""
+        if self.row_slots is None:
+            return np.full(len(device_rows), self.capacity)
+        return np.asarray(self.row_slots)[device_rows]
 
     def device_rows(self, rows: Sequence[int]) -> np.ndarray:
         """The device rows of output rows `rows`."""
@@ -740,11 +763,12 @@ def _key(seed: int | jax.Array) -> jax.Array:
 
 def _result(tokenizer: Tokenizer, decoded: Decoded, n_rows: int, sampling: SamplingParams,
             order: np.ndarray | None = None, mesh: Mesh | None = None,
-            layout: np.ndarray | None = None) -> Generation:
+            layout: np.ndarray | None = None, row_slots: np.ndarray | None = None
+            ) -> Generation:
     """The host's copy of a decode (output row i is the decode's row ``order[i]``, default
     i) and the state a continuation starts from (left on device; output row i is its device
-    row ``layout[i]``, default ``order[i]``), by ``sampling``'s decode_text, stop strings and
-    decode kernel."""
+    row ``layout[i]``, default ``order[i]``; ``row_slots``: its device rows' slots where they
+    differ), by ``sampling``'s decode_text, stop strings and decode kernel."""
     front = decoded.frontier
     shared = 0 if front.prompt is None else front.prompt.valid.shape[1]  # slots before
     out, logp, length, finish, n_host, stop_host, slot_host = host_copy(
@@ -761,7 +785,7 @@ def _result(tokenizer: Tokenizer, decoded: Decoded, n_rows: int, sampling: Sampl
                                         np.asarray(slot_host) + shared, np.asarray(stop_host),
                                         _canonical(sampling.stop),
                                         order if layout is None else layout, mesh,
-                                        sampling.decode_kernel, front.prompt))
+                                        sampling.decode_kernel, front.prompt, row_slots))
 
 
 def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
@@ -785,12 +809,28 @@ def generate(cfg: ModelConfig, params: Params, tokenizer: Tokenizer,
     """
     batch, limits = prompt_batch(prompts, sampling, tokenizer.pad_id, mesh, max_new_per_row)
     settings = DecodeSettings.fresh(sampling, mesh, batch.rows)
+    cache_len = cache_length(batch.tokens.shape[1], sampling)
+    row_slots = _row_slots(batch, settings, cache_len)
     batch = place_rows(batch, mesh)
     stopping = placed_stopping(stopping_tables(cfg, tokenizer, sampling, limits), mesh)
     decoded = _generate(cfg, params, batch, _key(seed), stopping, settings=settings,
-                        cache_len=cache_length(batch.tokens.shape[1], sampling))
+                        cache_len=cache_len)
     order = None if mesh is None else np.arange(len(prompts))  # the padding rows: not rows
-    return _result(tokenizer, decoded, len(prompts), sampling, order, mesh)
+    return _result(tokenizer, decoded, len(prompts), sampling, order, mesh,
+                   row_slots=row_slots)
+
+
+def _row_slots(batch: PromptBatch, settings: DecodeSettings,
+               cache_len: int) -> np.ndarray | None:
+    """Each device row's cache slots where they differ (a paged cache whose groups share
+    their prompts' pages: ``models.paged_cache.shared_row_slots``), else None; from the
+    host's prompt batch (``rows`` [B] or [S, B/S], each shard indexing its own prompts)."""
+    if not (is_paged(settings.decode_kernel) and settings.group > 1):
+        return None
+    rows = np.asarray(batch.rows).reshape(-1, np.shape(batch.rows)[-1])
+    lengths = np.asarray(batch.mask).sum(axis=1).reshape(rows.shape[0], -1)
+    return shared_row_slots(np.take_along_axis(lengths, rows, axis=1).reshape(-1),
+                            batch.tokens.shape[1], cache_len)
 
 
 def cache_length(width: int, sampling: SamplingParams) -> int:

@@ -1,7 +1,7 @@
 """The sampler on a paged KV cache (``models.paged_cache``): rollouts whose log-probs are a
 plain forward's over each whole sequence (with the reference and both Pallas kernels,
 interpreted), the dense cache's samples through sub-batches, reads and widening, and the
-layout of rows in pages checked by hand."""
+layout of rows in pages checked by hand; a group's rows sharing their prompt's pages."""
 
 import importlib.util
 import subprocess
@@ -15,7 +15,13 @@ import pytest
 from models import load_params
 from models.continuation import Continuation, _paged_rows, _put, continue_generation
 from models.padding import right_pad
-from models.paged_cache import PAGE_SLOTS, PagedCache, prompt_pages
+from models.paged_cache import (
+    PAGE_SLOTS,
+    PagedCache,
+    prompt_pages,
+    shared_prompt_pages,
+    shared_row_slots,
+)
 from models.sampler import SamplingParams, generate, prompt_batch
 from tests.models.test_prompt_sharing import _rollout, _same
 from tests.models.test_sampler import _logprob_gap
@@ -112,6 +118,85 @@ def test_a_sub_batch_is_its_rows_tables_and_padding_rows_write_nowhere():
     new = (jnp.ones((2, 8, PAGE_SLOTS, 4)),)
     back = _put(cache, index, sub._replace(k=new, v=new))
     assert back.k is new and back.table is table
+
+
+def test_a_groups_rows_share_their_prompts_full_pages():
+    """2 prompts of a 40-slot width (40 and 17 tokens) shared by groups of 2 rows, 60 slots
+    a row unshared (20 after the width): each prompt's 2 full pages stored once, then each
+    row's own 3 pages (ceil(20 / 16) + 1), the first a copy of its prompt's partial page.
+    Tables and contents by hand."""
+    width, group = 40, 2
+    keys = jnp.asarray([[[[100 * q + j] for j in range(width)]] for q in range(2)],
+                       jnp.float32)  # [Q,KV,W,hd] = [2,1,40,1], slot j of prompt q: 100 q + j
+    cache = shared_prompt_pages([keys], [-keys], jnp.asarray([40, 17]), group, slots=60)
+    # pages 0-3: the prompts' full pages (prompt 0: 0, 1; prompt 1: 2, 3); 4-15 the rows' own
+    # (row r: 4 + 3 r ...); 16: past the pools
+    assert cache.table.tolist() == [[0, 1, 4, 5, 6], [0, 1, 7, 8, 9],
+                                    [2, 10, 11, 12, 16], [2, 13, 14, 15, 16]]
+    pool = np.asarray(cache.k[0])[0, :, :, 0]  # [pages, slots]
+    assert pool.shape == (16, PAGE_SLOTS)
+    assert pool[1].tolist() == list(range(16, 32)) and pool[2].tolist() == list(range(100, 116))
+    # a row's first own page: its prompt's page L // 16 (prompt 0: slots 32-39, then padding)
+    for r in (0, 1):
+        assert pool[4 + 3 * r].tolist() == list(range(32, 40)) + [0] * 8
+    for r in (2, 3):
+        assert pool[4 + 3 * r].tolist() == list(range(116, 132))
+    # every row reads its prompt through its table
+    for r, (q, n) in enumerate([(0, 40), (0, 40), (1, 17), (1, 17)]):
+        slots = pool[np.minimum(cache.table[r], 15)].reshape(-1)
+        assert slots[:n].tolist() == [100 * q + j for j in range(n)]
+    np.testing.assert_array_equal(cache.v[0], -cache.k[0])
+    # slots a row holds: its prompt's full pages and its own; >= its prompt + 20
+    assert shared_row_slots(np.asarray([40, 40, 17, 17]), width, 60).tolist() == [80, 80, 64, 64]
+
+
+def _shared_rollout(tiny, kernel, shared):
+    """Groups of 3 rows of prompts of 21, 45 and 69 tokens (full pages to share), greedy; a
+    continuation that fits every row's slots, then one that outgrows some rows', which
+    widens the cache."""
+    cfg, params, tok = tiny
+    prompts = [tok.encode(" ".join(["alpha beta gamma"] * n)) for n in (7, 15, 23)]
+    rows = [p for p in prompts for _ in range(3)]
+    sp = SamplingParams(6, temperature=0.0, ignore_eos=True, read_block=16,
+                        decode_kernel=kernel, shared_prompts=shared)
+    first = generate(cfg, params, tok, rows, sp, max_new_per_row=[6, 2, 6] * 3)
+    fits = continue_generation(cfg, params, tok, first.state,
+                               Continuation(range(9), [[5, 6]] * 9, [4] * 9), sp)
+    grows = continue_generation(cfg, params, tok, fits.state,
+                                Continuation(range(9), [[7] * 20] * 9, [6] * 9), sp)
+    return first, fits, grows, [len(p) for p in prompts]
+
+
+def test_shared_prompt_pages_sample_what_each_rows_copy_samples(tiny):
+    got = _shared_rollout(tiny, "paged_xla", shared=True)
+    want = _shared_rollout(tiny, "xla", shared=False)
+    lengths = got[3]
+    assert [n // PAGE_SLOTS for n in lengths] == [1, 2, 4]  # full pages of each prompt
+    first, fits, grows = got[:3]
+    unshared = _shared_rollout(tiny, "paged_xla", shared=False)[0].state
+    # 3 groups' pages of the 80-slot width once (5 each), 9 rows x 2 own pages (16 slots
+    # after the width), against 9 rows x 6 pages unshared (96 slots)
+    assert first.state.cache.k[0].shape[1] == 3 * 5 + 9 * 2
+    assert unshared.cache.k[0].shape[1] == 9 * 6
+    assert first.state.row_slots.tolist() == [48] * 3 + [64] * 3 + [96] * 3
+    assert fits.state.row_slots is first.state.row_slots  # fitted: not widened
+    assert grows.state.row_slots is None and grows.state.capacity == 256  # widened
+    _same(got[:3], want[:3])
+
+
+def test_shared_prompt_pages_with_a_kernel(tiny):
+    """The Pallas GPU kernel (interpreted) reads shared pages through the table: the
+    log-probs of a plain forward over each whole sequence (the generation and its first
+    continuation). (Both kernels on shared pages, directly: test_paged_attention; the TPU
+    one interpreted takes 30 s here.)"""
+    cfg, params, tok = tiny
+    first, fits, _, _ = _shared_rollout(tiny, "paged_gpu", shared=True)
+    prompts = [tok.encode(" ".join(["alpha beta gamma"] * n)) for n in (7, 15, 23)]
+    rows = [p for p in prompts for _ in range(3)]
+    context = [p + g + [5, 6] for p, g in zip(rows, first.token_lists())]
+    gaps = np.concatenate([_logprob_gap(cfg, params, tok, rows, first),
+                           _logprob_gap(cfg, params, tok, context, fits)])
+    assert gaps.max() < 2e-5, gaps.max()
 
 
 TRACED = textwrap.dedent("""

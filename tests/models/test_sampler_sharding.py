@@ -211,6 +211,15 @@ SCRIPT = textwrap.dedent("""
     cp = paged.continue_from(gp.state, cont, sp, 1)
     same(c1, cp)
     same(one.continue_from(c1.state, again, sp, 2), paged.continue_from(cp.state, again, sp, 2))
+    # GRPO groups sharing their prompts' full pages (shared_prompts): each shard's groups'
+    # pages in its block, fewer pages than copies; the samples of one device's copies
+    long = [p * 5 for p in grpo]
+    gl1, gl = one.generate(long, sp, 0), paged.generate(long, shared, 0)
+    same(gl1, gl)
+    pool = gl.state.cache.k[0]
+    assert gl.state.row_slots is not None and pool.shape[1] < 16 * gl.state.cache.table.shape[1]
+    assert {s.data.shape[1] for s in pool.addressable_shards} == {pool.shape[1] // shards}
+    same(one.continue_from(gl1.state, cont, sp, 1), paged.continue_from(gl.state, cont, shared, 1))
     if mesh.shape["fsdp"] == mesh.shape["tensor"] == 1:
         for name, (fn, a, k) in programs.items():
             a = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
