@@ -74,7 +74,7 @@ from models.continuation import bucket_kernel, line_width, read_kernel, row_buck
 from models.device_mesh import device_grid
 from models.lora import init_adapters, quantized_base
 from models.padding import round_up
-from models.paged_cache import is_paged, reads_own_slots
+from models.paged_cache import PagedCache, is_paged, reads_own_slots
 from models.quant import Quantized
 from models.sampler import Frontier, SamplingParams, decode_params, generation_kernels
 from models.shapes import model_shapes
@@ -513,7 +513,9 @@ class DecodeReads:
     those the configured kernel reads (`read`, averaged over the steps) where the rows hold
     `held` (``models.transformer.cache_slots_read``). Prompts shared by their groups
     (trainer.shared_prompts: `shared` bytes per chip) are read whole at every step; the
-    rows' cache then holds what they generate."""
+    rows' cache then holds what they generate. On a paged cache whose groups share their
+    prompts' pages, each row reads the shared pages as its own: `reuse`, the rows' table
+    entries per page of the pools, scales the bytes a row's slot takes in the pools."""
 
     fixed: float
     cache: float
@@ -522,10 +524,11 @@ class DecodeReads:
     read: float
     kernel: str
     shared: float = 0.0
+    reuse: float = 1.0
 
     @property
     def cache_read(self) -> float:
-        return self.cache * self.read / self.capacity
+        return self.cache * self.read / self.capacity * self.reuse
 
     @property
     def per_step(self) -> float:
@@ -547,9 +550,11 @@ def decode_reads(run: RunConfig, lay: Layout, dec: Any) -> DecodeReads:
                                   capacity, run.trainer.decode_kernel, _platform(dec.args))
     cache_bytes = bytes_per_chip(cache)
     shared = 0 if prompt is None else bytes_per_chip(prompt)
+    reuse = (math.prod(cache.table.shape) / cache.k[0].shape[1]
+             if isinstance(cache, PagedCache) else 1.0)
     return DecodeReads(float(bytes_per_chip(dec.args) - cache_bytes - shared),
                        float(cache_bytes), capacity, held, read, run.trainer.decode_kernel,
-                       float(shared))
+                       float(shared), reuse)
 
 
 def compiled_program(name: str, lowered: Any, args: Any, *, resident: int, flops: float,
@@ -1482,10 +1487,11 @@ def reads_lines(plan: Plan) -> list[str]:
                "for every row the cache prefix its decode loop is in: "
                "trainer.decode_kernel=pallas_gpu or a paged kernel reads each row's own")
         shared = (f", the groups' shared prompts {_size(r.shared)}" if r.shared else "")
+        pages = "; a group's shared prompt pages read by each row" if r.reuse > 1 else ""
         out.append(f"  {p.name}: a step reads >= {_size(r.per_step)} per chip: weights and "
                    f"loop state {_size(r.fixed)}{shared}, KV cache {_size(r.cache_read)}"
                    f" of {_size(r.cache)} ({r.read:.0f} of {r.capacity} slots a row on "
-                   f"average, {own}; the rows hold {r.held:.0f})")
+                   f"average, {own}; the rows hold {r.held:.0f}{pages})")
     return out
 
 

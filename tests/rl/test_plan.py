@@ -758,6 +758,41 @@ def test_a_decode_step_reads_the_slots_its_kernel_reads_by_hand(kernel):
     assert f"{read:.0f} of 272 slots a row on average" in line and "hold 168" in line, line
 
 
+def test_the_plans_decode_reads_with_prompt_pages_shared_by_their_groups():
+    """A paged cache whose groups share their prompts' pages (trainer.shared_prompts,
+    paged_gpu; planned on CPU with XLA's attention over the same pages): prompts of 64
+    tokens (4 full pages) stored once a group, each row 14 pages of its own (208 slots after
+    the width, the prompt's last page included: ceil(208 / 16) + 1), so 18 table entries a
+    row, 288 slots. The rows hold 64 + t at step t = 1..207, 168 on average, and each reads
+    its own 168 slots, the shared pages included: the rows' bytes as if unshared, though the
+    pools hold fewer pages."""
+    from models.sampler import generation_kernels
+    from models.sharding import make_mesh
+    from rl.plan import decode_reads, layout, reads_lines, rollout_sampling, sampler_weights
+
+    run, plan = _config("plan.prompt_len=64", "plan.response_budget=208",
+                        "trainer.shared_prompts=true", "trainer.decode_kernel=paged_gpu")
+    cfg = tiny_config()
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    lay = layout(run, plan, mesh)
+    assert lay.rows > lay.prompts  # groups of more than one row
+    dparams = sampler_weights(run, abstract_params(cfg, mesh), mesh)
+    prompts = [[p + 1] * 64 for p in range(lay.prompts) for _ in range(lay.rows // lay.prompts)]
+    _, dec = generation_kernels(cfg, dparams, prompts, rollout_sampling(run, lay, mesh), mesh)
+    reads = decode_reads(run, lay, dec)
+    page = 2 * cfg.num_layers * 2 * 16 * 4 * 16  # keys and values of 16 slots, float32
+    pages = lay.prompts * 4 + lay.rows * 14
+    assert (reads.capacity, reads.held, reads.read) == (288, 168, 168)
+    assert reads.cache == pages * page + lay.rows * 18 * 4  # the pools and the int32 table
+    # each row's 168 slots of keys and values (and its share of the table's bytes)
+    assert reads.cache_read == pytest.approx(lay.rows * 168 * page / 16, rel=0.01)
+    program = dataclasses.replace(
+        Program("decode", 0, 0, 0, 0, 0, 1.0, 208 * reads.per_step, True), reads=reads)
+    line, = reads_lines(Plan("m", cfg, "cpu", CHIPS["v5e"], 1, {"data": 1}, lay, 0, 0,
+                             (program,)))
+    assert "shared prompt pages read by each row" in line and "of 288 slots" in line, line
+
+
 def test_the_plans_decode_reads_with_prompts_shared_by_their_groups():
     """trainer.shared_prompts: the rows' cache holds the 208 new tokens' slots only (on CPU
     one extent, the whole cache: none past half of it), the rows hold t = 1..207 of them,
