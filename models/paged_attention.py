@@ -68,9 +68,14 @@ def write_tokens(k_pages: jax.Array, v_pages: jax.Array, table: jax.Array, start
     physical = jnp.where(inside, physical, n)  # past the pool: dropped
     offset = slot % size
 
+    # one [hd] vector per head, page and slot: a scatter of [KV, hd] windows made the TPU
+    # compiler keep the pools in another layout than the kernels read and copy every
+    # layer's pools into theirs and back at each step
+    heads = jnp.arange(k_pages.shape[0], dtype=jnp.int32)[:, None, None]
+
     def put(pages: jax.Array, new: jax.Array) -> jax.Array:  # new [B,T,KV,hd]
-        return pages.at[:, physical, offset].set(new.transpose(2, 0, 1, 3).astype(pages.dtype),
-                                                 mode="drop")
+        return pages.at[heads, physical[None], offset[None]].set(
+            new.transpose(2, 0, 1, 3).astype(pages.dtype), mode="drop")
 
     return put(k_pages, k), put(v_pages, v)
 

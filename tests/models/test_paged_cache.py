@@ -235,6 +235,7 @@ def test_the_compiled_kernels_trace_on_each_devices_rows():
 
 COMPILED_FOR_TPU = textwrap.dedent("""
     import os
+    import re
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
     import jax
@@ -261,7 +262,13 @@ COMPILED_FOR_TPU = textwrap.dedent("""
     pre, dec = generation_kernels(cfg, params, [[p + 1] * 200 for p in range(16)], sampling,
                                   mesh)
     pre.lower().compile()
-    assert "tpu_custom_call" in dec.lower().compile().as_text()  # the Mosaic kernel
+    text = dec.lower().compile().as_text()
+    assert "tpu_custom_call" in text  # the Mosaic kernel
+    # the writes keep the pools in the kernel's layout: no copy of every layer's pools into
+    # another at each step (a scatter of [KV, hd] windows took one, the compiler copying back)
+    kv, pages = dec.args[1].cache.k[0].shape[:2]
+    layouts = set(re.findall(r"bf16\[%d,%d,16,128\]\{([0-9,]+)" % (kv, pages // 4), text))
+    assert layouts == {"3,2,1,0"}, layouts
     bucket_kernel(cfg, params, dec.args[1], 1, sampling, mesh, abstract=True).lower().compile()
     read_kernel(cfg, params, dec.args[1], 64, sampling, mesh, abstract=True).lower().compile()
     print("COMPILED")
