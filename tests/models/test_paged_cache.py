@@ -267,7 +267,7 @@ COMPILED_FOR_TPU = textwrap.dedent("""
     # the writes keep the pools in the kernel's layout: no copy of every layer's pools into
     # another at each step (a scatter of [KV, hd] windows took one, the compiler copying back)
     kv, pages = dec.args[1].cache.k[0].shape[:2]
-    layouts = set(re.findall(r"bf16\[%d,%d,16,128\]\{([0-9,]+)" % (kv, pages // 4), text))
+    layouts = set(re.findall(r"bf16\\[%d,%d,16,128\\]\\{([0-9,]+)" % (kv, pages // 4), text))
     assert layouts == {"3,2,1,0"}, layouts
     bucket_kernel(cfg, params, dec.args[1], 1, sampling, mesh, abstract=True).lower().compile()
     read_kernel(cfg, params, dec.args[1], 64, sampling, mesh, abstract=True).lower().compile()
