@@ -152,23 +152,28 @@ def decode_step_lines(cfg: Any, args: argparse.Namespace, step_s: float,
                       hbm: float | None) -> dict[str, float]:
     """Print one decode step's time against the bytes it must read (the weights and the
     rows' KV cache: by the slots they hold, and by those the sampler reads; with shared
-    prompts a group's prompt counts once, a G-th of it a row) and give the figures for the
-    JSON line."""
+    prompts a group's prompt counts once, a G-th of it a row, in what the step must read,
+    and in what the sampler reads unless the cache is paged, whose kernels read each row's
+    pages, the shared ones too) and give the figures for the JSON line."""
     import jax
 
     from models.padding import round_up
+    from models.paged_cache import is_paged
     from models.sampler import SamplingParams, cache_length
     from models.transformer import cache_slots_read
 
     sampling = SamplingParams(args.new_tokens)
     width = round_up(args.prompt_len, sampling.prompt_bucket)
     capacity, prompt, first = cache_length(width, sampling), args.prompt_len, width
-    if args.shared_prompts:  # the rows' cache holds what they generate; their prompts apart
+    apart = args.shared_prompts and not is_paged(args.decode_kernel)
+    if apart:  # the rows' cache holds what they generate; their prompts apart
         capacity, prompt, first = capacity - width, 0, 0
     held, read = cache_slots_read(prompt, first, args.new_tokens, capacity, args.decode_kernel,
                                   jax.default_backend())
-    if args.shared_prompts:  # a group's prompt read once: a G-th of it a row
+    if apart:  # a group's prompt read once: a G-th of it a row
         held, read = held + args.prompt_len / args.group, read + width / args.group
+    elif args.shared_prompts:  # shared pages: held once a group, read by each row's kernel
+        held -= args.prompt_len * (1 - 1 / args.group)
     weights = decode_step_bytes(cfg, args.batch, 0)
     floor, as_read = decode_step_bytes(cfg, args.batch, held), decode_step_bytes(cfg, args.batch,
                                                                                 read)
