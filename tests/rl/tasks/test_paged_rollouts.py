@@ -1,6 +1,7 @@
 """Every rollout path gives the same greedy tokens on a paged KV cache (models.paged_cache)
 as on the dense one: single-turn groups, search rollouts in chunks with observations read in
-place, tool-call rollouts, and evaluation's greedy rollouts. The reference is the same
+place (also with a group's rows sharing their prompt's pages), tool-call rollouts, and
+evaluation's greedy rollouts. The reference is the same
 environment on ``decode_kernel="xla"``; greedy tokens are compared exactly, log-probs to float
 rounding (the paged reference gathers pages where the dense cache slices)."""
 
@@ -12,6 +13,7 @@ import pytest
 from core.search_r1 import search_prompt
 from core.types import Prompt
 from models import load_params
+from models.paged_cache import PAGE_SLOTS
 from models.sampler import SamplingParams
 from rl.run.evaluation import greedy_rollouts
 from rl.tasks.envs import SamplerPolicy, SingleTurnEnv
@@ -74,6 +76,11 @@ def test_search_rollouts_in_chunks_and_evaluation(tiny):
     for dense, paged in zip(runs["xla"], runs["paged_xla"]):
         _same(dense, paged)
     assert all(t.info["turns"] == 2 for g in runs["xla"][0] for t in g.trajectories)
+    # each group's rows sharing their prompt's full pages (the prompts' instructions fill
+    # several) through both turns
+    sharing = SamplerPolicy(cfg, params, tok, decode_kernel="paged_xla", shared_prompts=True)
+    _same(runs["xla"][0], env.rollout(sharing, prompts, group_size=2, seed=3))
+    assert min(len(env.encode_prompt(p)) for p in prompts) > 2 * PAGE_SLOTS
 
 
 class Recording(SamplerDriven):
