@@ -234,6 +234,7 @@ def test_the_compiled_kernels_trace_on_each_devices_rows():
 
 
 COMPILED_FOR_TPU = textwrap.dedent("""
+    import dataclasses
     import os
     import re
     os.environ["JAX_PLATFORMS"] = "cpu"
@@ -271,6 +272,16 @@ COMPILED_FOR_TPU = textwrap.dedent("""
     assert layouts == {"3,2,1,0"}, layouts
     bucket_kernel(cfg, params, dec.args[1], 1, sampling, mesh, abstract=True).lower().compile()
     read_kernel(cfg, params, dec.args[1], 64, sampling, mesh, abstract=True).lower().compile()
+    # 4 groups of 4 rows sharing their prompts' pages: fewer pages, the same single layout
+    shared = dataclasses.replace(sampling, shared_prompts=True)
+    pre, dec = generation_kernels(cfg, params, [[p + 1] * 200 for p in range(4) for _ in range(4)],
+                                  shared, mesh)
+    pre.lower().compile()
+    text = dec.lower().compile().as_text()
+    assert dec.args[1].cache.k[0].shape[1] < pages
+    kv, pages = dec.args[1].cache.k[0].shape[:2]
+    assert set(re.findall(r"bf16\\[%d,%d,16,128\\]\\{([0-9,]+)" % (kv, pages // 4),
+                          text)) == {"3,2,1,0"}
     print("COMPILED")
 """)
 
@@ -281,7 +292,8 @@ COMPILED_FOR_TPU = textwrap.dedent("""
 def test_a_paged_tpu_rollout_compiles_for_a_tpu_slice():
     """decode_kernel="paged_tpu" on a v5e 2x2 slice (libtpu, ahead of time: nothing runs):
     the prefill, the decode with the Pallas TPU kernel lowered by Mosaic, a continuation's
-    decode of a sub-batch and its read all compile."""
+    decode of a sub-batch and its read all compile, the pools in the kernel's layout only;
+    and a generation whose groups share their prompts' pages."""
     res = subprocess.run([sys.executable, "-c", COMPILED_FOR_TPU], capture_output=True,
                          text=True, timeout=600)
     assert "COMPILED" in res.stdout, res.stdout[-2000:] + res.stderr[-3000:]
