@@ -758,6 +758,25 @@ def test_a_decode_step_reads_the_slots_its_kernel_reads_by_hand(kernel):
     assert f"{read:.0f} of 272 slots a row on average" in line and "hold 168" in line, line
 
 
+def _grouped_decode_reads(*overrides):
+    """(model config, layout, the decode's reads) of a plan with trainer.shared_prompts on
+    one CPU device: groups of rows continuing prompts of 64 tokens, a budget of 208."""
+    from models.sampler import generation_kernels
+    from models.sharding import make_mesh
+    from rl.plan import decode_reads, layout, rollout_sampling, sampler_weights
+
+    run, plan = _config("plan.prompt_len=64", "plan.response_budget=208",
+                        "trainer.shared_prompts=true", *overrides)
+    cfg = tiny_config()
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    lay = layout(run, plan, mesh)
+    assert lay.rows > lay.prompts  # groups of more than one row
+    dparams = sampler_weights(run, abstract_params(cfg, mesh), mesh)
+    prompts = [[p + 1] * 64 for p in range(lay.prompts) for _ in range(lay.rows // lay.prompts)]
+    _, dec = generation_kernels(cfg, dparams, prompts, rollout_sampling(run, lay, mesh), mesh)
+    return cfg, lay, decode_reads(run, lay, dec)
+
+
 def test_the_plans_decode_reads_with_prompt_pages_shared_by_their_groups():
     """A paged cache whose groups share their prompts' pages (trainer.shared_prompts,
     paged_gpu; planned on CPU with XLA's attention over the same pages): prompts of 64
@@ -766,20 +785,9 @@ def test_the_plans_decode_reads_with_prompt_pages_shared_by_their_groups():
     row, 288 slots. The rows hold 64 + t at step t = 1..207, 168 on average, and each reads
     its own 168 slots, the shared pages included: the rows' bytes as if unshared, though the
     pools hold fewer pages."""
-    from models.sampler import generation_kernels
-    from models.sharding import make_mesh
-    from rl.plan import decode_reads, layout, reads_lines, rollout_sampling, sampler_weights
+    from rl.plan import reads_lines
 
-    run, plan = _config("plan.prompt_len=64", "plan.response_budget=208",
-                        "trainer.shared_prompts=true", "trainer.decode_kernel=paged_gpu")
-    cfg = tiny_config()
-    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
-    lay = layout(run, plan, mesh)
-    assert lay.rows > lay.prompts  # groups of more than one row
-    dparams = sampler_weights(run, abstract_params(cfg, mesh), mesh)
-    prompts = [[p + 1] * 64 for p in range(lay.prompts) for _ in range(lay.rows // lay.prompts)]
-    _, dec = generation_kernels(cfg, dparams, prompts, rollout_sampling(run, lay, mesh), mesh)
-    reads = decode_reads(run, lay, dec)
+    cfg, lay, reads = _grouped_decode_reads("trainer.decode_kernel=paged_gpu")
     page = 2 * cfg.num_layers * 2 * 16 * 4 * 16  # keys and values of 16 slots, float32
     pages = lay.prompts * 4 + lay.rows * 14
     assert (reads.capacity, reads.held, reads.read) == (288, 168, 168)
@@ -797,20 +805,9 @@ def test_the_plans_decode_reads_with_prompts_shared_by_their_groups():
     """trainer.shared_prompts: the rows' cache holds the 208 new tokens' slots only (on CPU
     one extent, the whole cache: none past half of it), the rows hold t = 1..207 of them,
     104 on average; the groups' prompts, one of 64 slots a group, are read whole every step."""
-    from models.sampler import generation_kernels
-    from models.sharding import make_mesh
-    from rl.plan import decode_reads, layout, reads_lines, rollout_sampling, sampler_weights
+    from rl.plan import reads_lines
 
-    run, plan = _config("plan.prompt_len=64", "plan.response_budget=208",
-                        "trainer.shared_prompts=true")
-    cfg = tiny_config()
-    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
-    lay = layout(run, plan, mesh)
-    assert lay.rows > lay.prompts  # groups of more than one row
-    dparams = sampler_weights(run, abstract_params(cfg, mesh), mesh)
-    prompts = [[p + 1] * 64 for p in range(lay.prompts) for _ in range(lay.rows // lay.prompts)]
-    _, dec = generation_kernels(cfg, dparams, prompts, rollout_sampling(run, lay), mesh)
-    reads = decode_reads(run, lay, dec)
+    cfg, lay, reads = _grouped_decode_reads()
     # a slot: keys and values of 2 layers x 2 KV heads x 16 dims, float32, and its valid flag
     slot = 2 * cfg.num_layers * 2 * 16 * 4 + 1
     assert (reads.capacity, reads.held, reads.read) == (208, 104, 208)
