@@ -611,11 +611,11 @@ def _rows_cache_of(cfg: ModelConfig, prompts: KVCache, rows: jax.Array, cache_le
     slots (``settings.group`` > 1), or each row a copy of its prompt's, empty slots after."""
     width, dtype = prompts.slots, prompts.k[0].dtype
     layout = kv_layout(settings.mesh, settings.decode_kernel)
-    if is_paged(settings.decode_kernel) and settings.group > 1:
-        grouped = grouped_prompts(prompts, rows, settings.group)
-        return shared_prompt_pages(grouped.k, grouped.v, jnp.sum(grouped.valid, axis=1),
-                                   settings.group, cache_len, settings.mesh), None
     if is_paged(settings.decode_kernel):
+        if settings.group > 1:
+            grouped = grouped_prompts(prompts, rows, settings.group)
+            return shared_prompt_pages(grouped.k, grouped.v, jnp.sum(grouped.valid, axis=1),
+                                       settings.group, cache_len, settings.mesh), None
         taken: KVCache = jax.tree.map(lambda x: _take_rows(x, rows), prompts)
         return prompt_pages(taken.k, taken.v, cache_len, settings.mesh), None
     if settings.group > 1:

@@ -708,6 +708,17 @@ def test_a_multi_turn_continuation_reads_and_decodes_in_place(monkeypatch):
     assert names == ["prefill", "decode"] and continue_programs
 
 
+def _reads_line(cfg, lay, reads):
+    """rl.plan's reads line of a decode program with `reads` (208 steps)."""
+    from rl.plan import reads_lines
+
+    program = dataclasses.replace(
+        Program("decode", 0, 0, 0, 0, 0, 1.0, 208 * reads.per_step, True), reads=reads)
+    line, = reads_lines(Plan("m", cfg, "cpu", CHIPS["v5e"], 1, {"data": 1}, lay, 0, 0,
+                             (program,)))
+    return line
+
+
 @pytest.mark.parametrize("kernel", ["xla", "pallas_gpu", "paged_xla", "paged_gpu"])
 def test_a_decode_step_reads_the_slots_its_kernel_reads_by_hand(kernel):
     """The decode's bytes a step: the weights and loop state, and of the KV cache the slots
@@ -723,7 +734,6 @@ def test_a_decode_step_reads_the_slots_its_kernel_reads_by_hand(kernel):
         bytes_per_chip,
         decode_reads,
         layout,
-        reads_lines,
         rollout_sampling,
         sampler_weights,
     )
@@ -751,10 +761,7 @@ def test_a_decode_step_reads_the_slots_its_kernel_reads_by_hand(kernel):
     assert reads.read == pytest.approx(read)
     assert reads.fixed >= bytes_per_chip(dparams)
     assert reads.per_step == pytest.approx(reads.fixed + cache * read / slots)
-    program = dataclasses.replace(
-        Program("decode", 0, 0, 0, 0, 0, 1.0, 208 * reads.per_step, True), reads=reads)
-    line, = reads_lines(Plan("m", cfg, "cpu", CHIPS["v5e"], 1, {"data": 1}, lay, 0, 0,
-                             (program,)))
+    line = _reads_line(cfg, lay, reads)
     assert f"{read:.0f} of 272 slots a row on average" in line and "hold 168" in line, line
 
 
@@ -785,8 +792,6 @@ def test_the_plans_decode_reads_with_prompt_pages_shared_by_their_groups():
     row, 288 slots. The rows hold 64 + t at step t = 1..207, 168 on average, and each reads
     its own 168 slots, the shared pages included: the rows' bytes as if unshared, though the
     pools hold fewer pages."""
-    from rl.plan import reads_lines
-
     cfg, lay, reads = _grouped_decode_reads("trainer.decode_kernel=paged_gpu")
     page = 2 * cfg.num_layers * 2 * 16 * 4 * 16  # keys and values of 16 slots, float32
     pages = lay.prompts * 4 + lay.rows * 14
@@ -794,10 +799,7 @@ def test_the_plans_decode_reads_with_prompt_pages_shared_by_their_groups():
     assert reads.cache == pages * page + lay.rows * 18 * 4  # the pools and the int32 table
     # each row's 168 slots of keys and values (and its share of the table's bytes)
     assert reads.cache_read == pytest.approx(lay.rows * 168 * page / 16, rel=0.01)
-    program = dataclasses.replace(
-        Program("decode", 0, 0, 0, 0, 0, 1.0, 208 * reads.per_step, True), reads=reads)
-    line, = reads_lines(Plan("m", cfg, "cpu", CHIPS["v5e"], 1, {"data": 1}, lay, 0, 0,
-                             (program,)))
+    line = _reads_line(cfg, lay, reads)
     assert "shared prompt pages read by each row" in line and "of 288 slots" in line, line
 
 
@@ -805,18 +807,13 @@ def test_the_plans_decode_reads_with_prompts_shared_by_their_groups():
     """trainer.shared_prompts: the rows' cache holds the 208 new tokens' slots only (on CPU
     one extent, the whole cache: none past half of it), the rows hold t = 1..207 of them,
     104 on average; the groups' prompts, one of 64 slots a group, are read whole every step."""
-    from rl.plan import reads_lines
-
     cfg, lay, reads = _grouped_decode_reads()
     # a slot: keys and values of 2 layers x 2 KV heads x 16 dims, float32, and its valid flag
     slot = 2 * cfg.num_layers * 2 * 16 * 4 + 1
     assert (reads.capacity, reads.held, reads.read) == (208, 104, 208)
     assert (reads.cache, reads.shared) == (lay.rows * 208 * slot, lay.prompts * 64 * slot)
     assert reads.per_step == pytest.approx(reads.fixed + reads.shared + reads.cache)
-    program = dataclasses.replace(
-        Program("decode", 0, 0, 0, 0, 0, 1.0, 208 * reads.per_step, True), reads=reads)
-    line, = reads_lines(Plan("m", cfg, "cpu", CHIPS["v5e"], 1, {"data": 1}, lay, 0, 0,
-                             (program,)))
+    line = _reads_line(cfg, lay, reads)
     assert "the groups' shared prompts" in line and "hold 104" in line, line
 
 
