@@ -153,12 +153,13 @@ def decode_step_lines(cfg: Any, args: argparse.Namespace, step_s: float,
     """Print one decode step's time against the bytes it must read (the weights and the
     rows' KV cache: by the slots they hold, and by those the sampler reads; with shared
     prompts a group's prompt counts once, a G-th of it a row, in what the step must read,
-    and in what the sampler reads unless the cache is paged, whose kernels read each row's
-    pages, the shared ones too) and give the figures for the JSON line."""
+    and in what the sampler reads; on a paged cache the prompt's full pages, which the TPU
+    kernel reads for each row) and give the figures for the JSON line."""
     import jax
 
     from models.padding import round_up
-    from models.paged_cache import is_paged
+    from models.paged_attention import PART_KERNELS
+    from models.paged_cache import PAGE_SLOTS, PAGED_KERNELS, is_paged
     from models.sampler import SamplingParams, cache_length
     from models.transformer import cache_slots_read
 
@@ -172,8 +173,11 @@ def decode_step_lines(cfg: Any, args: argparse.Namespace, step_s: float,
                                   jax.default_backend())
     if apart:  # a group's prompt read once: a G-th of it a row
         held, read = held + args.prompt_len / args.group, read + width / args.group
-    elif args.shared_prompts:  # shared pages: held once a group, read by each row's kernel
-        held -= args.prompt_len * (1 - 1 / args.group)
+    elif args.shared_prompts:  # a prompt's full pages held once a group
+        once = args.prompt_len // PAGE_SLOTS * PAGE_SLOTS * (1 - 1 / args.group)
+        held -= once
+        if PAGED_KERNELS[args.decode_kernel] in PART_KERNELS:  # and read once a group
+            read -= once
     weights = decode_step_bytes(cfg, args.batch, 0)
     floor, as_read = decode_step_bytes(cfg, args.batch, held), decode_step_bytes(cfg, args.batch,
                                                                                 read)

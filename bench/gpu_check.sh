@@ -18,7 +18,8 @@
 #    - one prompt per group (trainer.shared_prompts): its tests, then the decode timed with
 #      prompts shared by groups of 8;
 #    - the paged KV cache with the Pallas GPU paged-attention kernel
-#      (trainer.decode_kernel=paged_gpu): its tests compiled for the GPU, then the decode;
+#      (trainer.decode_kernel=paged_gpu): its tests compiled for the GPU, then the decode,
+#      then the decode with groups of 8 sharing their prompt's pages;
 #    - bench.scoring_precision (a float32 policy's log-probs against float32-true, sampler
 #      against scoring pass, at the default precision, at ours and at HIGHEST);
 #    - 3 steps of rl.train on a random-weight Qwen3-0.6B-shaped HF folder (bench.random_model,
@@ -31,7 +32,8 @@
 # TOKENIZER=<HF folder or GGUF> names the tokenizer (default: the shipped SmolLM2 GGUF).
 # ONLY=<regex> runs the parts whose names match (sampling_check sampler_tests accelerator
 # decode_command_buffers pallas_kernel_tests decode_pallas_kernel shared_prompts_tests
-# decode_shared_prompts paged_kernel_tests decode_paged_kernel scoring_precision train
+# decode_shared_prompts paged_kernel_tests decode_paged_kernel decode_paged_shared
+# scoring_precision train
 # resume smoke accelerator_large). A dry run
 # on a CPU, small: SHAPES=tiny, and extra arguments appended (so they win) with
 # ACCEL_ARGS (bench.accelerator), SAMPLING_ARGS (bench.sampling_check), PRECISION_ARGS
@@ -125,6 +127,10 @@ part paged_kernel_tests 120 env JAX_PLATFORMS="${JAX_PLATFORMS:-cuda}" "$PY" -m 
   -k "not tpu"
 part decode_paged_kernel 90 "$PY" -m bench.accelerator "${TOK_ARGS[@]}" --parts decode \
   --decode-kernel paged_gpu --json "$OUT_DIR/accelerator.jsonl" "${ACCEL[@]}"
+# and groups of 8 rows sharing their prompt's pages, each group's prompt read once
+part decode_paged_shared 90 "$PY" -m bench.accelerator "${TOK_ARGS[@]}" --parts decode \
+  --decode-kernel paged_gpu --shared-prompts --group 8 --json "$OUT_DIR/accelerator.jsonl" \
+  "${ACCEL[@]}"
 part scoring_precision 120 "$PY" -m bench.scoring_precision --shapes "$SHAPES" "${TOK_ARGS[@]}" \
   --json "$OUT_DIR/scoring_precision.jsonl" "${PRECISION[@]}"
 

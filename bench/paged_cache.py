@@ -4,7 +4,11 @@
 ``--prompt-len``, in turn).
 
     python -m bench.paged_cache [--batch 32] [--prompt-len 200] [--new 200]
-                                [--kernel paged_xla] [--model smollm2_135m]
+                                [--kernel paged_xla] [--model smollm2_135m] [--group G]
+
+``--group G``: the rows come in groups of G continuing one prompt, and both caches share
+it (``SamplingParams.shared_prompts``: the dense cache's prompt once a group, the paged
+cache's full prompt pages; each read once a group by the reference).
 
 Per step = (time(N tokens) - time(1 token)) / (N - 1), greedy, EOS ignored, after one
 warm-up call each (compilation); the four calls alternate for --repeats rounds
@@ -34,6 +38,8 @@ def main(argv: list[str] | None = None) -> None:
                     choices=["paged_xla", "paged_tpu", "paged_gpu"])
     ap.add_argument("--model", default="smollm2_135m",
                     help="a model load_params knows (tiny: a random one, for a quick check)")
+    ap.add_argument("--group", type=int, default=1,
+                    help="rows a prompt, sharing it (shared_prompts); 1: each its own")
     a = ap.parse_args(argv)
 
     import jax
@@ -46,12 +52,14 @@ def main(argv: list[str] | None = None) -> None:
     cfg, params, tok = load_params(a.model)
     weights = decode_params(params)
     rng = np.random.default_rng(0)
-    lengths = [max(1, a.prompt_len * (1 + i % 4) // 4) for i in range(a.batch)]
-    prompts = [rng.integers(100, min(cfg.vocab_size, 40000), n).tolist() for n in lengths]
+    lengths = [max(1, a.prompt_len * (1 + i // a.group % 4) // 4) for i in range(a.batch)]
+    distinct = [rng.integers(100, min(cfg.vocab_size, 40000), n).tolist()
+                for n in lengths[::a.group]]
+    prompts = [p for p in distinct for _ in range(a.group)]
 
     def run(n: int, kernel: str):
         sampling = SamplingParams(n, temperature=0, ignore_eos=True, decode_text=False,
-                                  decode_kernel=kernel)
+                                  decode_kernel=kernel, shared_prompts=a.group > 1)
         return lambda: generate(cfg, weights, tok, prompts, sampling)
 
     runs = {f"{kernel}_{n}": run(n, kernel) for kernel in ("xla", a.kernel) for n in (1, a.new)}
@@ -66,9 +74,10 @@ def main(argv: list[str] | None = None) -> None:
     # the reference reads the pages its longest row needs (rows from slot 0, no padding)
     paged_read = (cache_slots_read(a.prompt_len, a.prompt_len, a.new, capacity, "xla",
                                    platform)[1] if a.kernel == "paged_xla" else held)
+    groups = f" in groups of {a.group} sharing it" if a.group > 1 else ""
     print(f"{a.model} float32 on {jax.default_backend()} ({cpu_name()}): batch {a.batch}, "
-          f"prompts of {min(lengths)}-{max(lengths)} tokens, {a.new} new, greedy; greedy "
-          f"tokens {'equal' if same else 'DIFFER'}")
+          f"prompts of {min(lengths)}-{max(lengths)} tokens{groups}, {a.new} new, greedy; "
+          f"greedy tokens {'equal' if same else 'DIFFER'}")
     print(f"{'cache':>9} | {'ms/step':>8} | slots a row reads a step (avg)")
     for kernel, slots, how in (
             ("xla", read, "the prefix its longest row needs"),
@@ -76,6 +85,8 @@ def main(argv: list[str] | None = None) -> None:
              else "its own")):
         step = (best[f"{kernel}_{a.new}"] - best[f"{kernel}_1"]) / (a.new - 1) * 1e3
         print(f"{kernel:>9} | {step:>8.1f} | {slots:.0f} ({how})", flush=True)
+    if a.group > 1:
+        print("(slots counted as if unshared: each cache reads a group's prompt once)")
 
 
 if __name__ == "__main__":

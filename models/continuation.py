@@ -223,19 +223,21 @@ def _paged_rows(cache: PagedCache, index: jax.Array) -> PagedCache:
     per = cache.table.shape[0] // shards
     table = _take_rows(cache.table, index)
     padding = (index >= per).reshape(-1)[:, None]
-    return cache._replace(table=jnp.where(padding, cache.k[0].shape[1] // shards, table))
+    # the sub-batch's rows need not be whole groups: it reads shared pages through its table
+    return cache._replace(table=jnp.where(padding, cache.k[0].shape[1] // shards, table),
+                          prompts=None)
 
 
 def _put(tree: Any, index: jax.Array | None, sub: Any) -> Any:
     """`tree` with the sub-batch `sub` written back to its rows (:func:`_take`'s inverse;
-    out-of-range rows dropped); a paged cache's pools are the sub-batch's, its table the
-    whole batch's."""
+    out-of-range rows dropped); a paged cache's pools are the sub-batch's, its table and
+    shared prompts the whole batch's."""
     if index is None:
         return sub
 
     def one(x: Any, y: Any) -> Any:
         if isinstance(x, PagedCache):
-            return y._replace(table=x.table)
+            return y._replace(table=x.table, prompts=x.prompts)
         blocks = x.reshape(index.shape[0], -1, *x.shape[1:])
         rows = y.reshape(index.shape[0], -1, *y.shape[1:])
         out = jax.vmap(lambda block, at, values: block.at[at].set(values, mode="drop"))(

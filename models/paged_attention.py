@@ -22,12 +22,16 @@ attends each row's new tokens over its first ``lengths[b]`` slots, computed by
 
 The kernels take one new token per row (a decode step); on a platform other than theirs
 they run in Pallas' interpreter (how the tests check them on CPU; slow, for checks only).
-Not yet checked on a TPU or GPU, and not yet what the sampler's cache is (its cache is dense,
-``models.transformer.KVCache``).
+:func:`paged_attention_parts` gives one token's attention as the parts a log-sum-exp merge
+takes (by the reference or the GPU kernel's body), so that a group's shared prompt can be
+attended once for the group and merged with each row's own pages
+(``models.paged_cache``). The sampler's cache for the paged decode kernels is
+``models.paged_cache``; not yet checked on a TPU or GPU.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -38,6 +42,10 @@ from models.transformer import NEG_INF, probability_precision
 
 #: What computes :func:`paged_attention` (see the module docstring).
 PAGE_KERNELS = ("xla", "pallas_tpu", "pallas_gpu")
+
+#: Those of :data:`PAGE_KERNELS` that :func:`paged_attention_parts` runs (JAX's TPU kernel
+#: merges its blocks away and keeps no log-sum-exp to merge with).
+PART_KERNELS = ("xla", "pallas_gpu")
 
 
 def empty_pages(kv_heads: int, pages: int, page_size: int, head_dim: int,
@@ -114,9 +122,12 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table:
     return run(scaled, k_pages, v_pages, table, lengths, interpret)[:, None].astype(q.dtype)
 
 
-def _reference(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table: jax.Array,
-               lengths: jax.Array, extent: int | None) -> jax.Array:
-    """:func:`paged_attention` by XLA: the rows' pages gathered, then a masked softmax."""
+def _scored(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table: jax.Array,
+            lengths: jax.Array, extent: int | None) -> tuple[jax.Array, jax.Array, jax.Array, Any]:
+    """The reference's scores: the rows' first ``extent`` pages gathered (None: all), each
+    query's q.k / sqrt(hd) in float32, [B,KV,H/KV,T,S], and whether it sees each slot (its
+    row's slots up to its own, causal); with the gathered values [KV,B,S,hd] and the dots'
+    precision."""
     b, t, h, hd = q.shape
     kv = k_pages.shape[0]
     pages = table if extent is None else table[:, :extent]
@@ -128,11 +139,50 @@ def _reference(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table: jax.
                         precision=precision) * (1.0 / np.sqrt(hd))
     last = lengths[:, None] - t + jnp.arange(t, dtype=jnp.int32)  # [B,T] each query's slot
     seen = jnp.arange(keys.shape[2]) <= last[:, :, None]  # [B,T,S]
-    scores = jnp.where(seen[:, None, None], scores, NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1)
+    return scores, seen[:, None, None], values, precision
+
+
+def _reference(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table: jax.Array,
+               lengths: jax.Array, extent: int | None) -> jax.Array:
+    """:func:`paged_attention` by XLA: the rows' pages gathered, then a masked softmax."""
+    b, t, h, hd = q.shape
+    scores, seen, values, precision = _scored(q, k_pages, v_pages, table, lengths, extent)
+    probs = jax.nn.softmax(jnp.where(seen, scores, NEG_INF), axis=-1)
     out = jnp.einsum("bkgts,kbsd->btkgd", probs.astype(values.dtype), values,
                      preferred_element_type=jnp.float32, precision=precision)
     return out.reshape(b, t, h, hd).astype(q.dtype)
+
+
+def paged_attention_parts(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
+                          table: jax.Array, lengths: jax.Array, kernel: str = "xla",
+                          extent: int | None = None, interpret: bool | None = None
+                          ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One new token a row attending over its row's first ``lengths[b]`` slots (q [B,1,H,hd],
+    the rest as :func:`paged_attention`), reduced to what a merge by log-sum-exp takes
+    (``models.transformer.joined_attention``'s reduced parts; flash-decoding): each query's
+    largest score m [B,KV,H/KV,1], sum of exponentials l = sum exp(s - m) [B,KV,H/KV,1] and
+    unnormalised output o = sum exp(s - m) v [B,KV,H/KV,hd], float32, s = q.k / sqrt(hd).
+    A row of no slots gives l = 0 and o = 0 (it weighs nothing in a merge).
+
+    ``kernel``: one of :data:`PART_KERNELS`, "xla" (the reference, reading each row's first
+    ``extent`` pages) or "pallas_gpu" (the body of JAX's GPU kernel, its residuals kept)."""
+    if kernel not in PART_KERNELS:
+        raise ValueError(f"paged_attention_parts: kernel must be one of {PART_KERNELS}, got "
+                         f"{kernel!r} (the TPU kernel keeps no log-sum-exp)")
+    if q.shape[1] != 1:
+        raise ValueError(f"paged_attention_parts: one new token per row, got {q.shape[1]}")
+    hd = q.shape[-1]
+    if kernel == "pallas_gpu":
+        interpret = jax.default_backend() != "gpu" if interpret is None else interpret
+        scaled = q[:, 0] * jnp.asarray(1.0 / np.sqrt(hd), q.dtype)  # the kernel doesn't scale
+        return _gpu_kernel_parts(scaled, k_pages, v_pages, table, lengths, interpret)
+    scores, seen, values, precision = _scored(q, k_pages, v_pages, table, lengths, extent)
+    scores, seen = scores[:, :, :, 0], seen[:, :, :, 0]  # one token: [B,KV,H/KV,S]
+    top = jnp.max(jnp.where(seen, scores, NEG_INF), axis=-1, keepdims=True)
+    weights = jnp.where(seen, jnp.exp(scores - top), 0.0)
+    out = jnp.einsum("bkgs,kbsd->bkgd", weights.astype(values.dtype), values,
+                     preferred_element_type=jnp.float32, precision=precision)
+    return top, jnp.sum(weights, axis=-1, keepdims=True), out
 
 
 def compute_block(pages_per_row: int, most: int = 8) -> int:
@@ -157,6 +207,12 @@ def _tpu_kernel(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table: jax
         return run()
 
 
+def _splits(pages: int) -> int:
+    """Into how many parts the GPU kernel cuts a row's `pages` (read in parallel, merged
+    after): the most, up to its default 16, that divide them."""
+    return max(d for d in range(1, min(16, pages) + 1) if pages % d == 0)
+
+
 def _gpu_kernel(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table: jax.Array,
                 lengths: jax.Array, interpret: bool) -> jax.Array:
     """JAX's Pallas GPU paged-attention kernel on q [B,H,hd] (already scaled): the row's
@@ -164,8 +220,64 @@ def _gpu_kernel(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table: jax
     from jax.experimental.pallas.ops.gpu import paged_attention as gpu
 
     pages = table.shape[1]
-    splits = max(d for d in range(1, min(16, pages) + 1) if pages % d == 0)
+    splits = _splits(pages)
     return gpu.paged_attention(q, k_pages, v_pages, table.astype(jnp.int32),
                                lengths.astype(jnp.int32),
                                pages_per_compute_block=compute_block(pages // splits),
                                k_splits=splits, interpret=interpret)
+
+
+GPU_HEAD_BLOCK = 16  # query heads a GPU kernel instance takes (the kernel's block_h)
+
+
+def _gpu_kernel_parts(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
+                      table: jax.Array, lengths: jax.Array, interpret: bool
+                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:func:`paged_attention_parts` by the body of JAX's Pallas GPU paged-attention kernel
+    (``paged_attention_kernel``) on q [B,H,hd] (already scaled), called as JAX's
+    ``paged_attention`` calls it but with its residuals, each of the k_splits parts' largest
+    score and sum of exponentials, kept; the parts are merged here instead of normalised.
+    Each KV head's H/KV queries are one block (padded to :data:`GPU_HEAD_BLOCK`): M of them
+    against the row's pages is a matrix-matrix product."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+    from jax.experimental.pallas.ops.gpu.paged_attention import (
+        DEFAULT_MASK_VALUE,
+        paged_attention_kernel,
+    )
+
+    b, h, hd = q.shape
+    kv, n, size, _ = k_pages.shape
+    per, splits = h // kv, _splits(table.shape[1])
+    part = table.shape[1] // splits
+    heads = -(-per // GPU_HEAD_BLOCK) * GPU_HEAD_BLOCK
+    kernel = functools.partial(paged_attention_kernel, num_heads=per,
+                               pages_per_compute_block=compute_block(part),
+                               mask_value=DEFAULT_MASK_VALUE, attn_logits_soft_cap=None)
+    pool = pl.BlockSpec((None, n, size, hd), lambda i, j, k: (i, 0, 0, 0))
+    call = pl.pallas_call(
+        kernel, grid=(kv, heads // GPU_HEAD_BLOCK, splits),
+        in_specs=[pl.BlockSpec((None, GPU_HEAD_BLOCK, hd), lambda i, j, k: (i, j, 0)), pool,
+                  None, pool, None, pl.BlockSpec((None, part), lambda i, j, k: (k, 0)),
+                  pl.BlockSpec((1,), lambda i, j, k: (0,))],
+        out_specs=[pl.BlockSpec((None, None, GPU_HEAD_BLOCK, hd), lambda i, j, k: (k, i, j, 0)),
+                   pl.BlockSpec((None, None, GPU_HEAD_BLOCK), lambda i, j, k: (k, i, j)),
+                   pl.BlockSpec((None, None, GPU_HEAD_BLOCK), lambda i, j, k: (k, i, j))],
+        out_shape=[jax.ShapeDtypeStruct((splits, kv, heads, hd), q.dtype),
+                   jax.ShapeDtypeStruct((splits, kv, heads), jnp.float32),
+                   jax.ShapeDtypeStruct((splits, kv, heads), jnp.float32)],
+        interpret=interpret, compiler_params=plgpu.CompilerParams(num_warps=8, num_stages=2),
+        name="paged_attention_parts")
+
+    def row(q_row: jax.Array, pages: jax.Array, length: jax.Array
+            ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        grouped = jnp.pad(q_row.reshape(kv, per, hd), ((0, 0), (0, heads - per), (0, 0)))
+        out, total, top = call(grouped, k_pages, None, v_pages, None,
+                               pages.reshape(splits, part), length)
+        out, total, top = out[:, :, :per], total[:, :, :per], top[:, :, :per]
+        best = jnp.max(top, axis=0)  # the parts merged: [KV, per]
+        scale = jnp.exp(top - best)
+        return (best[..., None], jnp.sum(total * scale, axis=0)[..., None],
+                jnp.sum(out.astype(jnp.float32) * scale[..., None], axis=0))
+
+    return jax.vmap(row)(q, table.astype(jnp.int32), lengths.astype(jnp.int32)[:, None])

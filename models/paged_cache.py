@@ -28,6 +28,10 @@ their shard's pages: their writes are dropped.
 A GRPO group's rows (``SamplingParams.shared_prompts``) can share their prompt's full pages
 (:func:`shared_prompt_pages`): the prompt stored once, each row's own pages from the one its
 first new token goes to; rows then hold different numbers of slots (``DecodeState.row_slots``).
+A decode step by "paged_xla" or "paged_gpu" reads each group's prompt once, merged with each
+row's own pages by log-sum-exp (:func:`_grouped_attention`); "paged_tpu" reads the shared
+pages through each row's table (JAX's TPU kernel keeps no log-sum-exp to merge with), as do
+a continuation's sub-batches and reads of several tokens.
 
 On CPU the dense cache is faster (the reference gathers each row's pages at every step), so
 the default stays dense; the kernels are checked in Pallas' interpreter only (not yet on a TPU
@@ -36,6 +40,7 @@ or GPU).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -47,7 +52,13 @@ from jax.sharding import PartitionSpec
 
 from models.config import ModelConfig
 from models.constraints import BATCH_AXES, shard_rows
-from models.paged_attention import paged_attention, row_pages, write_tokens
+from models.paged_attention import (
+    PART_KERNELS,
+    paged_attention,
+    paged_attention_parts,
+    row_pages,
+    write_tokens,
+)
 from models.transformer import (
     KVCache,
     Params,
@@ -57,6 +68,7 @@ from models.transformer import (
     _qkv,
     dense,
     forward_with_cache,
+    joined_attention,
     platform_of,
     rms_norm,
     rope_inv_freq,
@@ -82,15 +94,29 @@ def reads_own_slots(decode_kernel: str) -> bool:
     return decode_kernel in ("pallas_gpu", "paged_tpu", "paged_gpu")
 
 
+class SharedPrompts(NamedTuple):
+    """The prompts whose full pages a paged cache's groups of rows share
+    (:func:`shared_prompt_pages`), one per group of G consecutive rows, in the rows' order:
+    ``table`` [Q, F], each prompt's pages (counted like the rows' table, within its data
+    shard's block of the pools), and ``slots`` [Q], how many of their slots the group shares
+    (the prompt's full pages; the rest of the prompt is in each row's own first page)."""
+
+    table: jax.Array
+    slots: jax.Array
+
+
 class PagedCache(NamedTuple):
     """Keys and values in pages, per layer [KV, N, P, hd] (``models.paged_attention``), and
     ``table`` [B, pages_per_row], each row's pages in order, counted from its data shard's
     block of the pools (see the module docstring). A row's tokens are its first slots; how
-    many there are is the sampler's ``next_slot``."""
+    many there are is the sampler's ``next_slot``. ``prompts``: the pages each group of rows
+    shares (:class:`SharedPrompts`), read once for the group by a decode step; None where
+    the table says nothing of groups (unshared pages, or a sub-batch of the rows)."""
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
     table: jax.Array
+    prompts: SharedPrompts | None = None
 
     @property
     def slots(self) -> int:
@@ -146,31 +172,77 @@ def _interpret(kernel: str, mesh: Any) -> bool:
     return kernel != "xla" and platform_of(mesh) != kernel.removeprefix("pallas_")
 
 
-def _layer_attention(table: jax.Array, start: jax.Array, kernel: str, extent: int | None,
+def _layer_attention(cache: PagedCache, start: jax.Array, kernel: str, extent: int | None,
                      mesh: Any) -> Callable:
     """``attend(q, k, v, k_pages, v_pages) -> (output, k_pages, v_pages)`` for the layers of
     :func:`forward_with_pages`: the tokens' keys and values k, v [B,T,KV,hd] written at each
-    row's slots from ``start`` [B] (``table`` its pages), then the queries q [B,T,H,hd]
+    row's slots from ``start`` [B] (``cache.table`` its pages), then the queries q [B,T,H,hd]
     attending over their rows' tokens up to themselves, by ``kernel`` (T = 1; the reference
-    for more) or the reference over each row's first ``extent`` pages."""
+    for more) or the reference over each row's first ``extent`` pages. A one-token step over
+    pages its groups share (``cache.prompts``) by a kernel of ``PART_KERNELS`` reads each
+    group's prompt once (:func:`_grouped_attention`)."""
+    prompts = cache.prompts
+
     def local(q: jax.Array, k: jax.Array, v: jax.Array, kp: jax.Array, vp: jax.Array,
-              table: jax.Array, start: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+              table: jax.Array, start: jax.Array, *shared: jax.Array
+              ) -> tuple[jax.Array, jax.Array, jax.Array]:
         t = q.shape[1]
         use = kernel if t == 1 else "xla"  # the kernels take one token a row
         kp, vp = write_tokens(kp, vp, table, start, k, v)
         lengths = jnp.minimum(start + t, table.shape[1] * kp.shape[2])
         readable = jnp.minimum(table, kp.shape[1] - 1)  # a padding row reads any page
-        out = paged_attention(q, kp, vp, readable, lengths, use, extent, _interpret(use, mesh))
+        interpret = _interpret(use, mesh)
+        if shared and t == 1:
+            parts = functools.partial(paged_attention_parts, kernel=use, interpret=interpret)
+            out = _grouped_attention(q, kp, vp, readable, lengths, SharedPrompts(*shared), parts,
+                                     extent)
+        else:
+            out = paged_attention(q, kp, vp, readable, lengths, use, extent, interpret)
         return out, kp, vp
+
+    shared = tuple(prompts) if prompts is not None and kernel in PART_KERNELS else ()
 
     def attend(q: jax.Array, k: jax.Array, v: jax.Array, kp: jax.Array,
                vp: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        run = _on_shards(local, mesh, ("tokens", "tokens", "tokens", "pool", "pool", "table",
-                                       "rows"), ("tokens", "pool", "pool"), q.shape[0],
-                         kp.shape[0])
-        return run(q, k, v, kp, vp, table, start)
+        kinds = ("tokens", "tokens", "tokens", "pool", "pool", "table", "rows")
+        run = _on_shards(local, mesh, kinds + ("table", "rows")[:len(shared)],
+                         ("tokens", "pool", "pool"), q.shape[0], kp.shape[0])
+        return run(q, k, v, kp, vp, cache.table, start, *shared)
 
     return attend
+
+
+def _grouped_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table: jax.Array,
+                       lengths: jax.Array, prompts: SharedPrompts, parts: Callable,
+                       extent: int | None) -> jax.Array:
+    """One token a row (q [B,1,H,hd]) attending over its rows' ``lengths`` [B] slots, of
+    which each group of G rows shares its prompt's first ones (``prompts``; ``table``: the
+    rows' pages, the shared ones first), as two parts merged by their log-sum-exps
+    (``models.transformer.joined_attention``): the group's prompt, its G rows' queries
+    against the prompt's pages at once (a G H/KV by slots product for each group and KV
+    head, the prompt read once for the group: Hydragen, Juravsky et al. 2024, sec. 3), and
+    each row's own pages after it. Returns [B,1,H,hd] in q's dtype. ``parts``:
+    ``models.paged_attention.paged_attention_parts`` with its kernel chosen; ``extent``: how
+    many of its own pages a row's part reads (None: all)."""
+    b, _, h, hd = q.shape
+    n, full = prompts.table.shape
+    kv, group = k_pages.shape[0], b // n
+    # the group's queries as one row of G H/KV queries for each KV head
+    grouped = q.reshape(n, group, kv, h // kv, hd).transpose(0, 2, 1, 3, 4)
+    top, total, out = parts(grouped.reshape(n, 1, h * group, hd), k_pages, v_pages,
+                            prompts.table, prompts.slots)
+
+    def by_row(x: jax.Array) -> jax.Array:  # [N,KV,G*per,X] -> [B,KV,per,X]
+        x = x.reshape(n, kv, group, h // kv, x.shape[-1]).transpose(0, 2, 1, 3, 4)
+        return x.reshape(b, kv, h // kv, x.shape[-1])
+
+    first = jnp.repeat(prompts.slots // k_pages.shape[2], group)  # [B] each row's shared pages
+    own = table.shape[1] - full  # every row's own pages follow its shared ones
+    mine = jnp.take_along_axis(table, first[:, None] + jnp.arange(own, dtype=jnp.int32), 1)
+    own_part = parts(q, k_pages, v_pages, mine, lengths - first * k_pages.shape[2],
+                     extent=None if extent is None else min(extent, own))
+    prompt_part = (by_row(top), by_row(total), by_row(out))
+    return joined_attention(q, (), (prompt_part, own_part)).reshape(q.shape)
 
 
 def forward_with_pages(cfg: ModelConfig, params: Params, tokens: jax.Array,
@@ -190,7 +262,7 @@ def forward_with_pages(cfg: ModelConfig, params: Params, tokens: jax.Array,
     kernel, mesh = PAGED_KERNELS[placement.decode_kernel], placement.mesh
     extent = None if placement.extent is None else -(-placement.extent // PAGE_SLOTS)
     start = jnp.broadcast_to(jnp.asarray(start, jnp.int32), (b,))
-    attend = _layer_attention(cache.table, start, kernel, extent, mesh)
+    attend = _layer_attention(cache, start, kernel, extent, mesh)
     pin = shard_rows if placement.pin_rows else (lambda a: a)
     x, ks, vs = pin(params["embed"][tokens]), [], []
     for p, kp, vp in zip(unstack_layers(params)["layers"], cache.k, cache.v, strict=True):
@@ -202,7 +274,7 @@ def forward_with_pages(cfg: ModelConfig, params: Params, tokens: jax.Array,
         ks.append(kp)
         vs.append(vp)
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
-    return x, PagedCache(tuple(ks), tuple(vs), cache.table)
+    return x, PagedCache(tuple(ks), tuple(vs), cache.table, cache.prompts)
 
 
 def forward_cached(cfg: ModelConfig, params: Params, tokens: jax.Array,
@@ -308,8 +380,11 @@ def shared_prompt_pages(keys: Sequence[jax.Array], values: Sequence[jax.Array],
         both = jnp.concatenate([blocks(pages[:, :, :full]), blocks(mine)], axis=2)
         return both.reshape(kv, -1, PAGE_SLOTS, hd)
 
+    prompt_table = (jnp.arange(q, dtype=jnp.int32) % (q // shards))[:, None] * full + \
+        jnp.arange(full, dtype=jnp.int32)
     return PagedCache(tuple(map(pool, keys)), tuple(map(pool, values)),
-                      _shared_table(page_of, group, shards, full, own))
+                      _shared_table(page_of, group, shards, full, own),
+                      SharedPrompts(prompt_table, page_of * PAGE_SLOTS))
 
 
 def widened(cache: PagedCache, slots: int, mesh: Any = None) -> PagedCache:

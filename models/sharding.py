@@ -218,11 +218,14 @@ def cache_layer_sharding(layer: Any, mesh: Mesh,
 def paged_shardings(cache: Any, mesh: Mesh) -> Any:
     """NamedSharding for a paged KV cache (``models.paged_cache``): each layer's pools
     [KV,N,P,hd] with their pages over the axes its rows' table [B,pages] is split over,
-    KV heads over ``tensor`` where it divides them (``models.paged_cache.shard_specs``)."""
+    KV heads over ``tensor`` where it divides them (``models.paged_cache.shard_specs``); the
+    prompts its groups share by the same rows' axes."""
     rows, heads = shard_specs(mesh, cache.table.shape[0], cache.k[0].shape[0])
-    pool = NamedSharding(mesh, PartitionSpec(heads, rows))
-    return type(cache)(tuple(pool for _ in cache.k), tuple(pool for _ in cache.v),
-                       NamedSharding(mesh, PartitionSpec(rows)))
+    pool, by_rows = NamedSharding(mesh, PartitionSpec(heads, rows)), NamedSharding(
+        mesh, PartitionSpec(rows))
+    prompts = None if cache.prompts is None else type(cache.prompts)(by_rows, by_rows)
+    return type(cache)(tuple(pool for _ in cache.k), tuple(pool for _ in cache.v), by_rows,
+                       prompts)
 
 
 def row_shardings(tree: Any, mesh: Mesh, rules: Mapping[str, Any] = DEFAULT_RULES) -> Any:

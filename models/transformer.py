@@ -153,9 +153,10 @@ def joined_attention(q: jax.Array, parts: Sequence[tuple[jax.Array, jax.Array, j
 
     ``reduced``: parts another computation has already reduced to (m_i, l_i, o_i) (for one
     token: [B,KV,G,1], [B,KV,G,1], [B,KV,G,hd], float32, scores scaled by 1/sqrt(hd)), as
-    the Pallas decode kernel returns them (``models.decode_attention``)."""
+    the Pallas decode kernel returns them (``models.decode_attention``); there may be no
+    ``parts`` then."""
     b, t, h, hd = q.shape
-    kv = parts[0][0].shape[1]
+    kv = (parts[0][0] if parts else reduced[0][2]).shape[1]
     qg = q.reshape(b, t, kv, h // kv, hd)
     scored = [(_scores(qg, k, t), mask[:, None, None, 0, :] if t == 1 else
                mask[:, None, None, :, :], v) for k, v, mask in parts]

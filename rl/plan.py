@@ -74,7 +74,8 @@ from models.continuation import bucket_kernel, line_width, read_kernel, row_buck
 from models.device_mesh import device_grid
 from models.lora import init_adapters, quantized_base
 from models.padding import round_up
-from models.paged_cache import PagedCache, is_paged, reads_own_slots
+from models.paged_attention import PART_KERNELS
+from models.paged_cache import PAGE_SLOTS, PAGED_KERNELS, PagedCache, is_paged, reads_own_slots
 from models.quant import Quantized
 from models.sampler import Frontier, SamplingParams, decode_params, generation_kernels
 from models.shapes import model_shapes
@@ -514,8 +515,11 @@ class DecodeReads:
     `held` (``models.transformer.cache_slots_read``). Prompts shared by their groups
     (trainer.shared_prompts: `shared` bytes per chip) are read whole at every step; the
     rows' cache then holds what they generate. On a paged cache whose groups share their
-    prompts' pages, each row reads the shared pages as its own: `reuse`, the rows' table
-    entries per page of the pools, scales the bytes a row's slot takes in the pools."""
+    prompts' pages, `reuse`, the rows' table entries per page of the pools, scales the bytes
+    a row's slot takes in the pools; a kernel that reads a group's prompt once
+    (``models.paged_attention.PART_KERNELS``: ``paged_xla``, ``paged_gpu``) reads its full
+    pages as `shared` and each row's `read` slots after them, the TPU kernel each row's
+    slots, the shared pages as its own."""
 
     fixed: float
     cache: float
@@ -549,12 +553,20 @@ def decode_reads(run: RunConfig, lay: Layout, dec: Any) -> DecodeReads:
     held, read = cache_slots_read(own, own if first is None else first, lay.response,
                                   capacity, run.trainer.decode_kernel, _platform(dec.args))
     cache_bytes = bytes_per_chip(cache)
-    shared = 0 if prompt is None else bytes_per_chip(prompt)
-    reuse = (math.prod(cache.table.shape) / cache.k[0].shape[1]
-             if isinstance(cache, PagedCache) else 1.0)
-    return DecodeReads(float(bytes_per_chip(dec.args) - cache_bytes - shared),
-                       float(cache_bytes), capacity, held, read, run.trainer.decode_kernel,
-                       float(shared), reuse)
+    shared = 0.0 if prompt is None else float(bytes_per_chip(prompt))
+    fixed = float(bytes_per_chip(dec.args) - cache_bytes - shared)
+    if not isinstance(cache, PagedCache):
+        return DecodeReads(fixed, float(cache_bytes), capacity, held, read,
+                           run.trainer.decode_kernel, shared)
+    reuse = math.prod(cache.table.shape) / cache.k[0].shape[1]
+    if cache.prompts is not None and PAGED_KERNELS[run.trainer.decode_kernel] in PART_KERNELS:
+        # each group's full prompt pages read once for the group, the rows their own after
+        slots = lay.prompt // PAGE_SLOTS * PAGE_SLOTS
+        group = cache.table.shape[0] / cache.prompts.table.shape[0]
+        shared = cache_bytes * reuse / capacity * slots / group
+        read -= slots
+    return DecodeReads(fixed, float(cache_bytes), capacity, held, read,
+                       run.trainer.decode_kernel, shared, reuse)
 
 
 def compiled_program(name: str, lowered: Any, args: Any, *, resident: int, flops: float,
@@ -1487,7 +1499,8 @@ def reads_lines(plan: Plan) -> list[str]:
                "for every row the cache prefix its decode loop is in: "
                "trainer.decode_kernel=pallas_gpu or a paged kernel reads each row's own")
         shared = (f", the groups' shared prompts {_size(r.shared)}" if r.shared else "")
-        pages = "; a group's shared prompt pages read by each row" if r.reuse > 1 else ""
+        pages = ("" if r.reuse <= 1 else ", their groups' full prompt pages read once a group"
+                 if r.shared else "; a group's shared prompt pages read by each row")
         out.append(f"  {p.name}: a step reads >= {_size(r.per_step)} per chip: weights and "
                    f"loop state {_size(r.fixed)}{shared}, KV cache {_size(r.cache_read)}"
                    f" of {_size(r.cache)} ({r.read:.0f} of {r.capacity} slots a row on "

@@ -1,6 +1,6 @@
 """bench.accelerator's decode-step bytes with prompts shared by groups on a paged cache, by
-hand: the step must read a group's prompt once, and the paged kernels read each row's pages,
-the shared ones too."""
+hand: the step must read a group's prompt pages once; the GPU kernel reads them once a group,
+the TPU kernel for each row."""
 
 import argparse
 
@@ -10,16 +10,20 @@ from bench.accelerator import decode_step_bytes, decode_step_lines
 from models.presets import tiny_config
 
 
-@pytest.mark.parametrize("shared", [False, True])
-def test_a_paged_decode_step_counts_shared_prompt_pages_once_in_its_floor(shared, capsys):
+@pytest.mark.parametrize("shared, kernel", [(False, "paged_gpu"), (True, "paged_gpu"),
+                                            (True, "paged_tpu")])
+def test_a_paged_decode_step_counts_shared_prompt_pages_once_in_its_floor(shared, kernel,
+                                                                         capsys):
     cfg = tiny_config()  # 2 layers x 2 KV heads x 16 dims: 256 bfloat16 bytes a slot a row
     args = argparse.Namespace(prompt_len=64, new_tokens=32, group=4, batch=8,
-                              shared_prompts=shared, decode_kernel="paged_gpu")
+                              shared_prompts=shared, decode_kernel=kernel)
     got = decode_step_lines(cfg, args, 1e-3, None)
     weights = decode_step_bytes(cfg, 8, 0)
-    # step t = 1..31 holds the 64 prompt slots and t more, 80 on average; shared by 4 rows,
-    # 3/4 of the prompt held once a group: 32 a row; the kernel reads each row's 80
+    # step t = 1..31 holds the 64 prompt slots (4 full pages) and t more, 80 on average;
+    # shared by 4 rows, 3/4 of the prompt held once a group: 32 a row; the GPU kernel reads
+    # the group's prompt once too, the TPU kernel each row's 80
     held = 32 if shared else 80
+    read = 80 if kernel == "paged_tpu" or not shared else 32
     assert got["decode_step_gb"] * 1e9 - weights == pytest.approx(8 * held * 256)
-    assert got["decode_step_read_gb"] * 1e9 - weights == pytest.approx(8 * 80 * 256)
+    assert got["decode_step_read_gb"] * 1e9 - weights == pytest.approx(8 * read * 256)
     assert f"mean {held} slots a row" in capsys.readouterr().out

@@ -11,6 +11,7 @@ from models.paged_attention import (
     compute_block,
     empty_pages,
     paged_attention,
+    paged_attention_parts,
     row_pages,
     write_tokens,
 )
@@ -119,6 +120,31 @@ def test_each_kernel_reads_each_rows_tokens_as_a_softmax_over_them(kernel):
                                atol=2e-5)
 
 
+@pytest.mark.parametrize("kernel", ["xla", "pallas_gpu"])
+def test_each_kernels_parts_are_a_softmaxs_log_sum_exp_and_unnormalised_output(kernel):
+    rng = np.random.default_rng(4)
+    hd = 32
+    k_pages, v_pages = _pools(rng, kv=2, pages=12, size=8, hd=hd)
+    table = np.asarray([[0, 1, 2, 3], [0, 1, 4, 5], [11, 10, 9, 8]], np.int32)
+    lengths = np.asarray([0, 21, 32], np.int32)  # no slots; into a third page; full
+    q = rng.standard_normal((3, 1, 4, hd)).astype(np.float32)
+    top, total, out = paged_attention_parts(*map(jnp.asarray, (q, k_pages, v_pages, table,
+                                                               lengths)), kernel=kernel)
+    assert top.shape == total.shape == (3, 2, 2, 1) and out.shape == (3, 2, 2, hd)
+    # a row of no slots weighs nothing in a merge
+    assert np.all(np.asarray(total[0]) == 0) and np.all(np.asarray(out[0]) == 0)
+    for r in (1, 2):
+        keys = k_pages[:, table[r]].reshape(2, -1, hd)[:, :lengths[r]]
+        values = v_pages[:, table[r]].reshape(2, -1, hd)[:, :lengths[r]]
+        for head in range(4):
+            j, g = divmod(head, 2)
+            s = keys[j] @ q[r, 0, head] / np.sqrt(hd)
+            log_sum_exp = s.max() + np.log(np.exp(s - s.max()).sum())
+            assert abs(top[r, j, g, 0] + np.log(total[r, j, g, 0]) - log_sum_exp) < 1e-4
+            np.testing.assert_allclose(out[r, j, g] / total[r, j, g, 0],
+                                       np.exp(s - log_sum_exp) @ values[j], atol=2e-5)
+
+
 def test_compute_blocks_cut_a_rows_pages_into_whole_blocks():
     assert [compute_block(n) for n in (1, 4, 6, 7, 16, 12)] == [1, 4, 6, 7, 8, 6]
 
@@ -131,6 +157,10 @@ def test_bad_kernels_and_several_tokens_for_a_kernel_are_refused():
         paged_attention(q, k_pages, v_pages, table, lengths, kernel="cuda")
     with pytest.raises(ValueError, match="one new token per row"):
         paged_attention(q, k_pages, v_pages, table, lengths, kernel="pallas_tpu")
+    with pytest.raises(ValueError, match="keeps no log-sum-exp"):
+        paged_attention_parts(q[:, :1], k_pages, v_pages, table, lengths, kernel="pallas_tpu")
+    with pytest.raises(ValueError, match="one new token per row"):
+        paged_attention_parts(q, k_pages, v_pages, table, lengths)
     # compiled for a TPU (not interpreted) the kernel wants heads of 128 lanes' multiples
     q64, (k64, v64) = jnp.zeros((1, 1, 2, 64)), empty_pages(1, 2, 8, 64)
     with pytest.raises(ValueError, match="multiple of 128"):

@@ -3,6 +3,7 @@ plain forward's over each whole sequence (with the reference and both Pallas ker
 interpreted), the dense cache's samples through sub-batches, reads and widening, and the
 layout of rows in pages checked by hand; a group's rows sharing their prompt's pages."""
 
+import functools
 import importlib.util
 import subprocess
 import sys
@@ -15,9 +16,12 @@ import pytest
 from models import load_params
 from models.continuation import Continuation, _paged_rows, _put, continue_generation
 from models.padding import right_pad
+from models.paged_attention import paged_attention_parts
 from models.paged_cache import (
     PAGE_SLOTS,
     PagedCache,
+    SharedPrompts,
+    _grouped_attention,
     prompt_pages,
     shared_prompt_pages,
     shared_row_slots,
@@ -146,8 +150,52 @@ def test_a_groups_rows_share_their_prompts_full_pages():
         slots = pool[np.minimum(cache.table[r], 15)].reshape(-1)
         assert slots[:n].tolist() == [100 * q + j for j in range(n)]
     np.testing.assert_array_equal(cache.v[0], -cache.k[0])
+    # what a decode step reads once a group: each prompt's pages and its full pages' slots
+    assert cache.prompts.table.tolist() == [[0, 1], [2, 3]]
+    assert cache.prompts.slots.tolist() == [32, 16]
     # slots a row holds: its prompt's full pages and its own; >= its prompt + 20
     assert shared_row_slots(np.asarray([40, 40, 17, 17]), width, 60).tolist() == [80, 80, 64, 64]
+
+
+def _softmax_over_pages(q, k_pages, v_pages, pages, length):
+    """numpy: one token's heads q [H,hd] over the first `length` slots of `pages` in order."""
+    kv, hd = k_pages.shape[0], k_pages.shape[-1]
+    keys = k_pages[:, pages].reshape(kv, -1, hd)[:, :length]
+    values = v_pages[:, pages].reshape(kv, -1, hd)[:, :length]
+    out = np.zeros(q.shape)
+    for head in range(q.shape[0]):
+        j = head // (q.shape[0] // kv)
+        s = keys[j] @ q[head] / np.sqrt(hd)
+        p = np.exp(s - s.max())
+        out[head] = p @ values[j] / p.sum()
+    return out
+
+
+@pytest.mark.parametrize("kernel", ["xla", "pallas_gpu"])
+def test_a_groups_prompt_is_read_once_from_its_pages_and_merged_with_each_rows_own(kernel):
+    """Two groups of 2 rows, pages of 8 slots: prompt 0 shares 2 full pages (16 slots),
+    prompt 1 one (its second page unread). The rows' tables point their shared entries at
+    a page of noise, so the result shows the prompt read from the group's pages (once for
+    the group), merged with each row's own pages: a softmax over both, by hand."""
+    rng = np.random.default_rng(5)
+    kv, size, hd = 2, 8, 32
+    k_pages, v_pages = (rng.standard_normal((kv, 16, size, hd)).astype(np.float32)
+                        for _ in range(2))
+    prompts = SharedPrompts(jnp.asarray([[0, 1], [2, 3]], jnp.int32),
+                            jnp.asarray([16, 8], jnp.int32))
+    noise, past = 15, 16  # each row: 2 shared entries, 3 own pages
+    table = np.asarray([[noise, noise, 4, 5, 6], [noise, noise, 7, 8, 9],
+                        [noise, 10, 11, 12, past], [noise, 13, 14, 15, past]], np.int32)
+    lengths = np.asarray([21, 40, 11, 25], np.int32)  # row 1 fills its own pages
+    q = rng.standard_normal((4, 1, 4, hd)).astype(np.float32)
+    parts = functools.partial(paged_attention_parts, kernel=kernel)
+    got = _grouped_attention(jnp.asarray(q), jnp.asarray(k_pages), jnp.asarray(v_pages),
+                             jnp.minimum(jnp.asarray(table), 15), jnp.asarray(lengths),
+                             prompts, parts, None)
+    for r, (prompt, first) in enumerate([([0, 1], 2), ([0, 1], 2), ([2], 1), ([2], 1)]):
+        pages = prompt + table[r, first:first + 3].tolist()
+        want = _softmax_over_pages(q[r, 0], k_pages, v_pages, pages, lengths[r])
+        np.testing.assert_allclose(got[r, 0], want, atol=2e-5)
 
 
 def _shared_rollout(tiny, kernel, shared):
@@ -185,8 +233,9 @@ def test_shared_prompt_pages_sample_what_each_rows_copy_samples(tiny):
 
 
 def test_shared_prompt_pages_with_a_kernel(tiny):
-    """The Pallas GPU kernel (interpreted) reads shared pages through the table: the
-    log-probs of a plain forward over each whole sequence (the generation and its first
+    """The Pallas GPU kernel (interpreted) reading each group's prompt once, merged with each
+    row's own pages (and through the table in a continuation's sub-batches): the log-probs
+    of a plain forward over each whole sequence (the generation and its first
     continuation). (Both kernels on shared pages, directly: test_paged_attention; the TPU
     one interpreted takes 30 s here.)"""
     cfg, params, tok = tiny
@@ -207,14 +256,18 @@ TRACED = textwrap.dedent("""
     import jax, jax.numpy as jnp
     from models.decode_attention import bounded_attention
     from models.paged_attention import empty_pages, row_pages
-    from models.paged_cache import _layer_attention
+    from models.paged_cache import PagedCache, SharedPrompts, _layer_attention
     from models.sharding import make_mesh
     mesh = make_mesh({"data": 2})
     q, kv = jnp.zeros((2, 1, 4, 128)), jnp.zeros((2, 1, 2, 128))
     pools = empty_pages(2, 8, 16, 128)  # 2 rows of 4 pages, one a device
     table = jnp.asarray([[0, 1, 2, 3]] * 2, jnp.int32)  # each counted in its own block
-    for kernel in ("pallas_tpu", "pallas_gpu"):
-        attend = _layer_attention(table, jnp.zeros(2, jnp.int32), kernel, None, mesh)
+    # each row its own group, sharing its first page: the GPU kernel's parts
+    prompts = SharedPrompts(table[:, :1], jnp.full(2, 16, jnp.int32))
+    for kernel, shared in (("pallas_tpu", None), ("pallas_gpu", None),
+                           ("pallas_gpu", prompts)):
+        cache = PagedCache((pools[0],), (pools[1],), table, shared)
+        attend = _layer_attention(cache, jnp.zeros(2, jnp.int32), kernel, None, mesh)
         jax.make_jaxpr(lambda *a: attend(*a))(q, kv, kv, *pools)
     k = jnp.zeros((2, 2, 64, 128))
     with jax.set_mesh(mesh):

@@ -784,23 +784,33 @@ def _grouped_decode_reads(*overrides):
     return cfg, lay, decode_reads(run, lay, dec)
 
 
-def test_the_plans_decode_reads_with_prompt_pages_shared_by_their_groups():
-    """A paged cache whose groups share their prompts' pages (trainer.shared_prompts,
-    paged_gpu; planned on CPU with XLA's attention over the same pages): prompts of 64
-    tokens (4 full pages) stored once a group, each row 14 pages of its own (208 slots after
-    the width, the prompt's last page included: ceil(208 / 16) + 1), so 18 table entries a
-    row, 288 slots. The rows hold 64 + t at step t = 1..207, 168 on average, and each reads
-    its own 168 slots, the shared pages included: the rows' bytes as if unshared, though the
-    pools hold fewer pages."""
-    cfg, lay, reads = _grouped_decode_reads("trainer.decode_kernel=paged_gpu")
+@pytest.mark.parametrize("kernel", ["paged_gpu", "paged_tpu"])
+def test_the_plans_decode_reads_with_prompt_pages_shared_by_their_groups(kernel):
+    """A paged cache whose groups share their prompts' pages (trainer.shared_prompts; planned
+    on CPU with XLA's attention over the same pages): prompts of 64 tokens (4 full pages)
+    stored once a group, each row 14 pages of its own (208 slots after the width, the
+    prompt's last page included: ceil(208 / 16) + 1), so 18 table entries a row, 288 slots.
+    The rows hold 64 + t at step t = 1..207, 168 on average. The GPU kernel reads each
+    group's 64 prompt slots once and each row's 104 after them; the TPU kernel each row's
+    168, the shared pages included (the rows' bytes as if unshared, though the pools hold
+    fewer pages)."""
+    cfg, lay, reads = _grouped_decode_reads(f"trainer.decode_kernel={kernel}")
     page = 2 * cfg.num_layers * 2 * 16 * 4 * 16  # keys and values of 16 slots, float32
     pages = lay.prompts * 4 + lay.rows * 14
-    assert (reads.capacity, reads.held, reads.read) == (288, 168, 168)
-    assert reads.cache == pages * page + lay.rows * 18 * 4  # the pools and the int32 table
-    # each row's 168 slots of keys and values (and its share of the table's bytes)
-    assert reads.cache_read == pytest.approx(lay.rows * 168 * page / 16, rel=0.01)
+    assert (reads.capacity, reads.held) == (288, 168)
+    # the pools, the int32 table, the prompts' table of their 4 pages and their slots
+    assert reads.cache == pages * page + lay.rows * 18 * 4 + lay.prompts * (4 + 1) * 4
     line = _reads_line(cfg, lay, reads)
-    assert "shared prompt pages read by each row" in line and "of 288 slots" in line, line
+    # (with a share of the table's bytes)
+    if kernel == "paged_gpu":
+        assert reads.read == 104
+        assert reads.cache_read == pytest.approx(lay.rows * 104 * page / 16, rel=0.01)
+        assert reads.shared == pytest.approx(lay.prompts * 64 * page / 16, rel=0.01)
+        assert "prompt pages read once a group" in line and "of 288 slots" in line, line
+    else:
+        assert reads.read == 168 and reads.shared == 0
+        assert reads.cache_read == pytest.approx(lay.rows * 168 * page / 16, rel=0.01)
+        assert "shared prompt pages read by each row" in line and "of 288 slots" in line, line
 
 
 def test_the_plans_decode_reads_with_prompts_shared_by_their_groups():
