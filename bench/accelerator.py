@@ -153,13 +153,12 @@ def decode_step_lines(cfg: Any, args: argparse.Namespace, step_s: float,
     """Print one decode step's time against the bytes it must read (the weights and the
     rows' KV cache: by the slots they hold, and by those the sampler reads; with shared
     prompts a group's prompt counts once, a G-th of it a row, in what the step must read,
-    and in what the sampler reads; on a paged cache the prompt's full pages, which the TPU
-    kernel reads for each row) and give the figures for the JSON line."""
+    and in what the sampler reads; on a paged cache the prompt's full pages) and give the
+    figures for the JSON line."""
     import jax
 
     from models.padding import round_up
-    from models.paged_attention import PART_KERNELS
-    from models.paged_cache import PAGE_SLOTS, PAGED_KERNELS, is_paged
+    from models.paged_cache import PAGE_SLOTS, is_paged
     from models.sampler import SamplingParams, cache_length
     from models.transformer import cache_slots_read
 
@@ -173,11 +172,9 @@ def decode_step_lines(cfg: Any, args: argparse.Namespace, step_s: float,
                                   jax.default_backend())
     if apart:  # a group's prompt read once: a G-th of it a row
         held, read = held + args.prompt_len / args.group, read + width / args.group
-    elif args.shared_prompts:  # a prompt's full pages held once a group
+    elif args.shared_prompts:  # a prompt's full pages held and read once a group
         once = args.prompt_len // PAGE_SLOTS * PAGE_SLOTS * (1 - 1 / args.group)
-        held -= once
-        if PAGED_KERNELS[args.decode_kernel] in PART_KERNELS:  # and read once a group
-            read -= once
+        held, read = held - once, read - once
     weights = decode_step_bytes(cfg, args.batch, 0)
     floor, as_read = decode_step_bytes(cfg, args.batch, held), decode_step_bytes(cfg, args.batch,
                                                                                 read)

@@ -23,7 +23,7 @@ attends each row's new tokens over its first ``lengths[b]`` slots, computed by
 The kernels take one new token per row (a decode step); on a platform other than theirs
 they run in Pallas' interpreter (how the tests check them on CPU; slow, for checks only).
 :func:`paged_attention_parts` gives one token's attention as the parts a log-sum-exp merge
-takes (by the reference or the GPU kernel's body), so that a group's shared prompt can be
+takes (by the reference or either kernel's body), so that a group's shared prompt can be
 attended once for the group and merged with each row's own pages
 (``models.paged_cache``). The sampler's cache for the paged decode kernels is
 ``models.paged_cache``; not yet checked on a TPU or GPU.
@@ -42,10 +42,6 @@ from models.transformer import NEG_INF, probability_precision
 
 #: What computes :func:`paged_attention` (see the module docstring).
 PAGE_KERNELS = ("xla", "pallas_tpu", "pallas_gpu")
-
-#: Those of :data:`PAGE_KERNELS` that :func:`paged_attention_parts` runs (JAX's TPU kernel
-#: merges its blocks away and keeps no log-sum-exp to merge with).
-PART_KERNELS = ("xla", "pallas_gpu")
 
 
 def empty_pages(kv_heads: int, pages: int, page_size: int, head_dim: int,
@@ -110,16 +106,24 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table:
     if q.shape[1] != 1:
         raise ValueError(f"paged_attention: the {kernel} kernel takes one new token per row "
                          f"(a decode step), got {q.shape[1]}")
-    platform = kernel.split("_")[1]
-    if interpret is None:
-        interpret = jax.default_backend() != platform
-    if platform == "tpu" and not interpret and q.shape[-1] % 128:
-        raise ValueError(f"paged_attention: the Pallas TPU kernel takes heads of a multiple "
-                         f"of 128 dimensions (the TPU's lanes), got {q.shape[-1]}; use the "
-                         "reference (decode_kernel=paged_xla) for this model")
+    platform, interpret = _kernel_platform(kernel, q.shape[-1], interpret)
     run = _tpu_kernel if platform == "tpu" else _gpu_kernel
     scaled = q[:, 0] * jnp.asarray(1.0 / np.sqrt(q.shape[-1]), q.dtype)  # kernels don't scale
     return run(scaled, k_pages, v_pages, table, lengths, interpret)[:, None].astype(q.dtype)
+
+
+def _kernel_platform(kernel: str, head_dim: int, interpret: bool | None) -> tuple[str, bool]:
+    """(the platform of a Pallas ``kernel``, whether it runs in Pallas' interpreter: None,
+    unless on its platform); a TPU kernel compiled for a TPU takes heads of 128 lanes'
+    multiples."""
+    platform = kernel.split("_")[1]
+    if interpret is None:
+        interpret = jax.default_backend() != platform
+    if platform == "tpu" and not interpret and head_dim % 128:
+        raise ValueError(f"paged_attention: the Pallas TPU kernel takes heads of a multiple "
+                         f"of 128 dimensions (the TPU's lanes), got {head_dim}; use the "
+                         "reference (decode_kernel=paged_xla) for this model")
+    return platform, interpret
 
 
 def _scored(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table: jax.Array,
@@ -164,18 +168,20 @@ def paged_attention_parts(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     unnormalised output o = sum exp(s - m) v [B,KV,H/KV,hd], float32, s = q.k / sqrt(hd).
     A row of no slots gives l = 0 and o = 0 (it weighs nothing in a merge).
 
-    ``kernel``: one of :data:`PART_KERNELS`, "xla" (the reference, reading each row's first
-    ``extent`` pages) or "pallas_gpu" (the body of JAX's GPU kernel, its residuals kept)."""
-    if kernel not in PART_KERNELS:
-        raise ValueError(f"paged_attention_parts: kernel must be one of {PART_KERNELS}, got "
-                         f"{kernel!r} (the TPU kernel keeps no log-sum-exp)")
+    ``kernel``: one of :data:`PAGE_KERNELS`, "xla" (the reference, reading each row's first
+    ``extent`` pages), or the body of JAX's TPU or GPU kernel with what it keeps of each
+    query's maximum and sum of exponentials returned (its public function drops them)."""
+    if kernel not in PAGE_KERNELS:
+        raise ValueError(f"paged_attention_parts: kernel must be one of {PAGE_KERNELS}, got "
+                         f"{kernel!r}")
     if q.shape[1] != 1:
         raise ValueError(f"paged_attention_parts: one new token per row, got {q.shape[1]}")
     hd = q.shape[-1]
-    if kernel == "pallas_gpu":
-        interpret = jax.default_backend() != "gpu" if interpret is None else interpret
-        scaled = q[:, 0] * jnp.asarray(1.0 / np.sqrt(hd), q.dtype)  # the kernel doesn't scale
-        return _gpu_kernel_parts(scaled, k_pages, v_pages, table, lengths, interpret)
+    if kernel != "xla":
+        platform, interpret = _kernel_platform(kernel, hd, interpret)
+        scaled = q[:, 0] * jnp.asarray(1.0 / np.sqrt(hd), q.dtype)  # kernels don't scale
+        run = _tpu_kernel_parts if platform == "tpu" else _gpu_kernel_parts
+        return run(scaled, k_pages, v_pages, table, lengths, interpret)
     scores, seen, values, precision = _scored(q, k_pages, v_pages, table, lengths, extent)
     scores, seen = scores[:, :, :, 0], seen[:, :, :, 0]  # one token: [B,KV,H/KV,S]
     top = jnp.max(jnp.where(seen, scores, NEG_INF), axis=-1, keepdims=True)
@@ -211,6 +217,65 @@ def _splits(pages: int) -> int:
     """Into how many parts the GPU kernel cuts a row's `pages` (read in parallel, merged
     after): the most, up to its default 16, that divide them."""
     return max(d for d in range(1, min(16, pages) + 1) if pages % d == 0)
+
+
+def _tpu_kernel_parts(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
+                      table: jax.Array, lengths: jax.Array, interpret: bool
+                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:func:`paged_attention_parts` by the body of JAX's Pallas TPU paged-attention kernel
+    (``paged_flash_attention_kernel_inline_seq_dim``) on q [B,H,hd] (already scaled), called
+    as JAX's ``paged_attention`` calls it (no megacore split, no quantized pages) but with
+    the running maximum and sum of exponentials it keeps in its outputs returned, each as
+    wide as q (every lane the same). Its output is normalised: the unnormalised one is it
+    times the sum. A row of no slots leaves the outputs as the kernel starts them (m = -inf,
+    l = 0, o = 0)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas.ops.tpu.paged_attention.paged_attention_kernel import (
+        DEFAULT_MASK_VALUE,
+        paged_flash_attention_kernel_inline_seq_dim,
+    )
+
+    b, h, hd = q.shape
+    kv, _, size, _ = k_pages.shape
+    per, pages = h // kv, table.shape[1]
+    block = compute_block(pages)
+    if per % 8:  # as JAX does: a [1, 128] layout for fewer than 8 queries a KV head
+        q, spec = q.reshape(b, h, 1, hd).astype(jnp.float32), pl.BlockSpec(
+            (None, per, None, hd), lambda core, i, j, *_: (i, j, 0, 0))
+    else:
+        spec = pl.BlockSpec((None, per, hd), lambda core, i, j, *_: (i, j, 0))
+    any_space = pl.BlockSpec(memory_space=pl.ANY)
+    buffers = [pltpu.VMEM((2, block, size, hd), x.dtype) for x in (k_pages, v_pages)]
+    kernel = functools.partial(paged_flash_attention_kernel_inline_seq_dim,
+                               pages_per_sequence=pages, batch_size=b,
+                               pages_per_compute_block=block, mask_value=DEFAULT_MASK_VALUE,
+                               attn_logits_soft_cap=None, megacore_mode=None)
+    def run() -> list[jax.Array]:  # built where it runs: the interpret mode is read here
+        call = pl.pallas_call(
+            kernel, grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=4, in_specs=[spec, any_space, None, any_space, None],
+                out_specs=[spec, spec, spec], grid=(1, b, kv),
+                scratch_shapes=(buffers[0], None, buffers[1], None,
+                                pltpu.SemaphoreType.DMA((2,)), pltpu.SemaphoreType.DMA((2,)))),
+            compiler_params=pltpu.CompilerParams(
+                dimension_semantics=("parallel", "arbitrary", "arbitrary")),
+            out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                       jax.ShapeDtypeStruct(q.shape, jnp.float32),
+                       jax.ShapeDtypeStruct(q.shape, jnp.float32)],
+            name="paged_attention_parts")
+        return call(lengths.astype(jnp.int32), table.astype(jnp.int32).reshape(-1),
+                    jnp.zeros((1,), jnp.int32), jnp.ones((1,), jnp.int32), q, k_pages, None,
+                    v_pages, None)
+
+    if interpret:
+        with pltpu.force_tpu_interpret_mode():
+            out, top, total = run()
+    else:
+        out, top, total = run()
+    out, top, total = (x.reshape(b, kv, per, hd) for x in (out, top, total))
+    top, total = jnp.maximum(top[..., :1], NEG_INF), total[..., :1]
+    return top, total, out.astype(jnp.float32) * total
 
 
 def _gpu_kernel(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table: jax.Array,

@@ -28,10 +28,9 @@ their shard's pages: their writes are dropped.
 A GRPO group's rows (``SamplingParams.shared_prompts``) can share their prompt's full pages
 (:func:`shared_prompt_pages`): the prompt stored once, each row's own pages from the one its
 first new token goes to; rows then hold different numbers of slots (``DecodeState.row_slots``).
-A decode step by "paged_xla" or "paged_gpu" reads each group's prompt once, merged with each
-row's own pages by log-sum-exp (:func:`_grouped_attention`); "paged_tpu" reads the shared
-pages through each row's table (JAX's TPU kernel keeps no log-sum-exp to merge with), as do
-a continuation's sub-batches and reads of several tokens.
+A decode step reads each group's prompt once, merged with each row's own pages by
+log-sum-exp (:func:`_grouped_attention`); a continuation's sub-batches (rows not in whole
+groups) and its reads of several tokens read the shared pages through each row's table.
 
 On CPU the dense cache is faster (the reference gathers each row's pages at every step), so
 the default stays dense; the kernels are checked in Pallas' interpreter only (not yet on a TPU
@@ -53,7 +52,6 @@ from jax.sharding import PartitionSpec
 from models.config import ModelConfig
 from models.constraints import BATCH_AXES, shard_rows
 from models.paged_attention import (
-    PART_KERNELS,
     paged_attention,
     paged_attention_parts,
     row_pages,
@@ -179,8 +177,8 @@ def _layer_attention(cache: PagedCache, start: jax.Array, kernel: str, extent: i
     row's slots from ``start`` [B] (``cache.table`` its pages), then the queries q [B,T,H,hd]
     attending over their rows' tokens up to themselves, by ``kernel`` (T = 1; the reference
     for more) or the reference over each row's first ``extent`` pages. A one-token step over
-    pages its groups share (``cache.prompts``) by a kernel of ``PART_KERNELS`` reads each
-    group's prompt once (:func:`_grouped_attention`)."""
+    pages its groups share (``cache.prompts``) reads each group's prompt once
+    (:func:`_grouped_attention`)."""
     prompts = cache.prompts
 
     def local(q: jax.Array, k: jax.Array, v: jax.Array, kp: jax.Array, vp: jax.Array,
@@ -200,7 +198,7 @@ def _layer_attention(cache: PagedCache, start: jax.Array, kernel: str, extent: i
             out = paged_attention(q, kp, vp, readable, lengths, use, extent, interpret)
         return out, kp, vp
 
-    shared = tuple(prompts) if prompts is not None and kernel in PART_KERNELS else ()
+    shared = () if prompts is None else tuple(prompts)
 
     def attend(q: jax.Array, k: jax.Array, v: jax.Array, kp: jax.Array,
                vp: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

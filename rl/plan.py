@@ -74,8 +74,7 @@ from models.continuation import bucket_kernel, line_width, read_kernel, row_buck
 from models.device_mesh import device_grid
 from models.lora import init_adapters, quantized_base
 from models.padding import round_up
-from models.paged_attention import PART_KERNELS
-from models.paged_cache import PAGE_SLOTS, PAGED_KERNELS, PagedCache, is_paged, reads_own_slots
+from models.paged_cache import PAGE_SLOTS, PagedCache, is_paged, reads_own_slots
 from models.quant import Quantized
 from models.sampler import Frontier, SamplingParams, decode_params, generation_kernels
 from models.shapes import model_shapes
@@ -516,10 +515,8 @@ class DecodeReads:
     (trainer.shared_prompts: `shared` bytes per chip) are read whole at every step; the
     rows' cache then holds what they generate. On a paged cache whose groups share their
     prompts' pages, `reuse`, the rows' table entries per page of the pools, scales the bytes
-    a row's slot takes in the pools; a kernel that reads a group's prompt once
-    (``models.paged_attention.PART_KERNELS``: ``paged_xla``, ``paged_gpu``) reads its full
-    pages as `shared` and each row's `read` slots after them, the TPU kernel each row's
-    slots, the shared pages as its own."""
+    a row's slot takes in the pools, and a decode step reads each group's full prompt pages
+    once (`shared`) and each row's `read` slots after them."""
 
     fixed: float
     cache: float
@@ -559,7 +556,7 @@ def decode_reads(run: RunConfig, lay: Layout, dec: Any) -> DecodeReads:
         return DecodeReads(fixed, float(cache_bytes), capacity, held, read,
                            run.trainer.decode_kernel, shared)
     reuse = math.prod(cache.table.shape) / cache.k[0].shape[1]
-    if cache.prompts is not None and PAGED_KERNELS[run.trainer.decode_kernel] in PART_KERNELS:
+    if cache.prompts is not None:
         # each group's full prompt pages read once for the group, the rows their own after
         slots = lay.prompt // PAGE_SLOTS * PAGE_SLOTS
         group = cache.table.shape[0] / cache.prompts.table.shape[0]

@@ -1,6 +1,6 @@
 """bench.accelerator's decode-step bytes with prompts shared by groups on a paged cache, by
-hand: the step must read a group's prompt pages once; the GPU kernel reads them once a group,
-the TPU kernel for each row."""
+hand: the step must read a group's prompt pages once, and the paged kernels read them once a
+group."""
 
 import argparse
 
@@ -20,10 +20,8 @@ def test_a_paged_decode_step_counts_shared_prompt_pages_once_in_its_floor(shared
     got = decode_step_lines(cfg, args, 1e-3, None)
     weights = decode_step_bytes(cfg, 8, 0)
     # step t = 1..31 holds the 64 prompt slots (4 full pages) and t more, 80 on average;
-    # shared by 4 rows, 3/4 of the prompt held once a group: 32 a row; the GPU kernel reads
-    # the group's prompt once too, the TPU kernel each row's 80
-    held = 32 if shared else 80
-    read = 80 if kernel == "paged_tpu" or not shared else 32
+    # shared by 4 rows, 3/4 of the prompt held and read once a group: 32 a row
+    held = read = 32 if shared else 80
     assert got["decode_step_gb"] * 1e9 - weights == pytest.approx(8 * held * 256)
     assert got["decode_step_read_gb"] * 1e9 - weights == pytest.approx(8 * read * 256)
     assert f"mean {held} slots a row" in capsys.readouterr().out

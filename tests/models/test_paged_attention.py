@@ -103,31 +103,35 @@ def test_a_decode_step_written_then_read_attends_over_the_row_and_itself():
                                atol=2e-6)
 
 
+def _kernel_case(seed, kernel, hd=128):
+    """(q [3,1,4,hd], k_pages, v_pages, table) for one decode token of 3 rows: pools of 12
+    pages of 8 slots, KV 2, heads of the TPU kernel's 128 lanes (for the TPU kernel of
+    bfloat16 values: it rounds keys and values to bfloat16 as it loads them); rows 0 and 1
+    share their first 2 pages, row 2's are out of order."""
+    rng = np.random.default_rng(seed)
+    pools = _pools(rng, kv=2, pages=12, size=8, hd=hd)
+    if kernel == "pallas_tpu":
+        pools = tuple(np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32))
+                      for x in pools)
+    table = np.asarray([[0, 1, 2, 3], [0, 1, 4, 5], [11, 10, 9, 8]], np.int32)
+    return rng.standard_normal((3, 1, 4, hd)).astype(np.float32), *pools, table
+
+
 @pytest.mark.parametrize("kernel", ["pallas_tpu", "pallas_gpu"])
 def test_each_kernel_reads_each_rows_tokens_as_a_softmax_over_them(kernel):
-    rng = np.random.default_rng(3)
-    hd = 128  # the TPU kernel's lanes
-    k_pages, v_pages = _pools(rng, kv=2, pages=12, size=8, hd=hd)
-    if kernel == "pallas_tpu":  # it rounds keys and values to bfloat16 as it loads them
-        k_pages, v_pages = (np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32))
-                            for x in (k_pages, v_pages))
-    table = np.asarray([[0, 1, 2, 3], [0, 1, 4, 5], [11, 10, 9, 8]], np.int32)
+    q, k_pages, v_pages, table = _kernel_case(3, kernel)
     lengths = np.asarray([1, 21, 32], np.int32)  # one token; into a third page; full
-    q = rng.standard_normal((3, 1, 4, hd)).astype(np.float32)
     got = paged_attention(*map(jnp.asarray, (q, k_pages, v_pages, table, lengths)),
                           kernel=kernel)
     np.testing.assert_allclose(got, _softmax_over_rows(q, k_pages, v_pages, table, lengths),
                                atol=2e-5)
 
 
-@pytest.mark.parametrize("kernel", ["xla", "pallas_gpu"])
+@pytest.mark.parametrize("kernel", ["xla", "pallas_tpu", "pallas_gpu"])
 def test_each_kernels_parts_are_a_softmaxs_log_sum_exp_and_unnormalised_output(kernel):
-    rng = np.random.default_rng(4)
-    hd = 32
-    k_pages, v_pages = _pools(rng, kv=2, pages=12, size=8, hd=hd)
-    table = np.asarray([[0, 1, 2, 3], [0, 1, 4, 5], [11, 10, 9, 8]], np.int32)
+    q, k_pages, v_pages, table = _kernel_case(4, kernel)
+    hd = q.shape[-1]
     lengths = np.asarray([0, 21, 32], np.int32)  # no slots; into a third page; full
-    q = rng.standard_normal((3, 1, 4, hd)).astype(np.float32)
     top, total, out = paged_attention_parts(*map(jnp.asarray, (q, k_pages, v_pages, table,
                                                                lengths)), kernel=kernel)
     assert top.shape == total.shape == (3, 2, 2, 1) and out.shape == (3, 2, 2, hd)
@@ -157,11 +161,14 @@ def test_bad_kernels_and_several_tokens_for_a_kernel_are_refused():
         paged_attention(q, k_pages, v_pages, table, lengths, kernel="cuda")
     with pytest.raises(ValueError, match="one new token per row"):
         paged_attention(q, k_pages, v_pages, table, lengths, kernel="pallas_tpu")
-    with pytest.raises(ValueError, match="keeps no log-sum-exp"):
-        paged_attention_parts(q[:, :1], k_pages, v_pages, table, lengths, kernel="pallas_tpu")
+    with pytest.raises(ValueError, match="one of"):
+        paged_attention_parts(q[:, :1], k_pages, v_pages, table, lengths, kernel="cuda")
     with pytest.raises(ValueError, match="one new token per row"):
         paged_attention_parts(q, k_pages, v_pages, table, lengths)
     # compiled for a TPU (not interpreted) the kernel wants heads of 128 lanes' multiples
     q64, (k64, v64) = jnp.zeros((1, 1, 2, 64)), empty_pages(1, 2, 8, 64)
     with pytest.raises(ValueError, match="multiple of 128"):
         paged_attention(q64, k64, v64, table, lengths, kernel="pallas_tpu", interpret=False)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        paged_attention_parts(q64, k64, v64, table, lengths, kernel="pallas_tpu",
+                              interpret=False)

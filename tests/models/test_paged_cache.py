@@ -171,15 +171,17 @@ def _softmax_over_pages(q, k_pages, v_pages, pages, length):
     return out
 
 
-@pytest.mark.parametrize("kernel", ["xla", "pallas_gpu"])
+@pytest.mark.parametrize("kernel", ["xla", "pallas_tpu", "pallas_gpu"])
 def test_a_groups_prompt_is_read_once_from_its_pages_and_merged_with_each_rows_own(kernel):
     """Two groups of 2 rows, pages of 8 slots: prompt 0 shares 2 full pages (16 slots),
     prompt 1 one (its second page unread). The rows' tables point their shared entries at
     a page of noise, so the result shows the prompt read from the group's pages (once for
     the group), merged with each row's own pages: a softmax over both, by hand."""
     rng = np.random.default_rng(5)
-    kv, size, hd = 2, 8, 32
-    k_pages, v_pages = (rng.standard_normal((kv, 16, size, hd)).astype(np.float32)
+    kv, size, hd = 2, 8, 128
+    # bfloat16 values: the TPU kernel rounds keys and values to it as it loads them
+    k_pages, v_pages = (np.asarray(jnp.asarray(rng.standard_normal((kv, 16, size, hd)),
+                                               jnp.bfloat16).astype(jnp.float32))
                         for _ in range(2))
     prompts = SharedPrompts(jnp.asarray([[0, 1], [2, 3]], jnp.int32),
                             jnp.asarray([16, 8], jnp.int32))

@@ -790,10 +790,8 @@ def test_the_plans_decode_reads_with_prompt_pages_shared_by_their_groups(kernel)
     on CPU with XLA's attention over the same pages): prompts of 64 tokens (4 full pages)
     stored once a group, each row 14 pages of its own (208 slots after the width, the
     prompt's last page included: ceil(208 / 16) + 1), so 18 table entries a row, 288 slots.
-    The rows hold 64 + t at step t = 1..207, 168 on average. The GPU kernel reads each
-    group's 64 prompt slots once and each row's 104 after them; the TPU kernel each row's
-    168, the shared pages included (the rows' bytes as if unshared, though the pools hold
-    fewer pages)."""
+    The rows hold 64 + t at step t = 1..207, 168 on average; a step reads each group's 64
+    prompt slots once and each row's 104 after them (the TPU kernel as the GPU one)."""
     cfg, lay, reads = _grouped_decode_reads(f"trainer.decode_kernel={kernel}")
     page = 2 * cfg.num_layers * 2 * 16 * 4 * 16  # keys and values of 16 slots, float32
     pages = lay.prompts * 4 + lay.rows * 14
@@ -802,15 +800,10 @@ def test_the_plans_decode_reads_with_prompt_pages_shared_by_their_groups(kernel)
     assert reads.cache == pages * page + lay.rows * 18 * 4 + lay.prompts * (4 + 1) * 4
     line = _reads_line(cfg, lay, reads)
     # (with a share of the table's bytes)
-    if kernel == "paged_gpu":
-        assert reads.read == 104
-        assert reads.cache_read == pytest.approx(lay.rows * 104 * page / 16, rel=0.01)
-        assert reads.shared == pytest.approx(lay.prompts * 64 * page / 16, rel=0.01)
-        assert "prompt pages read once a group" in line and "of 288 slots" in line, line
-    else:
-        assert reads.read == 168 and reads.shared == 0
-        assert reads.cache_read == pytest.approx(lay.rows * 168 * page / 16, rel=0.01)
-        assert "shared prompt pages read by each row" in line and "of 288 slots" in line, line
+    assert reads.read == 104
+    assert reads.cache_read == pytest.approx(lay.rows * 104 * page / 16, rel=0.01)
+    assert reads.shared == pytest.approx(lay.prompts * 64 * page / 16, rel=0.01)
+    assert "prompt pages read once a group" in line and "of 288 slots" in line, line
 
 
 def test_the_plans_decode_reads_with_prompts_shared_by_their_groups():
