@@ -1,7 +1,7 @@
 """Multi-turn search rollouts vs plain single-turn decoding, same model and batch.
 
     python -m bench.search_rollout [--batch 16] [--turn-tokens 48] [--max-turns 2]
-                                   [--temperature 1]
+                                   [--temperature 1] [--group G] [--decode-kernel K]
 
 Throughput = policy-generated tokens / wall time. The search rollout pays for reading each
 turn's observation into the KV cache (the context itself is never re-read: turns continue from
@@ -17,7 +17,10 @@ rollout sample different trajectories and their ratios compare different workloa
 excluded; in training the same shape buckets recur every step); the three alternate for
 --repeats runs and each keeps its best time. Plain decoding gets the
 per-layer weights the policy uses (`decode_params`). ``--reprefill`` times the old way (every
-turn re-sends the whole context) for comparison.
+turn re-sends the whole context) for comparison. ``--group G``: batch / G prompts, each
+sampled by a group of G rows that share its KV cache (``SamplingParams.shared_prompts``), the
+plain decode likewise; ``--decode-kernel``: the sampler's (``SamplingParams.decode_kernel``,
+e.g. ``paged_xla``), both sides.
 """
 
 from __future__ import annotations
@@ -41,7 +44,12 @@ def main() -> None:
                     help="the sampler's weights, both sides (decode_params)")
     ap.add_argument("--reprefill", action="store_true",
                     help="re-send the whole context every turn instead of continuing the cache")
+    ap.add_argument("--group", type=int, default=1,
+                    help="rows a prompt, sharing its cache (shared_prompts); 1: one row each")
+    ap.add_argument("--decode-kernel", default="xla", help="SamplingParams.decode_kernel")
     a = ap.parse_args()
+    if a.batch % a.group:
+        ap.error(f"--batch {a.batch} is not a whole number of groups of {a.group}")
 
     from models import load_params
     from models.sampler import SamplingParams, decode_params, generate
@@ -51,33 +59,35 @@ def main() -> None:
     cfg, params, tok = load_params("smollm2_135m")
     task = make_task({"name": "search_qa", "max_turns": a.max_turns,
                       "max_response_tokens": a.turn_tokens * (a.max_turns + 1) * 2})
+    cache = {"decode_kernel": a.decode_kernel, "shared_prompts": a.group > 1}
     sampling = SamplingParams(max_new_tokens=a.turn_tokens, temperature=a.temperature)
     env = task.make_env(tok, sampling)
-    policy = _Timed(SamplerPolicy(cfg, params, tok, dtype=a.dtype), reprefill=a.reprefill)
-    prompts = task.prompts("dev")[: a.batch]
+    policy = _Timed(SamplerPolicy(cfg, params, tok, dtype=a.dtype, **cache),
+                    reprefill=a.reprefill)
+    prompts = task.prompts("dev")[: a.batch // a.group]
 
-    groups = env.rollout(policy, prompts, 1, seed=1)  # the trajectories (and compiling)
-    trajs = [g.trajectories[0] for g in groups]
+    groups = env.rollout(policy, prompts, a.group, seed=1)  # the trajectories (and compiling)
+    trajs = [t for g in groups for t in g.trajectories]
     lengths = [t.num_action_tokens for t in trajs]
     turns = sum(t.info["turns"] for t in trajs) / len(trajs)
 
     # Plain single-turn decoding of the same number of tokens, two ways: every row the mean
     # length (the batch never thins out), and every row the length of its own search
     # trajectory (the same length spread: what is left is the cost of the turns themselves).
-    ids = [tok.encode_chat(list(p.messages)) for p in prompts]
+    ids = [tok.encode_chat(list(p.messages)) for p in prompts for _ in range(a.group)]
     mean_len = max(1, round(sum(lengths) / len(lengths)))
     weights = decode_params(params, a.dtype)
 
     def plain(per_row: list[int]):
         sp = SamplingParams(max_new_tokens=max(per_row), temperature=a.temperature,
-                            ignore_eos=True)
+                            ignore_eos=True, **cache)
         return lambda: generate(cfg, weights, tok, ids, sp, seed=1, max_new_per_row=per_row)
 
     in_policy: list[float] = []  # seconds inside policy calls, per search run
 
     def search():
         policy.seconds = 0.0
-        env.rollout(policy, prompts, 1, seed=1)
+        env.rollout(policy, prompts, a.group, seed=1)
         in_policy.append(policy.seconds)
 
     # same seeds: the same work every call
@@ -92,7 +102,9 @@ def main() -> None:
     print(f"SmolLM2-135M {a.dtype} CPU, batch {a.batch}, {a.turn_tokens} tokens/turn, "
           f"max_turns {a.max_turns} (mean {turns:.2f} turns/trajectory, {min(lengths)}-"
           f"{max(lengths)} tokens/row), "
-          f"{'re-prefill' if a.reprefill else 'KV-cache continuation'} between turns; "
+          f"{'re-prefill' if a.reprefill else 'KV-cache continuation'} between turns, "
+          f"decode kernel {a.decode_kernel}"
+          f"{f', groups of {a.group} sharing their prompt' if a.group > 1 else ''}; "
           f"best of {a.repeats} alternating runs each")
     print(f"search rollout: {search_tokens} action tokens in {best['search']:.1f} s = "
           f"{s_tps:.0f} tok/s ({in_policy[i]:.1f} s in policy calls: prefill, decoding, "
