@@ -6,7 +6,10 @@ environment on ``decode_kernel="xla"``; greedy tokens are compared exactly, log-
 rounding (the paged reference gathers pages where the dense cache slices)."""
 
 import dataclasses
+import logging
+import re
 
+import jax
 import numpy as np
 import pytest
 
@@ -60,10 +63,12 @@ def test_single_turn_groups(tiny):
     _same(dense, paged)
 
 
-def test_search_rollouts_in_chunks_and_evaluation(tiny):
+def test_search_rollouts_in_chunks_and_evaluation(tiny, caplog):
     """The random model's turns are invalid actions, each answered by an observation (read in
     place) and another turn: two turns a row, rows of different lengths (their prompts'),
-    decoded in chunks of 5 tokens through sub-batches."""
+    decoded in chunks of 5 tokens through sub-batches. On shared prompt pages (whole-batch
+    chunks reading a group's prompt once, sub-batches through their tables) a second
+    rollout of the same shapes compiles nothing."""
     cfg, params, tok = tiny
     env = SearchEnv(tok, SamplingParams(12, temperature=0), FixedRetriever(), topk=1,
                     max_turns=2, max_response_tokens=120, chunk_tokens=5)
@@ -81,6 +86,10 @@ def test_search_rollouts_in_chunks_and_evaluation(tiny):
     sharing = SamplerPolicy(cfg, params, tok, decode_kernel="paged_xla", shared_prompts=True)
     _same(runs["xla"][0], env.rollout(sharing, prompts, group_size=2, seed=3))
     assert min(len(env.encode_prompt(p)) for p in prompts) > 2 * PAGE_SLOTS
+    with jax.log_compiles(), caplog.at_level(logging.WARNING):
+        caplog.clear()
+        env.rollout(sharing, prompts, group_size=2, seed=4)
+    assert "Compiling" not in caplog.text, re.findall(r"Compiling (\S+)", caplog.text)
 
 
 class Recording(SamplerDriven):
