@@ -45,7 +45,7 @@ from jax.sharding import Mesh
 
 from models.config import ModelConfig
 from models.padding import round_up
-from models.paged_cache import PagedCache, forward_cached, widened
+from models.paged_cache import PagedCache, SharedPrompts, forward_cached, widened
 from models.sampler import (
     Decoded,
     DecodeSettings,
@@ -218,14 +218,36 @@ def _take(tree: Any, index: jax.Array | None) -> Any:
 def _paged_rows(cache: PagedCache, index: jax.Array) -> PagedCache:
     """The sub-batch ``index`` (:func:`_take`) of a paged cache: the same pools, its rows'
     page tables; a padding row's pages past its shard's block, so its writes are dropped
-    (a copy of a real row's table would write over that row's slots)."""
+    (a copy of a real row's table would write over that row's slots). Its groups' shared
+    prompts (:func:`_sub_prompts`) where a shard has more sub-batch rows than prompts (each
+    prompt read once costs less than each row reading its own), else none: the rows read
+    their prompts through their tables."""
     shards = index.shape[0] if index.ndim == 2 else 1
     per = cache.table.shape[0] // shards
     table = _take_rows(cache.table, index)
     padding = (index >= per).reshape(-1)[:, None]
-    # the sub-batch's rows need not be whole groups: it reads shared pages through its table
+    prompts = cache.prompts
+    if prompts is not None and index.size <= prompts.rows.shape[0]:
+        prompts = None
+    elif prompts is not None:
+        prompts = _sub_prompts(prompts, index.reshape(shards, -1), per)
     return cache._replace(table=jnp.where(padding, cache.k[0].shape[1] // shards, table),
-                          prompts=None)
+                          prompts=prompts)
+
+
+def _sub_prompts(prompts: SharedPrompts, index: jax.Array, per: int) -> SharedPrompts:
+    """``prompts`` for the sub-batch ``index`` [S, R] (shard s: its rows ``index[s]``, of
+    ``per``; padding rows ``per``): each group member's row in the sub-batch, R where it is
+    not in it."""
+    size = index.shape[1]
+
+    def place(rows: jax.Array) -> jax.Array:  # [per] each row's place in the sub-batch
+        return jnp.full(per, size, jnp.int32).at[rows].set(
+            jnp.arange(size, dtype=jnp.int32), mode="drop")
+
+    members = prompts.rows.reshape(index.shape[0], -1, prompts.rows.shape[1])
+    placed = jax.vmap(lambda rows, m: place(rows)[m])(index, members)
+    return prompts._replace(rows=placed.reshape(prompts.rows.shape))
 
 
 def _put(tree: Any, index: jax.Array | None, sub: Any) -> Any:

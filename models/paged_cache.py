@@ -29,8 +29,9 @@ A GRPO group's rows (``SamplingParams.shared_prompts``) can share their prompt's
 (:func:`shared_prompt_pages`): the prompt stored once, each row's own pages from the one its
 first new token goes to; rows then hold different numbers of slots (``DecodeState.row_slots``).
 A decode step reads each group's prompt once, merged with each row's own pages by
-log-sum-exp (:func:`_grouped_attention`); a continuation's sub-batches (rows not in whole
-groups) and its reads of several tokens read the shared pages through each row's table.
+log-sum-exp (:func:`_grouped_attention`), also in a continuation's sub-batch of more rows
+than prompts (a group's members not in it ask with zeros); a smaller sub-batch and reads of
+several tokens read the shared pages through each row's table.
 
 On CPU the dense cache is faster (the reference gathers each row's pages at every step), so
 the default stays dense; the kernels are checked in Pallas' interpreter only (not yet on a TPU
@@ -94,13 +95,16 @@ def reads_own_slots(decode_kernel: str) -> bool:
 
 class SharedPrompts(NamedTuple):
     """The prompts whose full pages a paged cache's groups of rows share
-    (:func:`shared_prompt_pages`), one per group of G consecutive rows, in the rows' order:
-    ``table`` [Q, F], each prompt's pages (counted like the rows' table, within its data
-    shard's block of the pools), and ``slots`` [Q], how many of their slots the group shares
-    (the prompt's full pages; the rest of the prompt is in each row's own first page)."""
+    (:func:`shared_prompt_pages`), one per group of G rows: ``table`` [Q, F], each prompt's
+    pages (counted like the rows' table, within its data shard's block of the pools);
+    ``slots`` [Q], how many of their slots the group shares (the prompt's full pages; the
+    rest of the prompt is in each row's own first page); ``rows`` [Q, G], the cache's row of
+    each member of each group, counted within its shard (a sub-batch's: the shard's row
+    count for a member not in it)."""
 
     table: jax.Array
     slots: jax.Array
+    rows: jax.Array
 
 
 class PagedCache(NamedTuple):
@@ -203,7 +207,7 @@ def _layer_attention(cache: PagedCache, start: jax.Array, kernel: str, extent: i
     def attend(q: jax.Array, k: jax.Array, v: jax.Array, kp: jax.Array,
                vp: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         kinds = ("tokens", "tokens", "tokens", "pool", "pool", "table", "rows")
-        run = _on_shards(local, mesh, kinds + ("table", "rows")[:len(shared)],
+        run = _on_shards(local, mesh, kinds + ("table", "rows", "table")[:len(shared)],
                          ("tokens", "pool", "pool"), q.shape[0], kp.shape[0])
         return run(q, k, v, kp, vp, cache.table, start, *shared)
 
@@ -214,27 +218,32 @@ def _grouped_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, tab
                        lengths: jax.Array, prompts: SharedPrompts, parts: Callable,
                        extent: int | None) -> jax.Array:
     """One token a row (q [B,1,H,hd]) attending over its rows' ``lengths`` [B] slots, of
-    which each group of G rows shares its prompt's first ones (``prompts``; ``table``: the
-    rows' pages, the shared ones first), as two parts merged by their log-sum-exps
-    (``models.transformer.joined_attention``): the group's prompt, its G rows' queries
-    against the prompt's pages at once (a G H/KV by slots product for each group and KV
-    head, the prompt read once for the group: Hydragen, Juravsky et al. 2024, sec. 3), and
-    each row's own pages after it. Returns [B,1,H,hd] in q's dtype. ``parts``:
+    which the rows of each group share its prompt's first ones (``prompts``, whose ``rows``
+    place the B rows in their groups; ``table``: the rows' pages, the shared ones first), as
+    two parts merged by their log-sum-exps (``models.transformer.joined_attention``): the
+    group's prompt, its G members' queries against the prompt's pages at once (a G H/KV by
+    slots product for each group and KV head, the prompt read once for the group: Hydragen,
+    Juravsky et al. 2024, sec. 3; a member not among the rows asks with zeros), and each
+    row's own pages after it. Returns [B,1,H,hd] in q's dtype. ``parts``:
     ``models.paged_attention.paged_attention_parts`` with its kernel chosen; ``extent``: how
     many of its own pages a row's part reads (None: all)."""
     b, _, h, hd = q.shape
-    n, full = prompts.table.shape
-    kv, group = k_pages.shape[0], b // n
-    # the group's queries as one row of G H/KV queries for each KV head
-    grouped = q.reshape(n, group, kv, h // kv, hd).transpose(0, 2, 1, 3, 4)
+    (n, full), group = prompts.table.shape, prompts.rows.shape[1]
+    kv = k_pages.shape[0]
+    # each group's queries as one row of G H/KV queries for each KV head
+    asking = jnp.concatenate([q[:, 0], jnp.zeros_like(q[:1, 0])])[prompts.rows]  # [N,G,H,hd]
+    grouped = asking.reshape(n, group, kv, h // kv, hd).transpose(0, 2, 1, 3, 4)
     top, total, out = parts(grouped.reshape(n, 1, h * group, hd), k_pages, v_pages,
                             prompts.table, prompts.slots)
+    # each row's member of a group (a padding row of a sub-batch: the first's; not used)
+    member = jnp.zeros(b, jnp.int32).at[prompts.rows.reshape(-1)].set(
+        jnp.arange(n * group, dtype=jnp.int32), mode="drop")
 
     def by_row(x: jax.Array) -> jax.Array:  # [N,KV,G*per,X] -> [B,KV,per,X]
         x = x.reshape(n, kv, group, h // kv, x.shape[-1]).transpose(0, 2, 1, 3, 4)
-        return x.reshape(b, kv, h // kv, x.shape[-1])
+        return x.reshape(n * group, kv, h // kv, x.shape[-1])[member]
 
-    first = jnp.repeat(prompts.slots // k_pages.shape[2], group)  # [B] each row's shared pages
+    first = prompts.slots[member // group] // k_pages.shape[2]  # [B] each row's shared pages
     own = table.shape[1] - full  # every row's own pages follow its shared ones
     mine = jnp.take_along_axis(table, first[:, None] + jnp.arange(own, dtype=jnp.int32), 1)
     own_part = parts(q, k_pages, v_pages, mine, lengths - first * k_pages.shape[2],
@@ -380,9 +389,10 @@ def shared_prompt_pages(keys: Sequence[jax.Array], values: Sequence[jax.Array],
 
     prompt_table = (jnp.arange(q, dtype=jnp.int32) % (q // shards))[:, None] * full + \
         jnp.arange(full, dtype=jnp.int32)
+    members = (jnp.arange(q * group, dtype=jnp.int32) % (q * group // shards)).reshape(q, group)
     return PagedCache(tuple(map(pool, keys)), tuple(map(pool, values)),
                       _shared_table(page_of, group, shards, full, own),
-                      SharedPrompts(prompt_table, page_of * PAGE_SLOTS))
+                      SharedPrompts(prompt_table, page_of * PAGE_SLOTS, members))
 
 
 def widened(cache: PagedCache, slots: int, mesh: Any = None) -> PagedCache:

@@ -223,7 +223,7 @@ def paged_shardings(cache: Any, mesh: Mesh) -> Any:
     rows, heads = shard_specs(mesh, cache.table.shape[0], cache.k[0].shape[0])
     pool, by_rows = NamedSharding(mesh, PartitionSpec(heads, rows)), NamedSharding(
         mesh, PartitionSpec(rows))
-    prompts = None if cache.prompts is None else type(cache.prompts)(by_rows, by_rows)
+    prompts = None if cache.prompts is None else type(cache.prompts)(by_rows, by_rows, by_rows)
     return type(cache)(tuple(pool for _ in cache.k), tuple(pool for _ in cache.v), by_rows,
                        prompts)
 

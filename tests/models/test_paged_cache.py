@@ -124,6 +124,23 @@ def test_a_sub_batch_is_its_rows_tables_and_padding_rows_write_nowhere():
     assert back.k is new and back.table is table
 
 
+def test_a_sub_batch_keeps_its_groups_where_it_has_more_rows_than_prompts():
+    """2 shards of 4 rows in groups of 2 (2 prompts a shard): a sub-batch of 3 rows a shard
+    places each group member at its sub-batch row (3: not in it); one of 2 rows a shard
+    (no more than its prompts) reads them through its table; putting back restores them."""
+    k = (jnp.zeros((1, 8, PAGE_SLOTS, 1)),)
+    members = jnp.asarray([[0, 1], [2, 3], [0, 1], [2, 3]], jnp.int32)
+    prompts = SharedPrompts(jnp.zeros((4, 1), jnp.int32), jnp.full(4, 16, jnp.int32), members)
+    cache = PagedCache(k, k, jnp.zeros((8, 2), jnp.int32), prompts)
+    # shard 0 takes its rows 1, 2, 3; shard 1 its row 0 and two padding rows (4)
+    sub = _paged_rows(cache, jnp.asarray([[1, 2, 3], [0, 4, 4]], jnp.int32))
+    assert sub.prompts.rows.tolist() == [[3, 0], [1, 2], [0, 3], [3, 3]]
+    assert sub.prompts.table is prompts.table and sub.prompts.slots is prompts.slots
+    assert _paged_rows(cache, jnp.asarray([[1, 2], [0, 3]], jnp.int32)).prompts is None
+    back = _put(cache, jnp.asarray([[1, 2], [0, 3]], jnp.int32), sub)
+    assert back.prompts is prompts
+
+
 def test_a_groups_rows_share_their_prompts_full_pages():
     """2 prompts of a 40-slot width (40 and 17 tokens) shared by groups of 2 rows, 60 slots
     a row unshared (20 after the width): each prompt's 2 full pages stored once, then each
@@ -153,6 +170,7 @@ def test_a_groups_rows_share_their_prompts_full_pages():
     # what a decode step reads once a group: each prompt's pages and its full pages' slots
     assert cache.prompts.table.tolist() == [[0, 1], [2, 3]]
     assert cache.prompts.slots.tolist() == [32, 16]
+    assert cache.prompts.rows.tolist() == [[0, 1], [2, 3]]
     # slots a row holds: its prompt's full pages and its own; >= its prompt + 20
     assert shared_row_slots(np.asarray([40, 40, 17, 17]), width, 60).tolist() == [80, 80, 64, 64]
 
@@ -176,7 +194,8 @@ def test_a_groups_prompt_is_read_once_from_its_pages_and_merged_with_each_rows_o
     """Two groups of 2 rows, pages of 8 slots: prompt 0 shares 2 full pages (16 slots),
     prompt 1 one (its second page unread). The rows' tables point their shared entries at
     a page of noise, so the result shows the prompt read from the group's pages (once for
-    the group), merged with each row's own pages: a softmax over both, by hand."""
+    the group), merged with each row's own pages: a softmax over both, by hand. A sub-batch
+    of rows 3 and 1 (one member of each group) gets the same."""
     rng = np.random.default_rng(5)
     kv, size, hd = 2, 8, 128
     # bfloat16 values: the TPU kernel rounds keys and values to it as it loads them
@@ -184,7 +203,8 @@ def test_a_groups_prompt_is_read_once_from_its_pages_and_merged_with_each_rows_o
                                                jnp.bfloat16).astype(jnp.float32))
                         for _ in range(2))
     prompts = SharedPrompts(jnp.asarray([[0, 1], [2, 3]], jnp.int32),
-                            jnp.asarray([16, 8], jnp.int32))
+                            jnp.asarray([16, 8], jnp.int32),
+                            jnp.asarray([[0, 1], [2, 3]], jnp.int32))
     noise, past = 15, 16  # each row: 2 shared entries, 3 own pages
     table = np.asarray([[noise, noise, 4, 5, 6], [noise, noise, 7, 8, 9],
                         [noise, 10, 11, 12, past], [noise, 13, 14, 15, past]], np.int32)
@@ -198,12 +218,20 @@ def test_a_groups_prompt_is_read_once_from_its_pages_and_merged_with_each_rows_o
         pages = prompt + table[r, first:first + 3].tolist()
         want = _softmax_over_pages(q[r, 0], k_pages, v_pages, pages, lengths[r])
         np.testing.assert_allclose(got[r, 0], want, atol=2e-5)
+    # rows 3 and 1: group 0's member 1 is sub-batch row 1, group 1's member 1 row 0; 2: absent
+    sub = [3, 1]
+    part = _grouped_attention(jnp.asarray(q[sub]), jnp.asarray(k_pages), jnp.asarray(v_pages),
+                              jnp.minimum(jnp.asarray(table[sub]), 15),
+                              jnp.asarray(lengths[sub]),
+                              prompts._replace(rows=jnp.asarray([[2, 1], [2, 0]], jnp.int32)),
+                              parts, None)
+    np.testing.assert_allclose(part, got[np.asarray(sub)], atol=2e-5)
 
 
 def _shared_rollout(tiny, kernel, shared):
     """Groups of 3 rows of prompts of 21, 45 and 69 tokens (full pages to share), greedy; a
-    continuation that fits every row's slots, then one that outgrows some rows', which
-    widens the cache."""
+    continuation that fits every row's slots, one of 5 rows (a sub-batch of more rows than
+    prompts: its groups kept), then one that outgrows some rows', which widens the cache."""
     cfg, params, tok = tiny
     prompts = [tok.encode(" ".join(["alpha beta gamma"] * n)) for n in (7, 15, 23)]
     rows = [p for p in prompts for _ in range(3)]
@@ -212,17 +240,19 @@ def _shared_rollout(tiny, kernel, shared):
     first = generate(cfg, params, tok, rows, sp, max_new_per_row=[6, 2, 6] * 3)
     fits = continue_generation(cfg, params, tok, first.state,
                                Continuation(range(9), [[5, 6]] * 9, [4] * 9), sp)
-    grows = continue_generation(cfg, params, tok, fits.state,
-                                Continuation(range(9), [[7] * 20] * 9, [6] * 9), sp)
-    return first, fits, grows, [len(p) for p in prompts]
+    part = continue_generation(cfg, params, tok, fits.state,
+                               Continuation([0, 2, 4, 6, 8], [[9]] * 5, [3] * 5), sp)
+    grows = continue_generation(cfg, params, tok, part.state,  # its 5 rows
+                                Continuation(range(5), [[7] * 20] * 5, [6] * 5), sp)
+    return first, fits, part, grows, [len(p) for p in prompts]
 
 
 def test_shared_prompt_pages_sample_what_each_rows_copy_samples(tiny):
     got = _shared_rollout(tiny, "paged_xla", shared=True)
     want = _shared_rollout(tiny, "xla", shared=False)
-    lengths = got[3]
+    lengths = got[4]
     assert [n // PAGE_SLOTS for n in lengths] == [1, 2, 4]  # full pages of each prompt
-    first, fits, grows = got[:3]
+    first, fits, part, grows = got[:4]
     unshared = _shared_rollout(tiny, "paged_xla", shared=False)[0].state
     # 3 groups' pages of the 80-slot width once (5 each), 9 rows x 2 own pages (16 slots
     # after the width), against 9 rows x 6 pages unshared (96 slots)
@@ -230,8 +260,9 @@ def test_shared_prompt_pages_sample_what_each_rows_copy_samples(tiny):
     assert unshared.cache.k[0].shape[1] == 9 * 6
     assert first.state.row_slots.tolist() == [48] * 3 + [64] * 3 + [96] * 3
     assert fits.state.row_slots is first.state.row_slots  # fitted: not widened
+    assert part.state.row_slots is first.state.row_slots and part.state.cache.prompts
     assert grows.state.row_slots is None and grows.state.capacity == 256  # widened
-    _same(got[:3], want[:3])
+    _same(got[:4], want[:4])
 
 
 def test_shared_prompt_pages_with_a_kernel(tiny):
@@ -241,7 +272,7 @@ def test_shared_prompt_pages_with_a_kernel(tiny):
     continuation). (Both kernels on shared pages, directly: test_paged_attention; the TPU
     one interpreted takes 30 s here.)"""
     cfg, params, tok = tiny
-    first, fits, _, _ = _shared_rollout(tiny, "paged_gpu", shared=True)
+    first, fits, _, _, _ = _shared_rollout(tiny, "paged_gpu", shared=True)
     prompts = [tok.encode(" ".join(["alpha beta gamma"] * n)) for n in (7, 15, 23)]
     rows = [p for p in prompts for _ in range(3)]
     context = [p + g + [5, 6] for p, g in zip(rows, first.token_lists())]
@@ -265,7 +296,8 @@ TRACED = textwrap.dedent("""
     pools = empty_pages(2, 8, 16, 128)  # 2 rows of 4 pages, one a device
     table = jnp.asarray([[0, 1, 2, 3]] * 2, jnp.int32)  # each counted in its own block
     # each row its own group, sharing its first page: the GPU kernel's parts
-    prompts = SharedPrompts(table[:, :1], jnp.full(2, 16, jnp.int32))
+    prompts = SharedPrompts(table[:, :1], jnp.full(2, 16, jnp.int32),
+                            jnp.zeros((2, 1), jnp.int32))
     for kernel, shared in (("pallas_tpu", None), ("pallas_gpu", None),
                            ("pallas_gpu", prompts)):
         cache = PagedCache((pools[0],), (pools[1],), table, shared)
@@ -333,6 +365,8 @@ COMPILED_FOR_TPU = textwrap.dedent("""
                                   shared, mesh)
     pre.lower().compile()
     text = dec.lower().compile().as_text()
+    # a continuation's sub-batch of 2 rows a chip (1 prompt a chip): its group kept
+    bucket_kernel(cfg, params, dec.args[1], 2, shared, mesh, abstract=True).lower().compile()
     assert dec.args[1].cache.k[0].shape[1] < pages
     kv, pages = dec.args[1].cache.k[0].shape[:2]
     assert set(re.findall(r"bf16\\[%d,%d,16,128\\]\\{([0-9,]+)" % (kv, pages // 4),

@@ -796,8 +796,10 @@ def test_the_plans_decode_reads_with_prompt_pages_shared_by_their_groups(kernel)
     page = 2 * cfg.num_layers * 2 * 16 * 4 * 16  # keys and values of 16 slots, float32
     pages = lay.prompts * 4 + lay.rows * 14
     assert (reads.capacity, reads.held) == (288, 168)
-    # the pools, the int32 table, the prompts' table of their 4 pages and their slots
-    assert reads.cache == pages * page + lay.rows * 18 * 4 + lay.prompts * (4 + 1) * 4
+    # the pools, the int32 table, the prompts' table of their 4 pages and their slots, and
+    # their groups' rows
+    assert reads.cache == (pages * page + lay.rows * 18 * 4 + lay.prompts * (4 + 1) * 4
+                           + lay.rows * 4)
     line = _reads_line(cfg, lay, reads)
     # (with a share of the table's bytes)
     assert reads.read == 104
