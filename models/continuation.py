@@ -227,10 +227,9 @@ def _paged_rows(cache: PagedCache, index: jax.Array) -> PagedCache:
     table = _take_rows(cache.table, index)
     padding = (index >= per).reshape(-1)[:, None]
     prompts = cache.prompts
-    if prompts is not None and index.size <= prompts.rows.shape[0]:
-        prompts = None
-    elif prompts is not None:
-        prompts = _sub_prompts(prompts, index.reshape(shards, -1), per)
+    if prompts is not None:
+        prompts = (_sub_prompts(prompts, index.reshape(shards, -1), per)
+                   if index.size > prompts.rows.shape[0] else None)
     return cache._replace(table=jnp.where(padding, cache.k[0].shape[1] // shards, table),
                           prompts=prompts)
 

@@ -32,6 +32,7 @@ attended once for the group and merged with each row's own pages
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -200,12 +201,18 @@ def compute_block(pages_per_row: int, most: int = 8) -> int:
 def _tpu_kernel(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table: jax.Array,
                 lengths: jax.Array, interpret: bool) -> jax.Array:
     """JAX's Pallas TPU paged-attention kernel on q [B,H,hd] (already scaled)."""
-    from jax.experimental.pallas import tpu as pltpu
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as tpu
 
-    def run() -> jax.Array:
-        return tpu(q, k_pages, v_pages, lengths.astype(jnp.int32), table.astype(jnp.int32),
-                   pages_per_compute_block=compute_block(table.shape[1]))
+    return _on_tpu(lambda: tpu(q, k_pages, v_pages, lengths.astype(jnp.int32),
+                               table.astype(jnp.int32),
+                               pages_per_compute_block=compute_block(table.shape[1])),
+                   interpret)
+
+
+def _on_tpu(run: Callable[[], Any], interpret: bool) -> Any:
+    """``run()``, its Pallas TPU calls in Pallas' interpreter if ``interpret`` (the mode is
+    read where a call is built and traced, so both happen inside ``run``)."""
+    from jax.experimental.pallas import tpu as pltpu
 
     if not interpret:
         return run()
@@ -251,7 +258,8 @@ def _tpu_kernel_parts(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
                                pages_per_sequence=pages, batch_size=b,
                                pages_per_compute_block=block, mask_value=DEFAULT_MASK_VALUE,
                                attn_logits_soft_cap=None, megacore_mode=None)
-    def run() -> list[jax.Array]:  # built where it runs: the interpret mode is read here
+
+    def run() -> list[jax.Array]:
         call = pl.pallas_call(
             kernel, grid_spec=pltpu.PrefetchScalarGridSpec(
                 num_scalar_prefetch=4, in_specs=[spec, any_space, None, any_space, None],
@@ -268,12 +276,7 @@ def _tpu_kernel_parts(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
                     jnp.zeros((1,), jnp.int32), jnp.ones((1,), jnp.int32), q, k_pages, None,
                     v_pages, None)
 
-    if interpret:
-        with pltpu.force_tpu_interpret_mode():
-            out, top, total = run()
-    else:
-        out, top, total = run()
-    out, top, total = (x.reshape(b, kv, per, hd) for x in (out, top, total))
+    out, top, total = (x.reshape(b, kv, per, hd) for x in _on_tpu(run, interpret))
     top, total = jnp.maximum(top[..., :1], NEG_INF), total[..., :1]
     return top, total, out.astype(jnp.float32) * total
 

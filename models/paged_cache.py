@@ -113,7 +113,8 @@ class PagedCache(NamedTuple):
     block of the pools (see the module docstring). A row's tokens are its first slots; how
     many there are is the sampler's ``next_slot``. ``prompts``: the pages each group of rows
     shares (:class:`SharedPrompts`), read once for the group by a decode step; None where
-    the table says nothing of groups (unshared pages, or a sub-batch of the rows)."""
+    the table says nothing of groups (unshared pages, or a continuation's sub-batch of no
+    more rows than prompts)."""
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
@@ -183,8 +184,6 @@ def _layer_attention(cache: PagedCache, start: jax.Array, kernel: str, extent: i
     for more) or the reference over each row's first ``extent`` pages. A one-token step over
     pages its groups share (``cache.prompts``) reads each group's prompt once
     (:func:`_grouped_attention`)."""
-    prompts = cache.prompts
-
     def local(q: jax.Array, k: jax.Array, v: jax.Array, kp: jax.Array, vp: jax.Array,
               table: jax.Array, start: jax.Array, *shared: jax.Array
               ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -202,7 +201,7 @@ def _layer_attention(cache: PagedCache, start: jax.Array, kernel: str, extent: i
             out = paged_attention(q, kp, vp, readable, lengths, use, extent, interpret)
         return out, kp, vp
 
-    shared = () if prompts is None else tuple(prompts)
+    shared = () if cache.prompts is None else tuple(cache.prompts)
 
     def attend(q: jax.Array, k: jax.Array, v: jax.Array, kp: jax.Array,
                vp: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
