@@ -116,7 +116,15 @@ class WandbLogger:
         self._run.log(dict(values), step=step)
 
     def close(self) -> None:
+        """Finish the run with its transaction log on disk. `finish()` alone returns before
+        W&B's service has flushed the run's .wandb file (it closes it asynchronously; under
+        load a reader right after saw only its header), so the service is torn down too,
+        unless another run of this process still uses it."""
+        import wandb
+
         self._run.finish()
+        if wandb.run is None:
+            wandb.teardown()
 
 
 LOGGERS.register("tensorboard")(TensorBoardLogger)
