@@ -97,7 +97,7 @@ class SamplingParams:
     out in whole groups per shard keep a copy each. A continuation gives each row its own
     copy first (once). On a paged cache the group's rows share its prompt's full pages
     instead (``models.paged_cache.shared_prompt_pages``), through every turn, a decode step
-    reading them once for the group but with the TPU kernel."""
+    reading them once for the group (every paged kernel)."""
 
     max_new_tokens: int = 128
     temperature: float = 1.0
